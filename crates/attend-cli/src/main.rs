@@ -1,0 +1,3 @@
+//! The `attend` command-line tool.
+
+fn main() {}

@@ -1,0 +1,1 @@
+//! Parameter initialisation as `torch.nn.init` and PyTorch's modules perform it.

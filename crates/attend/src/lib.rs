@@ -1,0 +1,10 @@
+//! `attend`: self-attention that is faithful to PyTorch and fast on CPU.
+
+#![warn(missing_docs)]
+
+pub mod error;
+pub mod init;
+pub mod print;
+pub mod rng;
+
+pub use error::{Error, Result};

@@ -1,0 +1,1 @@
+//! PyTorch-compatible CPU random number generator (MT19937, uniform and normal draws).
