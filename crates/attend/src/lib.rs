@@ -8,3 +8,6 @@ pub mod print;
 pub mod rng;
 
 pub use error::{Error, Result};
+pub mod attention;
+pub mod kernels;
+pub mod nn;

@@ -1,0 +1,98 @@
+//! The attention function: options, validation and dispatch to a kernel.
+//!
+//! Inputs follow PyTorch's `scaled_dot_product_attention`: `q [B, Hq, L, E]`,
+//! `k [B, Hkv, S, E]`, `v [B, Hkv, S, Ev]`, with `Hq` a multiple of `Hkv`
+//! (grouped-query attention). Views may have any strides, so a `[B, T, H, D]` buffer
+//! is passed as `view.permuted_axes([0, 2, 1, 3])` without a copy.
+//!
+//! ```
+//! use attend::attention::{attention, AttentionOptions, Causal};
+//! use ndarray::Array4;
+//!
+//! let q = Array4::<f32>::ones((1, 2, 3, 4));
+//! let k = Array4::<f32>::ones((1, 2, 5, 4));
+//! let v = Array4::<f32>::ones((1, 2, 5, 6));
+//! let opts = AttentionOptions { causal: Some(Causal::BottomRight), ..Default::default() };
+//! let out = attention(q.view(), k.view(), v.view(), &opts)?;
+//! assert_eq!(out.shape(), &[1, 2, 3, 6]);
+//! # Ok::<(), attend::Error>(())
+//! ```
+
+mod problem;
+
+pub use problem::Problem;
+
+use ndarray::{Array3, Array4, ArrayView2, ArrayView4, ArrayViewD};
+
+use crate::kernels::reference;
+use crate::Result;
+
+/// How a causal mask lines up queries with keys when `L ≠ S`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Causal {
+    /// Query `i` sees keys `j ≤ i` (PyTorch's `is_causal=True`).
+    TopLeft,
+    /// Query `i` sees keys `j ≤ i + S − L`: the last query sees every key
+    /// (FlashAttention, KV-cache decoding).
+    BottomRight,
+}
+
+/// The axis the softmax normalises over.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SoftmaxAxis {
+    /// Each query's weights over the keys sum to one (standard attention).
+    #[default]
+    Keys,
+    /// Each key's weights over the queries sum to one (notebook 004's `softmax(dim=0)`).
+    Queries,
+}
+
+/// Everything about an attention call except the tensors themselves.
+///
+/// All masks combine: a score is kept only if every mask keeps it.
+#[derive(Clone, Debug, Default)]
+pub struct AttentionOptions<'a> {
+    /// Multiplies `q·k`; defaults to `1/√E`.
+    pub scale: Option<f32>,
+    /// Causal masking and its alignment.
+    pub causal: Option<Causal>,
+    /// Sliding window `(left, right)`: query `i` sees keys `j` with
+    /// `i' − left ≤ j ≤ i' + right`, where `i'` is `i` aligned as `causal` says
+    /// (bottom-right when `causal` is `None`, as in FlashAttention).
+    pub window: Option<(usize, usize)>,
+    /// Boolean mask broadcastable to `[B, Hq, L, S]`; `true` means attend.
+    pub mask: Option<ArrayViewD<'a, bool>>,
+    /// Additive mask broadcastable to `[B, Hq, L, S]`, added to the scaled scores.
+    pub bias: Option<ArrayViewD<'a, f32>>,
+    /// `[B, S]`, `true` marks a padding key that no query may attend to.
+    /// (This is `nn.MultiheadAttention`'s `key_padding_mask` convention, the
+    /// opposite of [`AttentionOptions::mask`].)
+    pub key_padding: Option<ArrayView2<'a, bool>>,
+    /// Normalise over keys (default) or over queries.
+    pub softmax_axis: SoftmaxAxis,
+}
+
+/// Scaled dot-product attention: `softmax(scale · q kᵀ + masks) v`.
+///
+/// Rows whose keys are all masked give zeros. Returns `[B, Hq, L, Ev]`.
+pub fn attention(
+    q: ArrayView4<'_, f32>,
+    k: ArrayView4<'_, f32>,
+    v: ArrayView4<'_, f32>,
+    opts: &AttentionOptions<'_>,
+) -> Result<Array4<f32>> {
+    attention_with_lse(q, k, v, opts).map(|(out, _)| out)
+}
+
+/// [`attention`] that also returns the natural log-sum-exp of each query's
+/// scaled, masked scores, `[B, Hq, L]` (−∞ for fully masked rows).
+pub fn attention_with_lse(
+    q: ArrayView4<'_, f32>,
+    k: ArrayView4<'_, f32>,
+    v: ArrayView4<'_, f32>,
+    opts: &AttentionOptions<'_>,
+) -> Result<(Array4<f32>, Array3<f32>)> {
+    let problem = Problem::new(q, k, v, opts)?;
+    let trace = reference::run(&problem);
+    Ok((trace.output, trace.lse))
+}

@@ -1,0 +1,208 @@
+//! A validated attention call: shapes checked, masks broadcast, scale resolved.
+//!
+//! Every kernel takes a [`Problem`], so validation and mask semantics live in
+//! exactly one place.
+
+use ndarray::{ArrayView2, ArrayView4, ArrayViewD, IxDyn};
+
+use super::{AttentionOptions, Causal, SoftmaxAxis};
+use crate::{Error, Result};
+
+/// A checked attention call, ready for any kernel.
+#[derive(Clone, Debug)]
+pub struct Problem<'a> {
+    /// Queries `[B, Hq, L, E]`.
+    pub q: ArrayView4<'a, f32>,
+    /// Keys `[B, Hkv, S, E]`.
+    pub k: ArrayView4<'a, f32>,
+    /// Values `[B, Hkv, S, Ev]`.
+    pub v: ArrayView4<'a, f32>,
+    /// Boolean mask broadcast to `[B, Hq, L, S]` (true = attend).
+    pub mask: Option<ArrayView4<'a, bool>>,
+    /// Additive mask broadcast to `[B, Hq, L, S]`.
+    pub bias: Option<ArrayView4<'a, f32>>,
+    /// `[B, S]`, true = padding key.
+    pub key_padding: Option<ArrayView2<'a, bool>>,
+    /// The resolved scale.
+    pub scale: f32,
+    /// Causal alignment, if any.
+    pub causal: Option<Causal>,
+    /// Sliding window `(left, right)`, if any.
+    pub window: Option<(usize, usize)>,
+    /// Axis of the softmax.
+    pub softmax_axis: SoftmaxAxis,
+}
+
+/// The dimensions of a problem.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dims {
+    /// Batch size.
+    pub batch: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Query length `L`.
+    pub q_len: usize,
+    /// Key length `S`.
+    pub kv_len: usize,
+    /// Query/key width `E`.
+    pub head_dim: usize,
+    /// Value width `Ev`.
+    pub value_dim: usize,
+}
+
+impl<'a> Problem<'a> {
+    /// Checks shapes and options and broadcasts the masks.
+    pub fn new<'q: 'a, 'k: 'a, 'v: 'a, 'o: 'a>(
+        q: ArrayView4<'q, f32>,
+        k: ArrayView4<'k, f32>,
+        v: ArrayView4<'v, f32>,
+        opts: &'a AttentionOptions<'o>,
+    ) -> Result<Self> {
+        // ndarray views are invariant in their lifetime; shorten them explicitly.
+        let (q, k, v) = (q.reborrow(), k.reborrow(), v.reborrow());
+        let (b, hq, l, e) = q.dim();
+        let (kb, hkv, s, ke) = k.dim();
+        let (vb, vh, vs, _) = v.dim();
+        if kb != b || vb != b {
+            return Err(Error::shape(format!(
+                "batch sizes differ: q {:?}, k {:?}, v {:?}",
+                q.shape(),
+                k.shape(),
+                v.shape()
+            )));
+        }
+        if ke != e {
+            return Err(Error::shape(format!(
+                "q and k widths differ: q {:?}, k {:?}",
+                q.shape(),
+                k.shape()
+            )));
+        }
+        if vh != hkv || vs != s {
+            return Err(Error::shape(format!(
+                "k and v disagree on heads or length: k {:?}, v {:?}",
+                k.shape(),
+                v.shape()
+            )));
+        }
+        if hkv == 0 || hq % hkv != 0 {
+            return Err(Error::shape(format!(
+                "query heads ({hq}) must be a multiple of key/value heads ({hkv}): q {:?}, k {:?}",
+                q.shape(),
+                k.shape()
+            )));
+        }
+        let full = [b, hq, l, s];
+        let mask = opts
+            .mask
+            .as_ref()
+            .map(|m| broadcast("mask", m, full))
+            .transpose()?;
+        let bias = opts
+            .bias
+            .as_ref()
+            .map(|m| broadcast("bias", m, full))
+            .transpose()?;
+        if let Some(kp) = &opts.key_padding {
+            if kp.dim() != (b, s) {
+                return Err(Error::shape(format!(
+                    "key_padding must be [B, S] = [{b}, {s}], got {:?}",
+                    kp.shape()
+                )));
+            }
+        }
+        let scale = match opts.scale {
+            Some(x) if !x.is_finite() => {
+                return Err(Error::value(format!("scale must be finite, got {x}")))
+            }
+            Some(x) => x,
+            None => 1.0 / (e as f32).sqrt(),
+        };
+        Ok(Problem {
+            q,
+            k,
+            v,
+            mask,
+            bias,
+            key_padding: opts.key_padding.as_ref().map(|p| p.view()),
+            scale,
+            causal: opts.causal,
+            window: opts.window,
+            softmax_axis: opts.softmax_axis,
+        })
+    }
+
+    /// The problem's dimensions.
+    pub fn dims(&self) -> Dims {
+        let (batch, heads, q_len, head_dim) = self.q.dim();
+        let (_, kv_heads, kv_len, _) = self.k.dim();
+        Dims {
+            batch,
+            heads,
+            kv_heads,
+            q_len,
+            kv_len,
+            head_dim,
+            value_dim: self.v.dim().3,
+        }
+    }
+
+    /// The range of keys `[lo, hi)` that causality and the window leave visible to
+    /// query `i`; the other masks are applied per score on top of it.
+    pub fn key_range(&self, i: usize) -> (usize, usize) {
+        let Dims { q_len, kv_len, .. } = self.dims();
+        if self.causal.is_none() && self.window.is_none() {
+            return (0, kv_len);
+        }
+        // The aligned diagonal position of query i, as a signed key index.
+        let diag = match self.causal {
+            Some(Causal::TopLeft) => i as i64,
+            _ => i as i64 + kv_len as i64 - q_len as i64,
+        };
+        // Causal masking forbids every key right of the diagonal, whatever the window.
+        let right = match (self.causal, self.window) {
+            (Some(_), _) => 0,
+            (None, Some((_, r))) => r as i64,
+            (None, None) => unreachable!("handled above"),
+        };
+        let hi = (diag + right + 1).clamp(0, kv_len as i64) as usize;
+        let lo = match self.window {
+            Some((left, _)) => (diag - left as i64).clamp(0, kv_len as i64) as usize,
+            None => 0,
+        };
+        (lo, hi.max(lo))
+    }
+
+    /// Whether the boolean mask and key padding keep score `(b, h, i, j)`.
+    #[inline]
+    pub fn keeps(&self, b: usize, h: usize, i: usize, j: usize) -> bool {
+        self.mask.as_ref().is_none_or(|m| m[[b, h, i, j]])
+            && self.key_padding.as_ref().is_none_or(|p| !p[[b, j]])
+    }
+
+    /// The additive mask's value at `(b, h, i, j)` (0 without one).
+    #[inline]
+    pub fn bias_at(&self, b: usize, h: usize, i: usize, j: usize) -> f32 {
+        self.bias.as_ref().map_or(0.0, |m| m[[b, h, i, j]])
+    }
+}
+
+fn broadcast<'a, T>(
+    name: &str,
+    m: &'a ArrayViewD<'_, T>,
+    full: [usize; 4],
+) -> Result<ArrayView4<'a, T>> {
+    let err = || {
+        Error::shape(format!(
+            "{name} of shape {:?} does not broadcast to [B, Hq, L, S] = {full:?}",
+            m.shape()
+        ))
+    };
+    if m.ndim() > 4 {
+        return Err(err());
+    }
+    let view = m.broadcast(IxDyn(&full)).ok_or_else(err)?;
+    view.into_dimensionality().map_err(|_| err())
+}

@@ -1,0 +1,3 @@
+//! Attention kernels. [`reference`] is the oracle every other kernel is judged by.
+
+pub mod reference;

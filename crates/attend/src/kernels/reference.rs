@@ -1,0 +1,97 @@
+//! The reference attention: materialises every score, accumulates in f64, and is
+//! meant to be read next to the notebooks. It is the judge of the fast kernels and
+//! the source of the intermediates that `explain` shows.
+
+use ndarray::{Array2, Array3, Array4};
+
+use crate::attention::{Problem, SoftmaxAxis};
+
+/// Every intermediate of one attention call.
+#[derive(Clone, Debug)]
+pub struct AttentionTrace {
+    /// Raw `q·k`, `[B, Hq, L, S]`.
+    pub scores: Array4<f32>,
+    /// Scaled scores plus the additive mask; masked entries are −∞.
+    pub scaled: Array4<f32>,
+    /// Softmax of `scaled` over the chosen axis; fully masked rows (or columns) are 0.
+    pub weights: Array4<f32>,
+    /// `weights · v`, `[B, Hq, L, Ev]`.
+    pub output: Array4<f32>,
+    /// Log-sum-exp of each query's row of `scaled`, `[B, Hq, L]` (−∞ when fully masked),
+    /// whatever the softmax axis.
+    pub lse: Array3<f32>,
+}
+
+/// Runs the reference attention on a validated problem.
+pub fn run(p: &Problem<'_>) -> AttentionTrace {
+    let d = p.dims();
+    let group = d.heads / d.kv_heads;
+    let mut trace = AttentionTrace {
+        scores: Array4::zeros((d.batch, d.heads, d.q_len, d.kv_len)),
+        scaled: Array4::zeros((d.batch, d.heads, d.q_len, d.kv_len)),
+        weights: Array4::zeros((d.batch, d.heads, d.q_len, d.kv_len)),
+        output: Array4::zeros((d.batch, d.heads, d.q_len, d.value_dim)),
+        lse: Array3::zeros((d.batch, d.heads, d.q_len)),
+    };
+    for b in 0..d.batch {
+        for h in 0..d.heads {
+            let kvh = h / group;
+            let mut scaled = Array2::<f64>::from_elem((d.q_len, d.kv_len), f64::NEG_INFINITY);
+            for i in 0..d.q_len {
+                let (lo, hi) = p.key_range(i);
+                for j in 0..d.kv_len {
+                    let dot: f64 = (0..d.head_dim)
+                        .map(|e| p.q[[b, h, i, e]] as f64 * p.k[[b, kvh, j, e]] as f64)
+                        .sum();
+                    trace.scores[[b, h, i, j]] = dot as f32;
+                    if (lo..hi).contains(&j) && p.keeps(b, h, i, j) {
+                        scaled[[i, j]] = dot * p.scale as f64 + p.bias_at(b, h, i, j) as f64;
+                    }
+                }
+                trace.lse[[b, h, i]] = log_sum_exp(scaled.row(i).iter().copied()) as f32;
+            }
+            let weights = match p.softmax_axis {
+                SoftmaxAxis::Keys => softmax_rows(&scaled),
+                SoftmaxAxis::Queries => softmax_rows(&scaled.t().to_owned()).t().to_owned(),
+            };
+            for i in 0..d.q_len {
+                for j in 0..d.kv_len {
+                    trace.scaled[[b, h, i, j]] = scaled[[i, j]] as f32;
+                    trace.weights[[b, h, i, j]] = weights[[i, j]] as f32;
+                }
+                for c in 0..d.value_dim {
+                    let acc: f64 = (0..d.kv_len)
+                        .map(|j| weights[[i, j]] * p.v[[b, kvh, j, c]] as f64)
+                        .sum();
+                    trace.output[[b, h, i, c]] = acc as f32;
+                }
+            }
+        }
+    }
+    trace
+}
+
+/// `log Σ exp(x)`, −∞ for an empty or all −∞ sequence.
+fn log_sum_exp(xs: impl Iterator<Item = f64> + Clone) -> f64 {
+    let max = xs.clone().fold(f64::NEG_INFINITY, f64::max);
+    if max == f64::NEG_INFINITY {
+        return f64::NEG_INFINITY;
+    }
+    max + xs.map(|x| (x - max).exp()).sum::<f64>().ln()
+}
+
+/// Row-wise softmax; a row that is entirely −∞ (fully masked) becomes zeros.
+fn softmax_rows(x: &Array2<f64>) -> Array2<f64> {
+    let mut out = x.clone();
+    for mut row in out.rows_mut() {
+        let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        if max == f64::NEG_INFINITY {
+            row.fill(0.0);
+            continue;
+        }
+        row.mapv_inplace(|s| (s - max).exp());
+        let sum = row.sum();
+        row.mapv_inplace(|e| e / sum);
+    }
+    out
+}
