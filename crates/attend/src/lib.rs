@@ -11,3 +11,5 @@ pub use error::{Error, Result};
 pub mod attention;
 pub mod kernels;
 pub mod nn;
+pub mod text;
+pub mod experiment;
