@@ -31,7 +31,12 @@ pub struct Args {
     #[arg(long, value_name = "D")]
     embed_dim: Option<usize>,
     /// `nn.Embedding`'s padding_idx (negative counts from the end).
-    #[arg(long, value_name = "P", allow_hyphen_values = true, requires = "tokens")]
+    #[arg(
+        long,
+        value_name = "P",
+        allow_hyphen_values = true,
+        requires = "tokens"
+    )]
     padding_idx: Option<i64>,
     /// `torch.manual_seed` before anything random (default: PyTorch's default seed).
     #[arg(long, value_name = "S", value_parser = parse_seed, allow_hyphen_values = true)]
@@ -195,7 +200,10 @@ fn input(args: &Args) -> Result<Input, Error> {
     if let Some(text) = &args.input {
         let a = parse_array("--input", text)?;
         let x: Array3<f32> = match a.ndim() {
-            2 => a.insert_axis(ndarray::Axis(0)).into_dimensionality().expect("rank 3"),
+            2 => a
+                .insert_axis(ndarray::Axis(0))
+                .into_dimensionality()
+                .expect("rank 3"),
             3 => a.into_dimensionality().expect("rank 3"),
             _ => {
                 return Err(Error::shape(format!(
@@ -211,7 +219,10 @@ fn input(args: &Args) -> Result<Input, Error> {
         return Err(Error::value("--embed-dim must be at least 1"));
     }
     if let Some(text) = &args.sentence {
-        return Ok(Input::Sentence { text: text.clone(), embed_dim });
+        return Ok(Input::Sentence {
+            text: text.clone(),
+            embed_dim,
+        });
     }
     let tokens = args.tokens.as_deref().expect("clap requires one input");
     let vocab_size = args.vocab_size.expect("clap requires --vocab-size");
@@ -258,8 +269,11 @@ fn parse_tokens(text: &str, vocab_size: usize) -> Result<Array2<usize>, Error> {
 fn matrix(flag: &str, text: &str) -> Result<Array2<f32>, Error> {
     let a = parse_array(flag, text)?;
     let shape = a.shape().to_vec();
-    a.into_dimensionality()
-        .map_err(|_| Error::shape(format!("{flag} must be a matrix [d_in, width], got shape {shape:?}")))
+    a.into_dimensionality().map_err(|_| {
+        Error::shape(format!(
+            "{flag} must be a matrix [d_in, width], got shape {shape:?}"
+        ))
+    })
 }
 
 fn input_width(input: &Input) -> usize {
@@ -277,15 +291,24 @@ fn walkthrough(ex: &Explanation, exp: &Experiment) -> String {
     let mut step = 0;
     let mut show = |title: &str, a: ArrayD<f32>| {
         step += 1;
-        out.push_str(&format!("Step {step}. {title}  shape {:?}\n{}\n\n", a.shape(), format_tensor(a.view())));
+        out.push_str(&format!(
+            "Step {step}. {title}  shape {:?}\n{}\n\n",
+            a.shape(),
+            format_tensor(a.view())
+        ));
     };
     if let Some(words) = &ex.words {
-        step += 0;
-        show(&format!("x: embeddings of {words:?}"), ex.x.clone().into_dyn());
+        show(
+            &format!("x: embeddings of {words:?}"),
+            ex.x.clone().into_dyn(),
+        );
     } else {
         show("x: input", ex.x.clone().into_dyn());
     }
-    show("W_q [out, in]   (q = x W_qᵀ)", m.q_proj.weight.clone().into_dyn());
+    show(
+        "W_q [out, in]   (q = x W_qᵀ)",
+        m.q_proj.weight.clone().into_dyn(),
+    );
     show("W_k [out, in]", m.k_proj.weight.clone().into_dyn());
     show("W_v [out, in]", m.v_proj.weight.clone().into_dyn());
     for (name, proj) in [("b_q", &m.q_proj), ("b_k", &m.k_proj), ("b_v", &m.v_proj)] {
@@ -293,7 +316,10 @@ fn walkthrough(ex: &Explanation, exp: &Experiment) -> String {
             show(name, b.clone().into_dyn());
         }
     }
-    show("q = x W_qᵀ, split into heads [B, H, T, d_head]", t.q.clone().into_dyn());
+    show(
+        "q = x W_qᵀ, split into heads [B, H, T, d_head]",
+        t.q.clone().into_dyn(),
+    );
     show("k = x W_kᵀ", t.k.clone().into_dyn());
     show("v = x W_vᵀ", t.v.clone().into_dyn());
     show("scores = q kᵀ", t.attention.scores.clone().into_dyn());
@@ -306,8 +332,14 @@ fn walkthrough(ex: &Explanation, exp: &Experiment) -> String {
         SoftmaxAxis::Keys => "keys (each row sums to 1)",
         SoftmaxAxis::Queries => "queries (each column sums to 1)",
     };
-    show(&format!("weights = softmax(scaled) over {axis}"), t.attention.weights.clone().into_dyn());
-    show("context = weights v, heads concatenated", t.context.clone().into_dyn());
+    show(
+        &format!("weights = softmax(scaled) over {axis}"),
+        t.attention.weights.clone().into_dyn(),
+    );
+    show(
+        "context = weights v, heads concatenated",
+        t.context.clone().into_dyn(),
+    );
     if let (Some(o), Some(proj)) = (&t.output, &m.out_proj) {
         show("W_o [out, in]", proj.weight.clone().into_dyn());
         show("output = context W_oᵀ + b_o", o.clone().into_dyn());

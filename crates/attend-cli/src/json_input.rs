@@ -8,7 +8,9 @@ use serde_json::Value;
 pub fn parse_array(flag: &str, text: &str) -> Result<ArrayD<f32>, Error> {
     let value: Value = serde_json::from_str(text).map_err(|e| {
         if ["NaN", "Infinity"].iter().any(|w| text.contains(w)) {
-            Error::value(format!("{flag} holds NaN or Infinity: every value must be a finite number"))
+            Error::value(format!(
+                "{flag} holds NaN or Infinity: every value must be a finite number"
+            ))
         } else {
             Error::format(format!("{flag} is not valid JSON: {e}"))
         }
@@ -31,7 +33,9 @@ fn shape_of(flag: &str, value: &Value) -> Result<Vec<usize>, Error> {
         }
     }
     if shape.is_empty() {
-        return Err(Error::format(format!("{flag} must be a JSON array, got {value}")));
+        return Err(Error::format(format!(
+            "{flag} must be a JSON array, got {value}"
+        )));
     }
     if shape.contains(&0) {
         return Err(Error::value(format!("{flag} is empty: shape {shape:?}")));

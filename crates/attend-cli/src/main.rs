@@ -31,7 +31,10 @@ fn main() -> ExitCode {
             // clap's first line names the problem; the usage block after it is noise
             // for a one-line error.
             let text = err.render().to_string();
-            eprintln!("{}", text.lines().next().unwrap_or("error: invalid arguments"));
+            eprintln!(
+                "{}",
+                text.lines().next().unwrap_or("error: invalid arguments")
+            );
             return ExitCode::from(2);
         }
         Err(err) => {

@@ -5,7 +5,7 @@ use ndarray::{Array2, Array3, ArrayD, ArrayView2};
 use serde_json::{json, Map, Value};
 
 use crate::attention::{AttentionOptions, Causal, SoftmaxAxis};
-use crate::nn::initialisers::{self, AttentionSpec, QkvLayout, WeightInit};
+use crate::nn::initialisers::{self, AttentionSpec};
 use crate::nn::{Embedding, ModuleTrace, MultiHeadAttention};
 use crate::rng::TorchGenerator;
 use crate::text::sentence_vocab;
@@ -98,22 +98,34 @@ pub fn run(exp: &Experiment) -> Result<Explanation> {
     let mut gen = TorchGenerator::new(exp.seed);
     let (x, words, padding) = embed(&exp.input, &mut gen)?;
     if x.is_empty() {
-        return Err(Error::value(format!("input is empty: x has shape {:?}", x.shape())));
+        return Err(Error::value(format!(
+            "input is empty: x has shape {:?}",
+            x.shape()
+        )));
     }
     if let Some(((b, t, c), v)) = x.indexed_iter().find(|(_, v)| !v.is_finite()) {
-        return Err(Error::value(format!("input x[{b}, {t}, {c}] is {v}, not a finite number")));
+        return Err(Error::value(format!(
+            "input x[{b}, {t}, {c}] is {v}, not a finite number"
+        )));
     }
     if let Some(s) = exp.reseed {
         gen.manual_seed(s);
     }
     gen.skip(exp.skip_draws);
     let module = match &exp.weights {
-        Weights::Init(spec) => {
-            initialisers::initialise(&AttentionSpec { d_in: x.dim().2, ..*spec }, &mut gen)?
-        }
-        Weights::Given { w_q, w_k, w_v, heads } => {
-            initialisers::from_given(w_q.clone(), w_k.clone(), w_v.clone(), *heads)?
-        }
+        Weights::Init(spec) => initialisers::initialise(
+            &AttentionSpec {
+                d_in: x.dim().2,
+                ..*spec
+            },
+            &mut gen,
+        )?,
+        Weights::Given {
+            w_q,
+            w_k,
+            w_v,
+            heads,
+        } => initialisers::from_given(w_q.clone(), w_k.clone(), w_v.clone(), *heads)?,
     };
     let key_padding = match (exp.mask_padding, &padding) {
         (false, _) => None,
@@ -132,7 +144,12 @@ pub fn run(exp: &Experiment) -> Result<Explanation> {
         ..Default::default()
     };
     let trace = module.trace(x.view(), &opts)?;
-    Ok(Explanation { words, x, module, trace })
+    Ok(Explanation {
+        words,
+        x,
+        module,
+        trace,
+    })
 }
 
 type Embedded = (Array3<f32>, Option<Vec<String>>, Option<Array2<bool>>);
@@ -152,10 +169,18 @@ fn embed(input: &Input, gen: &mut TorchGenerator) -> Result<Embedded> {
             let ids = Array2::from_shape_vec((1, s.ids.len()), s.ids).expect("one row");
             Ok((table.forward(ids.view())?, Some(s.words), None))
         }
-        Input::Tokens { ids, vocab_size, embed_dim, padding_idx } => {
+        Input::Tokens {
+            ids,
+            vocab_size,
+            embed_dim,
+            padding_idx,
+        } => {
             let weight = init::embedding(gen, *vocab_size, *embed_dim, *padding_idx)?;
             let pad = padding_idx.map(|p| if p < 0 { p + *vocab_size as i64 } else { p } as usize);
-            let table = Embedding { weight, padding_idx: pad };
+            let table = Embedding {
+                weight,
+                padding_idx: pad,
+            };
             let padding = pad.map(|p| ids.mapv(|id| id == p));
             Ok((table.forward(ids.view())?, None, padding))
         }
@@ -204,7 +229,10 @@ impl Explanation {
 
     /// The attention weights of batch row `b` and head `h`, `[T_q, T_k]`.
     pub fn head_weights(&self, b: usize, h: usize) -> ArrayView2<'_, f32> {
-        self.trace.attention.weights.slice(ndarray::s![b, h, .., ..])
+        self.trace
+            .attention
+            .weights
+            .slice(ndarray::s![b, h, .., ..])
     }
 }
 
@@ -212,7 +240,11 @@ impl Explanation {
 fn nested(a: &ArrayD<f32>) -> Value {
     if a.ndim() == 0 {
         let v = a.iter().next().copied().unwrap_or(f32::NAN);
-        return if v.is_finite() { json!(v as f64) } else { Value::Null };
+        return if v.is_finite() {
+            json!(v as f64)
+        } else {
+            Value::Null
+        };
     }
     Value::Array(a.outer_iter().map(|sub| nested(&sub.to_owned())).collect())
 }

@@ -28,7 +28,11 @@ pub fn sentence_vocab(sentence: &str) -> SentenceVocab {
     vocab.dedup();
     let ids = words
         .iter()
-        .map(|w| vocab.binary_search(w).expect("every word is in the vocabulary"))
+        .map(|w| {
+            vocab
+                .binary_search(w)
+                .expect("every word is in the vocabulary")
+        })
         .collect();
     SentenceVocab { vocab, words, ids }
 }

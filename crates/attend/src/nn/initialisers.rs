@@ -87,8 +87,11 @@ pub fn initialise(spec: &AttentionSpec, gen: &mut TorchGenerator) -> Result<Mult
     )
     .expect("blocks share d_in");
     let created_bias = spec.bias.then(|| {
-        ndarray::concatenate(Axis(0), &biases.iter().map(|b| b.view()).collect::<Vec<_>>())
-            .expect("bias blocks are 1-D")
+        ndarray::concatenate(
+            Axis(0),
+            &biases.iter().map(|b| b.view()).collect::<Vec<_>>(),
+        )
+        .expect("bias blocks are 1-D")
     });
     let [q_rows, k_rows, v_rows] = canonical_rows(spec);
     let project = |rows: &[usize]| {
@@ -115,7 +118,8 @@ pub fn from_given(
     w_v: Array2<f32>,
     heads: usize,
 ) -> Result<MultiHeadAttention> {
-    let linear = |w: Array2<f32>| Linear::new(w.reversed_axes().as_standard_layout().to_owned(), None);
+    let linear =
+        |w: Array2<f32>| Linear::new(w.reversed_axes().as_standard_layout().to_owned(), None);
     MultiHeadAttention::new(linear(w_q)?, linear(w_k)?, linear(w_v)?, None, heads, heads)
 }
 
@@ -134,7 +138,12 @@ fn check(spec: &AttentionSpec) -> Result<()> {
             )));
         }
     }
-    if spec.bias && matches!(spec.init, WeightInit::UniformInOut | WeightInit::UniformOutIn) {
+    if spec.bias
+        && matches!(
+            spec.init,
+            WeightInit::UniformInOut | WeightInit::UniformOutIn
+        )
+    {
         return Err(Error::value(
             "--bias needs --init linear: torch.rand parameters have no bias",
         ));
@@ -159,7 +168,10 @@ fn create_block(
         WeightInit::Linear => init::linear(gen, d_in, out, spec.bias),
         WeightInit::UniformOutIn => (as_matrix(gen.rand(&[out, d_in])), None),
         WeightInit::UniformInOut => (
-            as_matrix(gen.rand(&[d_in, out])).reversed_axes().as_standard_layout().to_owned(),
+            as_matrix(gen.rand(&[d_in, out]))
+                .reversed_axes()
+                .as_standard_layout()
+                .to_owned(),
             None,
         ),
         WeightInit::TorchMha => unreachable!("handled by torch_mha"),
@@ -203,10 +215,19 @@ fn torch_mha(spec: &AttentionSpec, gen: &mut TorchGenerator) -> Result<MultiHead
     let in_proj = init::xavier_uniform(gen, 3 * e, e, 1.0);
     let block = |i: usize| {
         Linear::new(
-            in_proj.slice(ndarray::s![i * e..(i + 1) * e, ..]).to_owned(),
+            in_proj
+                .slice(ndarray::s![i * e..(i + 1) * e, ..])
+                .to_owned(),
             Some(Array1::zeros(e)),
         )
     };
     let out = Linear::new(w_o, Some(Array1::zeros(e)))?;
-    MultiHeadAttention::new(block(0)?, block(1)?, block(2)?, Some(out), spec.heads, spec.heads)
+    MultiHeadAttention::new(
+        block(0)?,
+        block(1)?,
+        block(2)?,
+        Some(out),
+        spec.heads,
+        spec.heads,
+    )
 }
