@@ -149,9 +149,9 @@ fn experiment(args: &Args) -> Result<Experiment, Error> {
     let input = input(args)?;
     let weights = match (&args.wq, &args.wk, &args.wv) {
         (Some(q), Some(k), Some(v)) => Weights::Given {
-            w_q: matrix("--wq", q)?,
-            w_k: matrix("--wk", k)?,
-            w_v: matrix("--wv", v)?,
+            w_q: given_weight("--wq", q, &input)?,
+            w_k: given_weight("--wk", k, &input)?,
+            w_v: given_weight("--wv", v, &input)?,
             heads: args.heads,
         },
         _ => {
@@ -266,14 +266,22 @@ fn parse_tokens(text: &str, vocab_size: usize) -> Result<Array2<usize>, Error> {
         .map_err(|e| Error::shape(format!("--tokens: {e}")))
 }
 
-fn matrix(flag: &str, text: &str) -> Result<Array2<f32>, Error> {
+/// A given weight `[d_in, width]`, whose `d_in` must be the input's width.
+fn given_weight(flag: &str, text: &str, input: &Input) -> Result<Array2<f32>, Error> {
     let a = parse_array(flag, text)?;
     let shape = a.shape().to_vec();
-    a.into_dimensionality().map_err(|_| {
+    let w: Array2<f32> = a.into_dimensionality().map_err(|_| {
         Error::shape(format!(
             "{flag} must be a matrix [d_in, width], got shape {shape:?}"
         ))
-    })
+    })?;
+    let d_in = input_width(input);
+    if w.nrows() != d_in {
+        return Err(Error::shape(format!(
+            "{flag} of shape {shape:?} must have d_in = {d_in} rows to match the input's width"
+        )));
+    }
+    Ok(w)
 }
 
 fn input_width(input: &Input) -> usize {

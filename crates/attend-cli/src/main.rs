@@ -28,13 +28,15 @@ fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) if err.use_stderr() => {
-            // clap's first line names the problem; the usage block after it is noise
-            // for a one-line error.
+            // clap's first paragraph names the problem; the usage block after it
+            // is noise for a one-line error.
             let text = err.render().to_string();
-            eprintln!(
-                "{}",
-                text.lines().next().unwrap_or("error: invalid arguments")
-            );
+            let problem: Vec<&str> = text
+                .lines()
+                .take_while(|l| !l.is_empty())
+                .map(str::trim)
+                .collect();
+            eprintln!("{}", problem.join(" "));
             return ExitCode::from(2);
         }
         Err(err) => {

@@ -127,11 +127,14 @@ fn check(spec: &AttentionSpec) -> Result<()> {
     if spec.heads == 0 {
         return Err(Error::value("--heads must be at least 1"));
     }
-    for (flag, width) in [("--d-k", spec.d_k), ("--d-v", spec.d_v)] {
+    for (flag, width) in [
+        ("q/k width (--d-out or --d-k)", spec.d_k),
+        ("v width (--d-out or --d-v)", spec.d_v),
+    ] {
         if width == 0 {
             return Err(Error::value(format!("{flag} must be at least 1")));
         }
-        if width % spec.heads != 0 {
+        if !width.is_multiple_of(spec.heads) {
             return Err(Error::value(format!(
                 "{flag} {width} is not divisible by --heads {}",
                 spec.heads
