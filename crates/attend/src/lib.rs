@@ -1,5 +1,7 @@
 //! `attend`: self-attention that is faithful to PyTorch and fast on CPU.
-
+//!
+//! The README follows; its examples run as doctests.
+#![doc = include_str!("../../../README.md")]
 #![warn(missing_docs)]
 
 pub mod error;

@@ -59,6 +59,8 @@ impl Linear {
         let y = self.forward_rows(flat.view());
         let mut shape = x.raw_dim();
         shape[x.ndim() - 1] = self.out_features();
+        // ndarray may hand back a column-major product; reshaping needs row-major.
+        let y = y.as_standard_layout().into_owned();
         Ok(y.into_shape_with_order(shape).expect("same element count"))
     }
 
