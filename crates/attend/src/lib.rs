@@ -11,3 +11,4 @@ pub use error::{Error, Result};
 pub mod attention;
 pub mod kernels;
 pub mod nn;
+pub mod viz;
