@@ -54,6 +54,9 @@ struct Thumbs {
 /// - a model view, a grid of layers × heads drawn small, when there is more than one
 ///   head or layer; clicking one opens it in the head view.
 ///
+/// Heatmaps and the model view's small pictures colour each head from 0 to its own
+/// largest weight; the lines use the weight itself as opacity, as bertviz does.
+///
 /// Weights are embedded as 16-bit fractions of the value range (8-bit above about
 /// 8 million weights, where the page marks readouts as approximate).
 pub fn html_view(maps: &AttentionMaps) -> Result<String> {
@@ -82,7 +85,7 @@ pub fn html_view(maps: &AttentionMaps) -> Result<String> {
             }
             wl.push(base64(&bytes));
             // Mean-pooled picture for the model view.
-            let mut t = vec![0u8; trows * tcols];
+            let mut means = vec![0f32; trows * tcols];
             for r in 0..trows {
                 let (r0, r1) = (
                     r * tq / trows,
@@ -99,11 +102,16 @@ pub fn html_view(maps: &AttentionMaps) -> Result<String> {
                             sum += head[[i, j]];
                         }
                     }
-                    let mean = sum / ((r1 - r0) * (c1 - c0)) as f32;
-                    t[r * tcols + c] =
-                        (((mean - lo) * scale).clamp(0.0, 1.0) * 255.0).round() as u8;
+                    means[r * tcols + c] = sum / ((r1 - r0) * (c1 - c0)) as f32 - lo;
                 }
             }
+            // Scaled to its own largest mean, like the heatmap view.
+            let top = means.iter().cloned().fold(0.0f32, f32::max);
+            let top = if top > 0.0 { top } else { 1.0 };
+            let t: Vec<u8> = means
+                .iter()
+                .map(|m| ((m / top).clamp(0.0, 1.0) * 255.0).round() as u8)
+                .collect();
             tl.push(base64(&t));
         }
         w.push(wl);
