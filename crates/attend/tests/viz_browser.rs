@@ -217,6 +217,41 @@ fn head_view_draws_selects_focuses_and_has_no_console_errors() {
     assert!(errors.is_empty(), "console errors: {errors:#?}");
 }
 
+/// The notebook-004 example (3 heads of golden PyTorch weights), focused on "is":
+/// the README's head-view picture. Saved under target/tmp/viz/ and, when
+/// `ATTEND_SCREENSHOT_DIR` is set (relative to the workspace root), there too:
+/// `ATTEND_SCREENSHOT_DIR=docs/img cargo test -p attend --test viz_browser`.
+#[test]
+fn notebook_004_head_view_screenshot() {
+    let Some(chromium) = chromium_or_skip("notebook 004") else {
+        return;
+    };
+    let _one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    let root = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
+    let maps = AttentionMaps::read_json(&root.join("docs/examples/notebook004.json")).unwrap();
+    let page = write_page(&maps, "notebook004.html");
+    let mut b = Browser::launch(&chromium, 760, 560);
+    b.navigate(&format!("file://{}", page.display()));
+    select(&mut b, "head", "2");
+    let (x, y) = b.centre_of("#qcol .tok[data-index=\"1\"]");
+    b.mouse_move(x, y);
+    assert_eq!(body(&mut b, "focus"), "q1");
+    b.eval("window.scrollTo(0, 0)");
+    let r = b.call(
+        "Page.captureScreenshot",
+        serde_json::json!({ "format": "png" }),
+    );
+    let png = browser::decode_base64(r["data"].as_str().unwrap());
+    let saved = save("notebook004-head-view.png", &png);
+    if let Some(dir) = std::env::var_os("ATTEND_SCREENSHOT_DIR") {
+        let dir = root.join(dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(&saved, dir.join("notebook004-head-view.png")).unwrap();
+    }
+    let errors = b.errors();
+    assert!(errors.is_empty(), "console errors: {errors:#?}");
+}
+
 #[test]
 fn page_with_512_tokens_opens_in_under_2_seconds() {
     let Some(chromium) = chromium_or_skip("512 tokens") else {
