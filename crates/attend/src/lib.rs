@@ -9,6 +9,8 @@ pub mod rng;
 
 pub use error::{Error, Result};
 pub mod attention;
+pub mod experiment;
 pub mod kernels;
 pub mod nn;
+pub mod text;
 pub mod viz;
