@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 
 mod explain;
 mod json_input;
+mod view;
 
 /// Self-attention, faithful to PyTorch and fast on CPU.
 #[derive(Parser)]
@@ -22,6 +23,8 @@ struct Cli {
 enum Command {
     /// Walk through one attention computation step by step, as the notebooks do.
     Explain(explain::Args),
+    /// Look at attention weights: terminal heatmap, SVG/PNG picture, or HTML view.
+    View(view::Args),
 }
 
 fn main() -> ExitCode {
@@ -46,6 +49,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Explain(args) => explain::run(args),
+        Command::View(args) => view::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

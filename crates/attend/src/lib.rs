@@ -15,3 +15,4 @@ pub mod experiment;
 pub mod kernels;
 pub mod nn;
 pub mod text;
+pub mod viz;
