@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod experiment_args;
 mod explain;
 mod json_input;
 mod view;

@@ -1,22 +1,27 @@
 //! `attend view`: look at attention weights in the terminal, as a picture, or as an
 //! HTML page.
 //!
-//! For now the weights come from an attention-maps JSON file
-//! (`{"title", "query_tokens", "key_tokens", "layers": [layer][head][q][k]}`, see
-//! `attend::viz::AttentionMaps::from_json`); the notebook and model sources can be
-//! added as other inputs without changing the outputs.
+//! The weights come from a notebook experiment (the same flags as `explain`) or
+//! from an attention-maps JSON file (`{"title", "query_tokens", "key_tokens",
+//! "layers": [layer][head][q][k]}`, see `attend::viz::AttentionMaps::from_json`).
 
 use std::path::PathBuf;
 
+use attend::experiment;
 use attend::viz::{self, AttentionMaps, ColorMode};
+
+use crate::experiment_args::{self, ExperimentArgs};
+use crate::explain::attention_maps;
 use attend::{Error, Result};
 
 /// Flags of `attend view`.
 #[derive(clap::Args)]
 pub struct Args {
     /// Attention maps as JSON: {"title", "query_tokens", "key_tokens", "layers": [layer][head][query][key]}.
-    #[arg(long, value_name = "FILE")]
-    pub input_json: PathBuf,
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["input", "sentence", "tokens"])]
+    pub input_json: Option<PathBuf>,
+    #[command(flatten)]
+    experiment: ExperimentArgs,
     /// Write a self-contained HTML attention view (head view, model view) to this file.
     #[arg(long, value_name = "FILE.html")]
     pub html: Option<PathBuf>,
@@ -37,7 +42,12 @@ pub struct Args {
 
 /// Runs `attend view`.
 pub fn run(args: Args) -> Result<()> {
-    let maps = AttentionMaps::read_json(&args.input_json)?;
+    let maps = match &args.input_json {
+        Some(path) => AttentionMaps::read_json(path)?,
+        None => attention_maps(&experiment::run(&experiment_args::experiment(
+            &args.experiment,
+        )?)?)?,
+    };
     maps.check_layer(args.layer)?;
     if let Some(h) = args.head {
         maps.check_head(h)?;

@@ -4,7 +4,7 @@
 //! 512-token page with a BERT-sized model view opens in under 2 seconds.
 //!
 //! Skipped with a message when `/usr/bin/chromium` is absent, except under CI
-//! (`CI` set), where `.ci/run` installs it with `scripts/install-browser`.
+//! (`CI` set), where `.ci/run` installs it with `scripts/setup.d/browser`.
 
 mod browser;
 

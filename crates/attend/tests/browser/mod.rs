@@ -23,15 +23,15 @@ pub fn chromium() -> Option<PathBuf> {
 
 /// Returns the browser path, or `None` after printing why the test is skipped.
 /// Under CI (`CI` set) a missing browser is a failure: `.ci/run` installs it with
-/// `scripts/install-browser`.
+/// `scripts/setup.d/browser`.
 pub fn chromium_or_skip(test: &str) -> Option<PathBuf> {
     match chromium() {
         Some(p) => Some(p),
         None if std::env::var_os("CI").is_some() => {
-            panic!("{test}: /usr/bin/chromium is missing; run scripts/install-browser")
+            panic!("{test}: /usr/bin/chromium is missing; run scripts/setup.d/browser")
         }
         None => {
-            eprintln!("{test}: skipped, no /usr/bin/chromium (run scripts/install-browser)");
+            eprintln!("{test}: skipped, no /usr/bin/chromium (run scripts/setup.d/browser)");
             None
         }
     }
