@@ -64,7 +64,7 @@ impl MultiHeadAttention {
                 v_proj.weight.shape()
             )));
         }
-        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
+        if heads == 0 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
             return Err(Error::value(format!(
                 "heads ({heads}) must be a positive multiple of kv_heads ({kv_heads})"
             )));
