@@ -7,9 +7,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod experiment_args;
 mod explain;
 mod json_input;
+mod sdpa;
 mod view;
 
 /// Self-attention, faithful to PyTorch and fast on CPU.
@@ -26,6 +28,10 @@ enum Command {
     Explain(explain::Args),
     /// Look at attention weights: terminal heatmap, SVG/PNG picture, or HTML view.
     View(view::Args),
+    /// Scaled dot-product attention on .npy files (PyTorch SDPA's shapes).
+    Sdpa(sdpa::Args),
+    /// Time the fused attention forward (pairs with shared/bench/torch_sdpa.py).
+    Bench(bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -51,6 +57,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Explain(args) => explain::run(args),
         Command::View(args) => view::run(args),
+        Command::Sdpa(args) => sdpa::run(args),
+        Command::Bench(args) => bench::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
