@@ -12,6 +12,8 @@ pub mod rng;
 pub use error::{Error, Result};
 pub mod attention;
 pub mod experiment;
+pub mod grad;
 pub mod kernels;
 pub mod nn;
+pub mod optim;
 pub mod text;

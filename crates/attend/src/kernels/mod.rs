@@ -1,3 +1,4 @@
 //! Attention kernels. [`reference`] is the oracle every other kernel is judged by.
 
+pub mod backward;
 pub mod reference;
