@@ -24,6 +24,7 @@
 //! ```
 
 pub mod fused;
+mod lanes;
 pub(crate) mod reference;
 
 use ndarray::{Array3, Array4, ArrayView3, ArrayView4, ShapeBuilder};
