@@ -7,8 +7,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod explain;
 mod json_input;
+mod sdpa;
 
 /// Self-attention, faithful to PyTorch and fast on CPU.
 #[derive(Parser)]
@@ -22,6 +24,10 @@ struct Cli {
 enum Command {
     /// Walk through one attention computation step by step, as the notebooks do.
     Explain(explain::Args),
+    /// Scaled dot-product attention on .npy files (PyTorch SDPA's shapes).
+    Sdpa(sdpa::Args),
+    /// Time the fused attention forward (pairs with shared/bench/torch_sdpa.py).
+    Bench(bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -46,6 +52,8 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Explain(args) => explain::run(args),
+        Command::Sdpa(args) => sdpa::run(args),
+        Command::Bench(args) => bench::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

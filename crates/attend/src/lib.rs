@@ -6,6 +6,7 @@
 
 pub mod error;
 pub mod init;
+pub mod io;
 pub mod print;
 pub mod rng;
 
