@@ -11,6 +11,7 @@ mod bench;
 mod explain;
 mod json_input;
 mod sdpa;
+mod train;
 
 /// Self-attention, faithful to PyTorch and fast on CPU.
 #[derive(Parser)]
@@ -26,8 +27,10 @@ enum Command {
     Explain(explain::Args),
     /// Scaled dot-product attention on .npy files (PyTorch SDPA's shapes).
     Sdpa(sdpa::Args),
-    /// Time the fused attention forward (pairs with shared/bench/torch_sdpa.py).
+    /// Time the fused attention forward, or forward + backward (pairs with shared/bench/torch_sdpa.py).
     Bench(bench::Args),
+    /// Train a small attention model to reverse digit sequences.
+    Train(train::Args),
 }
 
 fn main() -> ExitCode {
@@ -54,6 +57,7 @@ fn main() -> ExitCode {
         Command::Explain(args) => explain::run(args),
         Command::Sdpa(args) => sdpa::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Train(args) => train::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

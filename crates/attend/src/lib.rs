@@ -18,3 +18,4 @@ pub mod kernels;
 pub mod nn;
 pub mod optim;
 pub mod text;
+pub mod train;
