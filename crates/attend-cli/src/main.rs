@@ -12,6 +12,7 @@ mod experiment_args;
 mod explain;
 mod json_input;
 mod sdpa;
+mod train;
 mod view;
 
 /// Self-attention, faithful to PyTorch and fast on CPU.
@@ -30,8 +31,10 @@ enum Command {
     View(view::Args),
     /// Scaled dot-product attention on .npy files (PyTorch SDPA's shapes).
     Sdpa(sdpa::Args),
-    /// Time the fused attention forward (pairs with shared/bench/torch_sdpa.py).
+    /// Time the fused attention forward, or forward + backward (pairs with shared/bench/torch_sdpa.py).
     Bench(bench::Args),
+    /// Train a small attention model to reverse digit sequences.
+    Train(train::Args),
 }
 
 fn main() -> ExitCode {
@@ -59,6 +62,7 @@ fn main() -> ExitCode {
         Command::View(args) => view::run(args),
         Command::Sdpa(args) => sdpa::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Train(args) => train::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
