@@ -8,7 +8,7 @@ use attend::io::npy;
 use ndarray::{ArrayD, IxDyn};
 use serde_json::Value;
 
-const GOLDEN: &str = include_str!("data/grads.json");
+const GOLDEN: &str = include_str!("../../attend/tests/data/grads.json");
 
 fn tensor(v: &Value) -> ArrayD<f32> {
     let shape: Vec<usize> = v["shape"]
