@@ -20,4 +20,3 @@ pub mod train;
 pub mod viz;
 
 pub use error::{Error, Result};
-

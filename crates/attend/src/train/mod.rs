@@ -127,13 +127,19 @@ impl Reverser {
         Ok(())
     }
 
-    /// Logits `[B, T, 10]` for digit sequences `ids [B, T]`.
-    pub fn forward(&self, ids: ArrayView2<'_, usize>) -> Result<Array3<f32>> {
+    /// The attention's input `[B, T, d]` for digit sequences `ids [B, T]`: digit
+    /// embedding plus position embedding.
+    pub fn embed(&self, ids: ArrayView2<'_, usize>) -> Result<Array3<f32>> {
         self.check(&ids)?;
-        let x = self.tokens.forward(ids)?
+        Ok(self.tokens.forward(ids)?
             + self
                 .positions
-                .forward(self.position_ids(ids.nrows()).view())?;
+                .forward(self.position_ids(ids.nrows()).view())?)
+    }
+
+    /// Logits `[B, T, 10]` for digit sequences `ids [B, T]`.
+    pub fn forward(&self, ids: ArrayView2<'_, usize>) -> Result<Array3<f32>> {
+        let x = self.embed(ids)?;
         let h = self
             .attention
             .forward(x.view(), &AttentionOptions::default())?;
