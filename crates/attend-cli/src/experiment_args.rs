@@ -307,7 +307,7 @@ fn trained_experiment(path: &std::path::Path, digits: &str) -> Result<Experiment
         seed: TORCH_DEFAULT_SEED,
         reseed: None,
         skip_draws: 0,
-        weights: Weights::Module(model.attention),
+        weights: Weights::Module(Box::new(model.attention)),
         causal: false,
         mask_padding: false,
         softmax_axis: SoftmaxAxis::Keys,

@@ -53,7 +53,7 @@ pub enum Weights {
     /// Drawn from the generator. `d_in` of the spec is filled in from the input.
     Init(AttentionSpec),
     /// A ready module, e.g. trained weights.
-    Module(MultiHeadAttention),
+    Module(Box<MultiHeadAttention>),
     /// Given in `[d_in, width]` orientation (`q = x @ W_q`), notebook 003.
     Given {
         /// Query weights.
@@ -137,7 +137,7 @@ pub fn run(exp: &Experiment) -> Result<Explanation> {
             },
             &mut gen,
         )?,
-        Weights::Module(m) => m.clone(),
+        Weights::Module(m) => (**m).clone(),
         Weights::Given {
             w_q,
             w_k,
