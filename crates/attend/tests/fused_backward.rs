@@ -14,6 +14,7 @@ use attend::attention::{attention_with_lse, AttentionOptions, Causal, Problem};
 use attend::kernels::backward::{
     attention_backward_with, AttentionGrads, BackwardConfig, BackwardKernel, Dropout,
 };
+use attend::kernels::Isa;
 use attend::rng::TorchGenerator;
 use ndarray::{Array2, Array4, ArrayD, Ix4};
 
@@ -141,6 +142,7 @@ struct Shape {
 
 fn run(
     kernel: BackwardKernel,
+    isa: Isa,
     threads: usize,
     q: &Array4<f32>,
     k: &Array4<f32>,
@@ -155,6 +157,7 @@ fn run(
         kernel,
         threads: Some(threads),
         dropout,
+        isa: Some(isa),
     };
     attention_backward_with(
         q.view(),
@@ -292,6 +295,7 @@ fn fused_backward_meets_the_error_rule_on_every_mask_kind() {
         for (name, opts, dropout) in &cases {
             let reference = run(
                 BackwardKernel::Reference,
+                Isa::Portable,
                 1,
                 &q,
                 &k,
@@ -300,35 +304,48 @@ fn fused_backward_meets_the_error_rule_on_every_mask_kind() {
                 opts,
                 *dropout,
             );
-            let fused = run(BackwardKernel::Fused, 2, &q, &k, &v, &dout, opts, *dropout);
             let p = Problem::new(q.view(), k.view(), v.view(), opts).unwrap();
             let naive = naive_f32(&p, &dout, dropout.as_ref());
-            for (what, f, r, n) in [
-                ("dq", &fused.dq, &reference.dq, &naive.dq),
-                ("dk", &fused.dk, &reference.dk, &naive.dk),
-                ("dv", &fused.dv, &reference.dv, &naive.dv),
-            ] {
-                assert!(
-                    f.iter().all(|x| x.is_finite()),
-                    "{name} L{} S{}: {what} not finite",
-                    sh.q_len,
-                    sh.kv_len
+            for isa in Isa::available() {
+                let fused = run(
+                    BackwardKernel::Fused,
+                    isa,
+                    2,
+                    &q,
+                    &k,
+                    &v,
+                    &dout,
+                    opts,
+                    *dropout,
                 );
-                let scale = r.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-                let floor = 4.0 * f32::EPSILON * (1.0 + scale);
-                let (ef, en) = (max_err(f, r), max_err(n, r));
-                assert!(
+                for (what, f, r, n) in [
+                    ("dq", &fused.dq, &reference.dq, &naive.dq),
+                    ("dk", &fused.dk, &reference.dk, &naive.dk),
+                    ("dv", &fused.dv, &reference.dv, &naive.dv),
+                ] {
+                    assert!(
+                        f.iter().all(|x| x.is_finite()),
+                        "{name} L{} S{}: {what} not finite",
+                        sh.q_len,
+                        sh.kv_len
+                    );
+                    let scale = r.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+                    let floor = 4.0 * f32::EPSILON * (1.0 + scale);
+                    let (ef, en) = (max_err(f, r), max_err(n, r));
+                    assert!(
                     ef <= 2.0 * en + floor,
-                    "{name} L{} S{} E{}: {what} error {ef} vs naive f32 {en} (floor {floor})",
+                    "{} {name} L{} S{} E{}: {what} error {ef} vs naive f32 {en} (floor {floor})",
+                    isa.name(),
                     sh.q_len,
                     sh.kv_len,
                     sh.e
                 );
-                checked += 1;
+                    checked += 1;
+                }
             }
         }
     }
-    assert_eq!(checked, 4 * 9 * 3);
+    assert_eq!(checked, 4 * 9 * 3 * Isa::available().len());
 }
 
 #[test]
@@ -348,9 +365,36 @@ fn fused_backward_gives_the_same_bits_on_one_and_two_threads() {
                 ..Default::default()
             },
         ] {
-            let one = run(BackwardKernel::Fused, 1, &q, &k, &v, &dout, &opts, None);
-            let two = run(BackwardKernel::Fused, 2, &q, &k, &v, &dout, &opts, None);
-            assert_eq!(one, two, "bits differ between 1 and 2 threads");
+            for isa in Isa::available() {
+                let one = run(
+                    BackwardKernel::Fused,
+                    isa,
+                    1,
+                    &q,
+                    &k,
+                    &v,
+                    &dout,
+                    &opts,
+                    None,
+                );
+                let two = run(
+                    BackwardKernel::Fused,
+                    isa,
+                    2,
+                    &q,
+                    &k,
+                    &v,
+                    &dout,
+                    &opts,
+                    None,
+                );
+                assert_eq!(
+                    one,
+                    two,
+                    "{}: bits differ between 1 and 2 threads",
+                    isa.name()
+                );
+            }
         }
     }
 }
@@ -370,7 +414,17 @@ fn fully_masked_rows_get_zero_gradients() {
     };
     let (_, lse) = attention_with_lse(q.view(), k.view(), v.view(), &opts).unwrap();
     assert_eq!(lse[[0, 0, 0]], f32::NEG_INFINITY);
-    let g = run(BackwardKernel::Fused, 2, &q, &k, &v, &dout, &opts, None);
+    let g = run(
+        BackwardKernel::Fused,
+        Isa::detect(),
+        2,
+        &q,
+        &k,
+        &v,
+        &dout,
+        &opts,
+        None,
+    );
     assert!(g.dq.iter().chain(&g.dk).chain(&g.dv).all(|x| x.is_finite()));
     assert!(g
         .dq

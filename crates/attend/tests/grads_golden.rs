@@ -226,6 +226,7 @@ fn sdpa_case(id: &str, causal: Option<Causal>) {
                 kernel,
                 threads: Some(threads),
                 dropout: None,
+                isa: None,
             };
             let g = attention_backward_with(
                 q.view(),

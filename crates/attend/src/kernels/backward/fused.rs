@@ -31,16 +31,16 @@ use std::borrow::Cow;
 use ndarray::{Array4, ArrayView3, ArrayView4, Zip};
 use rayon::prelude::*;
 
-use super::lanes::{Lanes, Portable};
 use super::{AttentionGrads, Dropout};
 use crate::attention::{Problem, SoftmaxAxis};
+use crate::kernels::simd::{portable::Portable, Isa, Simd, LANES};
 
 /// Queries per block.
 const BR: usize = 64;
 /// Keys per block.
 const BC: usize = 64;
 /// Lanes per vector.
-const W: usize = 16;
+const W: usize = LANES;
 /// The kernel aims for at least this many tasks (key chunks × batch × kv heads).
 const MIN_TASKS: usize = 4;
 
@@ -123,6 +123,7 @@ pub(crate) fn run(
     lse: ArrayView3<'_, f32>,
     dout: ArrayView4<'_, f32>,
     dropout: Option<&Dropout>,
+    isa: Isa,
 ) -> AttentionGrads {
     let pd = p.dims();
     let d = Dims {
@@ -184,15 +185,15 @@ pub(crate) fn run(
     let tasks: Vec<(usize, usize, usize)> = (0..d.batch)
         .flat_map(|b| (0..d.kv_heads).flat_map(move |h| (0..chunks).map(move |c| (b, h, c))))
         .collect();
-    let avx512 = has_avx512();
     tasks.into_par_iter().for_each(|(b, kvh, c)| {
-        // SAFETY: the CPU check guards the AVX-512 path; task regions are disjoint.
+        // SAFETY: the caller checked that the CPU has `isa`; task regions are disjoint.
         unsafe {
-            if avx512 {
+            match isa {
                 #[cfg(target_arch = "x86_64")]
-                task_avx512(&ctx, b, kvh, c);
-            } else {
-                task::<Portable>(&ctx, b, kvh, c);
+                Isa::Avx512 => task_avx512(&ctx, b, kvh, c),
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => task_avx2(&ctx, b, kvh, c),
+                _ => task::<Portable>(&ctx, b, kvh, c),
             }
         }
     });
@@ -234,26 +235,21 @@ fn unpad(shape: [usize; 4], width: usize, buf: Vec<f32>) -> Array4<f32> {
     out
 }
 
-fn has_avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn task_avx512(ctx: &Ctx<'_, '_>, b: usize, kvh: usize, c: usize) {
-    task::<super::lanes::Avx512>(ctx, b, kvh, c)
+    task::<crate::kernels::simd::avx512::Avx512>(ctx, b, kvh, c)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn task_avx2(ctx: &Ctx<'_, '_>, b: usize, kvh: usize, c: usize) {
+    task::<crate::kernels::simd::avx2::Avx2>(ctx, b, kvh, c)
 }
 
 /// One task: key/value head `kvh` of batch row `b`, key chunk `c`.
 #[inline(always)]
-unsafe fn task<L: Lanes>(ctx: &Ctx<'_, '_>, b: usize, kvh: usize, c: usize) {
+unsafe fn task<L: Simd>(ctx: &Ctx<'_, '_>, b: usize, kvh: usize, c: usize) {
     let d = ctx.d;
     let (ep, evp) = (ctx.ep, ctx.evp);
     let p = ctx.p;
@@ -421,19 +417,21 @@ unsafe fn task<L: Lanes>(ctx: &Ctx<'_, '_>, b: usize, kvh: usize, c: usize) {
     }
 }
 
-/// `row[j] = exp(row[j] · scale − shift)` over one block row.
+/// `row[j] = exp(row[j] · scale − shift)` over one block row, computed as
+/// `2^(row[j] · scale·log₂e − shift·log₂e)` like the forward kernel.
 #[inline(always)]
-unsafe fn exp_row<L: Lanes>(row: *mut f32, scale: f32, shift: f32) {
-    let (sc, sh) = (L::splat(scale), L::splat(shift));
+unsafe fn exp_row<L: Simd>(row: *mut f32, scale: f32, shift: f32) {
+    let log2e = std::f32::consts::LOG2_E;
+    let (sc, sh) = (L::splat(scale * log2e), L::splat(shift * log2e));
     for v in 0..BC / W {
         let x = L::load(row.add(v * W));
-        L::store(row.add(v * W), L::exp(L::sub(L::mul(x, sc), sh)));
+        L::store(row.add(v * W), L::exp2(L::sub(L::mul(x, sc), sh)));
     }
 }
 
 /// `dp[j] = p[j] · (dp[j] − dsum) · scale` over one block row.
 #[inline(always)]
-unsafe fn ds_row<L: Lanes>(p: *const f32, dp: *mut f32, dsum: f32, scale: f32) {
+unsafe fn ds_row<L: Simd>(p: *const f32, dp: *mut f32, dsum: f32, scale: f32) {
     let (ds, sc) = (L::splat(dsum), L::splat(scale));
     for v in 0..BC / W {
         let x = L::load(dp.add(v * W));
@@ -446,7 +444,7 @@ unsafe fn ds_row<L: Lanes>(p: *const f32, dp: *mut f32, dsum: f32, scale: f32) {
 /// `a + i·rsa + kk·csa` (so `Aᵀ` costs nothing), `B` and `C` are row-major.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn gemm<L: Lanes>(
+unsafe fn gemm<L: Simd>(
     m: usize,
     n: usize,
     k: usize,
@@ -472,7 +470,7 @@ unsafe fn gemm<L: Lanes>(
 
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn rows<L: Lanes, const NV: usize>(
+unsafe fn rows<L: Simd, const NV: usize>(
     m: usize,
     k: usize,
     a: *const f32,
@@ -518,7 +516,7 @@ unsafe fn rows<L: Lanes, const NV: usize>(
 /// An `MR × (NV·16)` tile of `C`, held in registers across the `k` loop.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn tile<L: Lanes, const MR: usize, const NV: usize>(
+unsafe fn tile<L: Simd, const MR: usize, const NV: usize>(
     k: usize,
     a: *const f32,
     rsa: usize,

@@ -24,7 +24,6 @@
 //! ```
 
 pub mod fused;
-mod lanes;
 pub(crate) mod reference;
 
 use ndarray::{Array3, Array4, ArrayView3, ArrayView4, ShapeBuilder};
@@ -136,6 +135,8 @@ pub struct BackwardConfig {
     pub threads: Option<usize>,
     /// Dropout applied in the forward pass, if any.
     pub dropout: Option<Dropout>,
+    /// Instruction set for the fused kernel; `None` picks the best this CPU has.
+    pub isa: Option<crate::kernels::Isa>,
 }
 
 /// Gradients of `sum(attention(q, k, v) ∘ dout)` with respect to `q`, `k` and `v`.
@@ -188,6 +189,13 @@ pub fn attention_backward_with(
             [d.batch, d.heads, d.q_len]
         )));
     }
+    let isa = config.isa.unwrap_or_else(crate::kernels::Isa::detect);
+    if !isa.is_available() {
+        return Err(Error::value(format!(
+            "isa {} is not available on this CPU",
+            isa.name()
+        )));
+    }
     let supported = fused::supports(&p);
     let use_fused = match config.kernel {
         BackwardKernel::Reference => false,
@@ -201,7 +209,7 @@ pub fn attention_backward_with(
     };
     let run = || {
         if use_fused {
-            fused::run(&p, out, lse, dout, config.dropout.as_ref())
+            fused::run(&p, out, lse, dout, config.dropout.as_ref(), isa)
         } else {
             let g = reference::backward(
                 &p,
