@@ -9,5 +9,7 @@ pub mod rng;
 
 pub use error::{Error, Result};
 pub mod attention;
+pub mod io;
 pub mod kernels;
+pub mod models;
 pub mod nn;

@@ -1,0 +1,3 @@
+//! Files: safetensors and `.npy`.
+
+pub mod safetensors;
