@@ -7,7 +7,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod experiment_args;
 mod explain;
+mod json_input;
+mod view;
 
 /// Self-attention, faithful to PyTorch and fast on CPU.
 #[derive(Parser)]
@@ -21,12 +24,33 @@ struct Cli {
 enum Command {
     /// Walk through one attention computation step by step, as the notebooks do.
     Explain(explain::Args),
+    /// Look at attention weights: terminal heatmap, SVG/PNG picture, or HTML view.
+    View(view::Args),
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) if err.use_stderr() => {
+            // clap's first paragraph names the problem; the usage block after it
+            // is noise for a one-line error.
+            let text = err.render().to_string();
+            let problem: Vec<&str> = text
+                .lines()
+                .take_while(|l| !l.is_empty())
+                .map(str::trim)
+                .collect();
+            eprintln!("{}", problem.join(" "));
+            return ExitCode::from(2);
+        }
+        Err(err) => {
+            let _ = err.print();
+            return ExitCode::SUCCESS;
+        }
+    };
     let result = match cli.command {
         Command::Explain(args) => explain::run(args),
+        Command::View(args) => view::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

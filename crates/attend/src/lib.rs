@@ -1,5 +1,7 @@
 //! `attend`: self-attention that is faithful to PyTorch and fast on CPU.
-
+//!
+//! The README follows; its examples run as doctests.
+#![doc = include_str!("../../../README.md")]
 #![warn(missing_docs)]
 
 pub mod error;
@@ -9,7 +11,10 @@ pub mod rng;
 
 pub use error::{Error, Result};
 pub mod attention;
+pub mod experiment;
 pub mod io;
 pub mod kernels;
 pub mod models;
 pub mod nn;
+pub mod text;
+pub mod viz;

@@ -87,7 +87,7 @@ impl<'a> Problem<'a> {
                 v.shape()
             )));
         }
-        if hkv == 0 || hq % hkv != 0 {
+        if hkv == 0 || !hq.is_multiple_of(hkv) {
             return Err(Error::shape(format!(
                 "query heads ({hq}) must be a multiple of key/value heads ({hkv}): q {:?}, k {:?}",
                 q.shape(),

@@ -64,7 +64,7 @@ impl MultiHeadAttention {
                 v_proj.weight.shape()
             )));
         }
-        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
+        if heads == 0 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
             return Err(Error::value(format!(
                 "heads ({heads}) must be a positive multiple of kv_heads ({kv_heads})"
             )));
@@ -74,7 +74,7 @@ impl MultiHeadAttention {
             ("w_k", &k_proj, kv_heads),
             ("w_v", &v_proj, kv_heads),
         ] {
-            if proj.out_features() % h != 0 {
+            if !proj.out_features().is_multiple_of(h) {
                 return Err(Error::shape(format!(
                     "{name} {:?}: its width {} is not divisible by {h} heads",
                     proj.weight.shape(),

@@ -59,6 +59,7 @@ impl Linear {
         let y = self.forward_rows(flat);
         let mut shape = x.raw_dim();
         shape[x.ndim() - 1] = self.out_features();
+        // `forward_rows` always returns a row-major product, so this reshape is free.
         Ok(y.into_shape_with_order(shape).expect("same element count"))
     }
 

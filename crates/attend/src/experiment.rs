@@ -1,0 +1,289 @@
+//! A notebook experiment from end to end: seed, embed, create weights, attend, and
+//! keep every intermediate. `attend explain` is a thin layer over [`run`].
+
+use ndarray::{Array2, Array3, ArrayD, ArrayView2};
+use serde_json::{json, Map, Value};
+
+use crate::attention::{AttentionOptions, Causal, SoftmaxAxis};
+use crate::nn::initialisers::{self, AttentionSpec};
+use crate::nn::{Embedding, ModuleTrace, MultiHeadAttention};
+use crate::rng::TorchGenerator;
+use crate::text::sentence_vocab;
+use crate::{init, Error, Result};
+
+/// PyTorch's default CPU seed, used when no seed is given.
+pub const TORCH_DEFAULT_SEED: u64 = 67_280_421_310_721;
+
+/// Where `x` comes from.
+#[derive(Clone, Debug)]
+pub enum Input {
+    /// Given embeddings `[B, T, d_in]`.
+    Array(Array3<f32>),
+    /// A sentence embedded through its own sorted vocabulary (notebook 004).
+    Sentence {
+        /// The text.
+        text: String,
+        /// Embedding width.
+        embed_dim: usize,
+    },
+    /// Token ids `[B, T]` through an `nn.Embedding(vocab_size, embed_dim, padding_idx)`.
+    Tokens {
+        /// The ids.
+        ids: Array2<usize>,
+        /// Rows of the embedding.
+        vocab_size: usize,
+        /// Embedding width.
+        embed_dim: usize,
+        /// `padding_idx` as PyTorch takes it (negative counts from the end).
+        padding_idx: Option<i64>,
+    },
+}
+
+/// Where the attention weights come from.
+#[derive(Clone, Debug)]
+pub enum Weights {
+    /// Drawn from the generator. `d_in` of the spec is filled in from the input.
+    Init(AttentionSpec),
+    /// Given in `[d_in, width]` orientation (`q = x @ W_q`), notebook 003.
+    Given {
+        /// Query weights.
+        w_q: Array2<f32>,
+        /// Key weights.
+        w_k: Array2<f32>,
+        /// Value weights.
+        w_v: Array2<f32>,
+        /// Number of heads.
+        heads: usize,
+    },
+}
+
+/// One experiment, as the `explain` flags describe it.
+#[derive(Clone, Debug)]
+pub struct Experiment {
+    /// The input.
+    pub input: Input,
+    /// `torch.manual_seed` before anything random.
+    pub seed: u64,
+    /// Seed again after the embedding, before the weights.
+    pub reseed: Option<u64>,
+    /// 32-bit draws to consume before the weights.
+    pub skip_draws: u64,
+    /// The weights.
+    pub weights: Weights,
+    /// Causal masking (top-left; queries and keys are the same tokens here).
+    pub causal: bool,
+    /// Mask keys whose token id is the padding id.
+    pub mask_padding: bool,
+    /// Softmax over keys or over queries.
+    pub softmax_axis: SoftmaxAxis,
+    /// Score scale (default `1/√head_dim`).
+    pub scale: Option<f32>,
+}
+
+/// Everything an experiment computed.
+#[derive(Clone, Debug)]
+pub struct Explanation {
+    /// The words of each token, when the input was a sentence.
+    pub words: Option<Vec<String>>,
+    /// Token ids `[B, T]`, when the input was ids or a sentence.
+    pub ids: Option<Array2<usize>>,
+    /// `[B, T, d_in]` after the embedding.
+    pub x: Array3<f32>,
+    /// The module with its weights.
+    pub module: MultiHeadAttention,
+    /// Every intermediate.
+    pub trace: ModuleTrace,
+}
+
+/// Runs the experiment through the reference kernel.
+pub fn run(exp: &Experiment) -> Result<Explanation> {
+    let mut gen = TorchGenerator::new(exp.seed);
+    let Embedded {
+        x,
+        words,
+        ids,
+        padding,
+    } = embed(&exp.input, &mut gen)?;
+    if x.is_empty() {
+        return Err(Error::value(format!(
+            "input is empty: x has shape {:?}",
+            x.shape()
+        )));
+    }
+    if let Some(((b, t, c), v)) = x.indexed_iter().find(|(_, v)| !v.is_finite()) {
+        return Err(Error::value(format!(
+            "input x[{b}, {t}, {c}] is {v}, not a finite number"
+        )));
+    }
+    if let Some(s) = exp.reseed {
+        gen.manual_seed(s);
+    }
+    gen.skip(exp.skip_draws);
+    let module = match &exp.weights {
+        Weights::Init(spec) => initialisers::initialise(
+            &AttentionSpec {
+                d_in: x.dim().2,
+                ..*spec
+            },
+            &mut gen,
+        )?,
+        Weights::Given {
+            w_q,
+            w_k,
+            w_v,
+            heads,
+        } => initialisers::from_given(w_q.clone(), w_k.clone(), w_v.clone(), *heads)?,
+    };
+    let key_padding = match (exp.mask_padding, &padding) {
+        (false, _) => None,
+        (true, Some(p)) => Some(p.view()),
+        (true, None) => {
+            return Err(Error::value(
+                "--mask-padding needs --tokens with --padding-idx",
+            ))
+        }
+    };
+    let opts = AttentionOptions {
+        scale: exp.scale,
+        causal: exp.causal.then_some(Causal::TopLeft),
+        key_padding,
+        softmax_axis: exp.softmax_axis,
+        ..Default::default()
+    };
+    let trace = module.trace(x.view(), &opts)?;
+    Ok(Explanation {
+        words,
+        ids,
+        x,
+        module,
+        trace,
+    })
+}
+
+/// `x` and what is known about the tokens behind it.
+struct Embedded {
+    x: Array3<f32>,
+    words: Option<Vec<String>>,
+    ids: Option<Array2<usize>>,
+    /// `[B, T]`, true where the id is the padding id.
+    padding: Option<Array2<bool>>,
+}
+
+fn embed(input: &Input, gen: &mut TorchGenerator) -> Result<Embedded> {
+    match input {
+        Input::Array(x) => Ok(Embedded {
+            x: x.clone(),
+            words: None,
+            ids: None,
+            padding: None,
+        }),
+        Input::Sentence { text, embed_dim } => {
+            let s = sentence_vocab(text);
+            if s.ids.is_empty() {
+                return Err(Error::value("--sentence has no words"));
+            }
+            let table = Embedding {
+                weight: init::embedding(gen, s.vocab.len(), *embed_dim, None)?,
+                padding_idx: None,
+            };
+            let ids = Array2::from_shape_vec((1, s.ids.len()), s.ids).expect("one row");
+            Ok(Embedded {
+                x: table.forward(ids.view())?,
+                words: Some(s.words),
+                ids: Some(ids),
+                padding: None,
+            })
+        }
+        Input::Tokens {
+            ids,
+            vocab_size,
+            embed_dim,
+            padding_idx,
+        } => {
+            let weight = init::embedding(gen, *vocab_size, *embed_dim, *padding_idx)?;
+            let pad = padding_idx.map(|p| if p < 0 { p + *vocab_size as i64 } else { p } as usize);
+            let table = Embedding {
+                weight,
+                padding_idx: pad,
+            };
+            let padding = pad.map(|p| ids.mapv(|id| id == p));
+            Ok(Embedded {
+                x: table.forward(ids.view())?,
+                words: None,
+                ids: Some(ids.clone()),
+                padding,
+            })
+        }
+    }
+}
+
+impl Explanation {
+    /// The JSON object of the `explain` contract: nested arrays named `x`, `w_q`,
+    /// `w_k`, `w_v` (`[out, in]`), `b_*`, `w_o`, `b_o`, `q`, `k`, `v`, `scores`,
+    /// `scaled` (masked entries `null`), `weights`, `context` and `output`.
+    pub fn to_json(&self) -> Value {
+        let m = &self.module;
+        let t = &self.trace;
+        let mut obj = Map::new();
+        let mut put = |name: &str, a: ArrayD<f32>| {
+            obj.insert(name.to_owned(), nested(&a));
+        };
+        put("x", self.x.clone().into_dyn());
+        for (name, proj) in [("q", &m.q_proj), ("k", &m.k_proj), ("v", &m.v_proj)] {
+            put(&format!("w_{name}"), proj.weight.clone().into_dyn());
+            if let Some(b) = &proj.bias {
+                put(&format!("b_{name}"), b.clone().into_dyn());
+            }
+        }
+        if let Some(o) = &m.out_proj {
+            put("w_o", o.weight.clone().into_dyn());
+            if let Some(b) = &o.bias {
+                put("b_o", b.clone().into_dyn());
+            }
+        }
+        put("q", t.q.clone().into_dyn());
+        put("k", t.k.clone().into_dyn());
+        put("v", t.v.clone().into_dyn());
+        put("scores", t.attention.scores.clone().into_dyn());
+        put("scaled", t.attention.scaled.clone().into_dyn());
+        put("weights", t.attention.weights.clone().into_dyn());
+        put("context", t.context.clone().into_dyn());
+        if let Some(o) = &t.output {
+            put("output", o.clone().into_dyn());
+        }
+        if let Some(w) = &self.words {
+            obj.insert("tokens".into(), json!(w));
+        }
+        Value::Object(obj)
+    }
+
+    /// A label per position of batch row 0: the word, else the token id, else `x[t]`.
+    pub fn labels(&self) -> Vec<String> {
+        match (&self.words, &self.ids) {
+            (Some(words), _) => words.clone(),
+            (None, Some(ids)) => ids.row(0).iter().map(|id| id.to_string()).collect(),
+            (None, None) => (0..self.x.dim().1).map(|t| format!("x[{t}]")).collect(),
+        }
+    }
+
+    /// The attention weights of batch row `b` and head `h`, `[T_q, T_k]`.
+    pub fn head_weights(&self, b: usize, h: usize) -> ArrayView2<'_, f32> {
+        self.trace
+            .attention
+            .weights
+            .slice(ndarray::s![b, h, .., ..])
+    }
+}
+
+/// Nested JSON arrays; non-finite values (masked scores) become `null`.
+fn nested(a: &ArrayD<f32>) -> Value {
+    if a.ndim() == 0 {
+        let v = a.iter().next().copied().unwrap_or(f32::NAN);
+        return if v.is_finite() {
+            json!(v as f64)
+        } else {
+            Value::Null
+        };
+    }
+    Value::Array(a.outer_iter().map(|sub| nested(&sub.to_owned())).collect())
+}
