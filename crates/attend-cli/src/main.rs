@@ -7,9 +7,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod attention_cmd;
+mod embed;
 mod experiment_args;
 mod explain;
 mod json_input;
+mod model_dir;
 mod view;
 
 /// Self-attention, faithful to PyTorch and fast on CPU.
@@ -26,6 +29,10 @@ enum Command {
     Explain(explain::Args),
     /// Look at attention weights: terminal heatmap, SVG/PNG picture, or HTML view.
     View(view::Args),
+    /// Sentence embeddings from a BERT-family model (e.g. all-MiniLM-L6-v2).
+    Embed(embed::Args),
+    /// One head's attention weights for a sentence, from a BERT-family model.
+    Attention(attention_cmd::Args),
 }
 
 fn main() -> ExitCode {
@@ -51,6 +58,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Explain(args) => explain::run(args),
         Command::View(args) => view::run(args),
+        Command::Embed(args) => embed::run(args),
+        Command::Attention(args) => attention_cmd::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
