@@ -179,7 +179,7 @@ impl BertModel {
                     l.weight.shape()
                 )));
             }
-            Ok(l)
+            Ok(l.column_major())
         };
         let embeddings = BertEmbeddings {
             word: matrix("embeddings.word_embeddings.weight", config.vocab_size, d)?,
@@ -288,8 +288,15 @@ impl BertModel {
     /// Only real tokens go through the dense layers (the rows of all sequences are
     /// packed together); the sequences are padded again only for the attention
     /// call, which masks the padding keys. A sequence's result therefore does not
-    /// depend on what else is in the batch.
+    /// depend on what else is in the batch, and padding costs no matrix products.
     pub fn forward(&self, batch: &TokenBatch) -> Result<Array3<f32>> {
+        self.forward_timed(batch, &mut Timings::default())
+    }
+
+    /// [`forward`](Self::forward), adding the time spent in each kind of work to
+    /// `timings` (for benchmarks: where does the time go?).
+    pub fn forward_timed(&self, batch: &TokenBatch, timings: &mut Timings) -> Result<Array3<f32>> {
+        let mut clock = Clock::new();
         self.check(batch)?;
         let (b, t) = batch.ids.dim();
         let d = self.config.hidden_size;
@@ -304,18 +311,23 @@ impl BertModel {
             key_padding: (!packed).then(|| padding.view()),
             ..Default::default()
         };
-        // [n, d] rows → [B, H, T, dh] view (a copy into a padded buffer only when
-        // some sequences are shorter than T).
+        // [n, d] rows → [B, T, d] (a copy into a padded buffer only when some
+        // sequences are shorter than T).
         let unpack = |x: Array2<f32>| -> Array3<f32> {
             if packed {
                 return x.into_shape_with_order((b, t, d)).expect("n = B·T");
             }
             let mut out = Array3::zeros((b, t, d));
-            for (r, &(bi, ti)) in rows.iter().enumerate() {
-                out.slice_mut(s![bi, ti, ..]).assign(&x.row(r));
+            let src = x.as_slice().expect("Linear returns row-major arrays");
+            let dst = out.as_slice_mut().expect("fresh arrays are row-major");
+            let mut r = 0;
+            for (bi, &len) in batch.lengths.iter().enumerate() {
+                dst[bi * t * d..(bi * t + len) * d].copy_from_slice(&src[r * d..(r + len) * d]);
+                r += len;
             }
             out
         };
+        // [B, T, H·dh] → [B, H, T, dh] view, no copy.
         fn heads_view(x: &Array3<f32>, heads: usize) -> ArrayView4<'_, f32> {
             let (b, t, d) = x.dim();
             x.view()
@@ -324,37 +336,63 @@ impl BertModel {
                 .permuted_axes([0, 2, 1, 3])
         }
         let mut h = self.embed_rows(batch, &rows)?;
+        clock.lap(&mut timings.other);
         for layer in &self.layers {
             let m = &layer.attention;
-            let q = unpack(m.q_proj.forward(h.view())?);
-            let k = unpack(m.k_proj.forward(h.view())?);
-            let v = unpack(m.v_proj.forward(h.view())?);
+            let (q, k, v) = (
+                m.q_proj.forward(h.view())?,
+                m.k_proj.forward(h.view())?,
+                m.v_proj.forward(h.view())?,
+            );
+            clock.lap(&mut timings.matmul);
+            let (q, k, v) = (unpack(q), unpack(k), unpack(v));
+            clock.lap(&mut timings.other);
             let ctx = attention(
                 heads_view(&q, heads),
                 heads_view(&k, heads),
                 heads_view(&v, heads),
                 &opts,
             )?;
+            clock.lap(&mut timings.attention);
             // [B, H, T, dh] → packed rows [n, H·dh].
+            let ctx = ctx.as_standard_layout();
+            let src = ctx.as_slice().expect("standard layout");
             let mut merged = Array2::zeros((rows.len(), d));
+            let dst = merged.as_slice_mut().expect("fresh arrays are row-major");
             for (r, &(bi, ti)) in rows.iter().enumerate() {
-                let mut row = merged.row_mut(r);
                 for hi in 0..heads {
-                    row.slice_mut(s![hi * dh..(hi + 1) * dh])
-                        .assign(&ctx.slice(s![bi, hi, ti, ..]));
+                    let from = ((bi * heads + hi) * t + ti) * dh;
+                    dst[r * d + hi * dh..r * d + (hi + 1) * dh]
+                        .copy_from_slice(&src[from..from + dh]);
                 }
             }
+            clock.lap(&mut timings.other);
             let out_proj = m
                 .out_proj
                 .as_ref()
                 .expect("BERT layers have an output projection");
             let mut a = out_proj.forward(merged.view())?;
+            clock.lap(&mut timings.matmul);
             layer
                 .attention_norm
                 .forward_inplace(a.view_mut(), Some(h.view()))?;
-            h = self.feed_forward(layer, a)?;
+            clock.lap(&mut timings.other);
+            let mut inter = layer.intermediate.forward(a.view())?;
+            clock.lap(&mut timings.matmul);
+            self.config
+                .hidden_act
+                .apply(inter.as_slice_mut().expect("fresh arrays are contiguous"));
+            clock.lap(&mut timings.activation);
+            h = layer.output.forward(inter.view())?;
+            clock.lap(&mut timings.matmul);
+            layer
+                .output_norm
+                .forward_inplace(h.view_mut(), Some(a.view()))?;
+            clock.lap(&mut timings.other);
         }
-        Ok(unpack(h))
+        let out = unpack(h);
+        clock.lap(&mut timings.other);
+        Ok(out)
     }
 
     /// `LayerNorm(a + output(act(intermediate(a))))` on rows `[n, d]`.
@@ -418,6 +456,33 @@ impl BertModel {
             attention: traces,
             hidden: h,
         })
+    }
+}
+
+/// Time spent in each kind of work by [`BertModel::forward_timed`], accumulated.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Timings {
+    /// Dense layers (`Linear`): Q/K/V, output projection, feed-forward.
+    pub matmul: std::time::Duration,
+    /// The `attention` call (scores, softmax, weighted sum).
+    pub attention: std::time::Duration,
+    /// The feed-forward activation (GELU).
+    pub activation: std::time::Duration,
+    /// Everything else: embeddings, LayerNorms, residuals, packing and unpacking.
+    pub other: std::time::Duration,
+}
+
+struct Clock(std::time::Instant);
+
+impl Clock {
+    fn new() -> Self {
+        Clock(std::time::Instant::now())
+    }
+
+    fn lap(&mut self, into: &mut std::time::Duration) {
+        let now = std::time::Instant::now();
+        *into += now - self.0;
+        self.0 = now;
     }
 }
 

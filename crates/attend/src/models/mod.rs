@@ -16,7 +16,9 @@ mod sentence;
 #[cfg(feature = "tokenizers")]
 pub mod tokenize;
 
-pub use bert::{pool, BertEmbeddings, BertLayer, BertModel, BertTrace, Pooling, TokenBatch};
+pub use bert::{
+    pool, BertEmbeddings, BertLayer, BertModel, BertTrace, Pooling, Timings, TokenBatch,
+};
 pub use config::BertConfig;
 #[cfg(feature = "tokenizers")]
 pub use sentence::{Embeddings, HeadTrace, SentenceEncoder, SentenceTrace};

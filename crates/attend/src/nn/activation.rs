@@ -2,7 +2,7 @@
 
 use rayon::prelude::*;
 
-use super::simd::{dispatch, erf, exp};
+use super::simd::{erf, exp, multiversion};
 
 /// The activations of BERT-family feed-forward layers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,37 +42,40 @@ impl Activation {
 
     fn apply_serial(self, xs: &mut [f32]) {
         match self {
-            Activation::Gelu => dispatch!(gelu(xs)),
-            Activation::GeluTanh => dispatch!(gelu_tanh(xs)),
+            Activation::Gelu => gelu(xs),
+            Activation::GeluTanh => gelu_tanh(xs),
             Activation::Relu => xs.iter_mut().for_each(|x| *x = x.max(0.0)),
-            Activation::Silu => dispatch!(silu(xs)),
+            Activation::Silu => silu(xs),
         }
     }
 }
 
-#[inline(always)]
-fn gelu(xs: &mut [f32]) {
-    const FRAC_1_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
-    for x in xs {
-        *x = *x * 0.5 * (1.0 + erf(*x * FRAC_1_SQRT_2));
+multiversion! {
+    fn gelu(xs: &mut [f32]) {
+        const FRAC_1_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
+        for x in xs {
+            *x = *x * 0.5 * (1.0 + erf(*x * FRAC_1_SQRT_2));
+        }
     }
 }
 
-#[inline(always)]
-fn gelu_tanh(xs: &mut [f32]) {
-    const K: f32 = 0.797_884_6; // √(2/π)
-    for x in xs {
-        let u = K * (*x + 0.044_715 * *x * *x * *x);
-        // tanh(u) = 1 − 2/(e^{2u} + 1)
-        let t = 1.0 - 2.0 / (exp(2.0 * u) + 1.0);
-        *x = 0.5 * *x * (1.0 + t);
+multiversion! {
+    fn gelu_tanh(xs: &mut [f32]) {
+        const K: f32 = 0.797_884_6; // √(2/π)
+        for x in xs {
+            let u = K * (*x + 0.044_715 * *x * *x * *x);
+            // tanh(u) = 1 − 2/(e^{2u} + 1)
+            let t = 1.0 - 2.0 / (exp(2.0 * u) + 1.0);
+            *x = 0.5 * *x * (1.0 + t);
+        }
     }
 }
 
-#[inline(always)]
-fn silu(xs: &mut [f32]) {
-    for x in xs {
-        *x /= 1.0 + exp(-*x);
+multiversion! {
+    fn silu(xs: &mut [f32]) {
+        for x in xs {
+            *x /= 1.0 + exp(-*x);
+        }
     }
 }
 

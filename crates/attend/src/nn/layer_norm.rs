@@ -3,7 +3,7 @@
 use ndarray::{Array1, ArrayViewMut2, Axis};
 use rayon::prelude::*;
 
-use super::simd::dispatch;
+use super::simd::multiversion;
 use crate::{Error, Result};
 
 /// Layer normalisation over the last axis: `(x − mean) / √(var + eps) · weight + bias`,
@@ -75,11 +75,10 @@ impl LayerNorm {
                 row += &r;
             }
             match row.as_slice_mut() {
-                Some(s) => dispatch!(normalise_row(s, w, b, eps)),
+                Some(s) => normalise_row(s, w, b, eps),
                 None => {
                     let mut tmp = row.to_vec();
-                    let t = &mut tmp[..];
-                    dispatch!(normalise_row(t, w, b, eps));
+                    normalise_row(&mut tmp, w, b, eps);
                     row.assign(&ndarray::ArrayView1::from(&tmp[..]));
                 }
             }
@@ -123,14 +122,15 @@ fn lane_sum(xs: &[f32], f: impl Fn(f32) -> f32) -> f32 {
     acc.iter().sum::<f32>() + total
 }
 
-#[inline(always)]
-fn normalise_row(x: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
-    let n = x.len() as f32;
-    let mean = lane_sum(x, |v| v) / n;
-    let var = lane_sum(x, |v| (v - mean) * (v - mean)) / n;
-    let rstd = 1.0 / (var + eps).sqrt();
-    for ((v, &wi), &bi) in x.iter_mut().zip(w).zip(b) {
-        *v = (*v - mean) * rstd * wi + bi;
+multiversion! {
+    fn normalise_row(x: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
+        let n = x.len() as f32;
+        let mean = lane_sum(x, |v| v) / n;
+        let var = lane_sum(x, |v| (v - mean) * (v - mean)) / n;
+        let rstd = 1.0 / (var + eps).sqrt();
+        for ((v, &wi), &bi) in x.iter_mut().zip(w).zip(b) {
+            *v = (*v - mean) * rstd * wi + bi;
+        }
     }
 }
 

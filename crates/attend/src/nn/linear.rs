@@ -29,6 +29,19 @@ impl Linear {
         Ok(Linear { weight, bias })
     }
 
+    /// The same layer with its weight stored column-major (still the `[out, in]`
+    /// matrix, transposed in memory). The matrix product then reads the weight
+    /// without repacking it on every call, which is much faster for few rows (one
+    /// short sentence) and somewhat faster for many. Results are unchanged.
+    pub fn column_major(mut self) -> Self {
+        if self.weight.t().is_standard_layout() {
+            return self;
+        }
+        let t = self.weight.t().as_standard_layout().into_owned();
+        self.weight = t.reversed_axes();
+        self
+    }
+
     /// Input width.
     pub fn in_features(&self) -> usize {
         self.weight.ncols()
@@ -86,7 +99,8 @@ impl Linear {
         }
         let w = self.weight.view();
         let (xs, ws) = (x.strides(), w.strides());
-        let parallelism = if m * n * k >= 1 << 18 && rayon::current_num_threads() > 1 {
+        // Below ~4 M multiply-adds, splitting the work costs more than it saves.
+        let parallelism = if m * n * k >= 1 << 22 && rayon::current_num_threads() > 1 {
             gemm::Parallelism::Rayon(rayon::current_num_threads())
         } else {
             gemm::Parallelism::None
@@ -177,6 +191,18 @@ mod tests {
         let want = naive(&flat, &l).into_shape_with_order((2, 3, 5)).unwrap();
         let err = (&y - &want).mapv(f32::abs).fold(0.0f32, |a, &b| a.max(b));
         assert!(err < 1e-5, "{err}");
+    }
+
+    #[test]
+    fn column_major_weights_give_the_same_layer() {
+        let w = Array::from_shape_fn((7, 5), |(i, j)| (i * 5 + j) as f32 / 9.0 - 1.0);
+        let l = Linear::new(w, Some(Array::from_elem(7, 0.25))).unwrap();
+        let c = l.clone().column_major();
+        assert_eq!(c, l);
+        assert_eq!(c.weight.strides(), &[1, 7]);
+        let x = Array::from_shape_fn((3, 5), |(i, j)| (i + j) as f32);
+        assert_eq!(c.forward(x.view()).unwrap(), l.forward(x.view()).unwrap());
+        assert_eq!(c.clone().column_major(), c);
     }
 
     #[test]

@@ -5,50 +5,59 @@
 //! The loops are written so that LLVM can vectorise them: no calls into libm, no
 //! branches, reductions split into 16 independent lanes.
 
-/// Calls `$body` (an `#[inline(always)]` function) on the listed variables,
-/// compiled for the best instruction set the CPU has.
-macro_rules! dispatch {
-    ($body:ident($($arg:ident),*)) => {{
-        #[cfg(target_arch = "x86_64")]
-        {
-            #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
-            unsafe fn avx512<A, R>(f: impl FnOnce(A) -> R, a: A) -> R { f(a) }
-            #[target_feature(enable = "avx2,fma")]
-            unsafe fn avx2<A, R>(f: impl FnOnce(A) -> R, a: A) -> R { f(a) }
-            if std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("avx512vl")
-                && std::arch::is_x86_feature_detected!("avx512bw")
-                && std::arch::is_x86_feature_detected!("avx512dq")
+/// Defines `fn $name(args)` that runs `$body` compiled for the best instruction set
+/// the CPU has (AVX-512, else AVX2+FMA, else the baseline), chosen at run time.
+macro_rules! multiversion {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+        $(#[$meta])*
+        $vis fn $name($($arg: $ty),*) {
+            #[inline(always)]
+            fn body($($arg: $ty),*) $body
+            #[cfg(target_arch = "x86_64")]
             {
-                // SAFETY: the features were detected on this CPU.
-                unsafe { avx512(|($($arg,)*)| $body($($arg),*), ($($arg,)*)) }
-            } else if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                // SAFETY: the features were detected on this CPU.
-                unsafe { avx2(|($($arg,)*)| $body($($arg),*), ($($arg,)*)) }
-            } else {
-                $body($($arg),*)
+                #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
+                unsafe fn avx512($($arg: $ty),*) {
+                    body($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2($($arg: $ty),*) {
+                    body($($arg),*)
+                }
+                if std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512vl")
+                    && std::arch::is_x86_feature_detected!("avx512bw")
+                    && std::arch::is_x86_feature_detected!("avx512dq")
+                {
+                    // SAFETY: the features were detected on this CPU.
+                    return unsafe { avx512($($arg),*) };
+                }
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    // SAFETY: the features were detected on this CPU.
+                    return unsafe { avx2($($arg),*) };
+                }
             }
+            body($($arg),*)
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            $body($($arg),*)
-        }
-    }};
+    };
 }
-pub(crate) use dispatch;
+pub(crate) use multiversion;
 
 /// `e^x` for `f32`, branch-free (Cephes' `expf`: range reduction by `ln 2` and a
-/// degree-6 polynomial; within 2 ulp of the true value on `[-87, 88]`, 0 below).
+/// degree-6 polynomial; within 2 ulp of the true value on `[-87.3, 88]`). Below that
+/// range it gives `2^-126`'s neighbourhood (≈ 1e-38), above it saturates at `e^88`.
 #[inline(always)]
 pub(crate) fn exp(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
-    let x = x.clamp(-87.336_55, 88.376_26);
-    // Round to nearest with the 1.5·2^23 trick (vectorises, unlike `round`).
-    let n = (x * LOG2E + 12_582_912.0) - 12_582_912.0;
+    const MAGIC: f32 = 12_582_912.0; // 1.5·2^23
+    let x = x.clamp(-87.336_55, 88.0);
+    // Round to nearest with the magic number: `t`'s low mantissa bits hold `n` as a
+    // two's-complement integer (no float-to-int conversion, which would not vectorise).
+    let t = x * LOG2E + MAGIC;
+    let n = t - MAGIC;
     let r = x - n * LN2_HI - n * LN2_LO;
     let mut p = 1.987_569_1e-4f32;
     p = p * r + 1.398_199_9e-3;
@@ -57,7 +66,9 @@ pub(crate) fn exp(x: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 5e-1;
     let e = p * r * r + r + 1.0;
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // 2^n: the low 9 bits of t's bits + 127 are n + 127 ∈ [1, 254], shifted into
+    // the exponent field.
+    let scale = f32::from_bits(t.to_bits().wrapping_add(127) << 23);
     e * scale
 }
 
@@ -96,6 +107,7 @@ mod tests {
         assert!(worst < 3e-7, "{worst}");
         assert_eq!(exp(-200.0), exp(-87.336_55));
         assert!(exp(-200.0) < 1e-37);
+        assert!(exp(100.0).is_finite() && exp(100.0) > 1e38);
     }
 
     #[test]
