@@ -8,11 +8,13 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod attention_cmd;
+mod bench;
 mod embed;
 mod experiment_args;
 mod explain;
 mod json_input;
 mod model_dir;
+mod sdpa;
 mod view;
 
 /// Self-attention, faithful to PyTorch and fast on CPU.
@@ -29,6 +31,10 @@ enum Command {
     Explain(explain::Args),
     /// Look at attention weights: terminal heatmap, SVG/PNG picture, or HTML view.
     View(view::Args),
+    /// Scaled dot-product attention on .npy files (PyTorch SDPA's shapes).
+    Sdpa(sdpa::Args),
+    /// Time the fused attention forward (pairs with shared/bench/torch_sdpa.py).
+    Bench(bench::Args),
     /// Sentence embeddings from a BERT-family model (e.g. all-MiniLM-L6-v2).
     Embed(embed::Args),
     /// One head's attention weights for a sentence, from a BERT-family model.
@@ -58,6 +64,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Explain(args) => explain::run(args),
         Command::View(args) => view::run(args),
+        Command::Sdpa(args) => sdpa::run(args),
+        Command::Bench(args) => bench::run(args),
         Command::Embed(args) => embed::run(args),
         Command::Attention(args) => attention_cmd::run(args),
     };

@@ -6,13 +6,13 @@
 
 pub mod error;
 pub mod init;
+pub mod io;
 pub mod print;
 pub mod rng;
 
 pub use error::{Error, Result};
 pub mod attention;
 pub mod experiment;
-pub mod io;
 pub mod kernels;
 pub mod models;
 pub mod nn;

@@ -1,3 +1,4 @@
-//! Files: safetensors and `.npy`.
+//! Reading and writing arrays in files: safetensors and `.npy`.
 
+pub mod npy;
 pub mod safetensors;

@@ -1,3 +1,8 @@
-//! Attention kernels. [`reference`] is the oracle every other kernel is judged by.
+//! Attention kernels. [`reference`] is the oracle every other kernel is judged by;
+//! [`fused`] is the fast forward, built on the per-ISA vectors in `simd`.
 
+pub mod fused;
 pub mod reference;
+pub(crate) mod simd;
+
+pub use simd::Isa;
