@@ -49,7 +49,8 @@ def median_ms(f, reps):
 
 def main():
     model_dir, bench_bin, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    torch.set_num_threads(2)
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
+    print(f"load average before: {os.getloadavg()}")
     st = SentenceTransformer(model_dir, device="cpu")
     tok = AutoTokenizer.from_pretrained(model_dir)
     bert = BertModel.from_pretrained(model_dir, add_pooling_layer=False).eval()
@@ -79,6 +80,7 @@ def main():
                     ).stdout
                     r["attend"].append(json.loads(out))
             results[name] = (r, tuple(enc["input_ids"].shape))
+    print(f"load average after: {os.getloadavg()}; attend threads: {r['attend'][0]['threads']}")
     for name, (r, shape) in results.items():
         te = statistics.median(r["torch_encode"])
         tf = statistics.median(r["torch_forward"])

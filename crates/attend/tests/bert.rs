@@ -112,6 +112,11 @@ fn embeddings_match_sentence_transformers() {
         floats(&reference()["embed"]["embeddings"]),
     )
     .unwrap();
+    let worst = max_abs_diff(out.vectors.iter().copied(), want.iter().copied());
+    eprintln!(
+        "embeddings: max abs diff {worst:e} over {} texts",
+        texts.len()
+    );
     for (i, text) in texts.iter().enumerate() {
         let (g, w) = (out.vectors.row(i), want.row(i));
         let diff = max_abs_diff(g.iter().copied(), w.iter().copied());
