@@ -14,11 +14,15 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     model: Option<PathBuf>,
     /// Layer, counted from 0.
-    #[arg(long)]
-    layer: usize,
+    #[arg(long, required_unless_present = "all")]
+    layer: Option<usize>,
     /// Head within the layer, counted from 0.
-    #[arg(long)]
-    head: usize,
+    #[arg(long, required_unless_present = "all")]
+    head: Option<usize>,
+    /// Print every layer and head as attention-maps JSON instead
+    /// (`attend view --input-json FILE --html page.html` draws it).
+    #[arg(long, conflicts_with_all = ["layer", "head", "format"])]
+    all: bool,
     /// `text`: a table of weights (row = query token); `json`: {"tokens": [...], "weights": [[...]]}.
     #[arg(long, value_enum, default_value = "text")]
     format: Format,
@@ -28,18 +32,25 @@ pub struct Args {
 
 /// Runs `attend attention`.
 pub fn run(args: Args) -> Result<(), attend::Error> {
-    let encoder = SentenceEncoder::load(model_dir::resolve(args.model))?;
+    let dir = model_dir::resolve(args.model);
+    let encoder = SentenceEncoder::load(&dir)?;
     let trace = encoder.trace(&args.sentence)?;
     for w in &trace.warnings {
         eprintln!("warning: {w}");
     }
-    let weights = trace.weights(args.layer, args.head)?;
+    if args.all {
+        let title = format!("{} — {}", model_name(&dir), args.sentence);
+        println!("{}", trace.attention_maps(&title)?.to_json());
+        return Ok(());
+    }
+    let (layer, head) = (args.layer.unwrap_or(0), args.head.unwrap_or(0));
+    let weights = trace.weights(layer, head)?;
     match args.format {
         Format::Json => {
             println!(
                 "{{\"layer\":{},\"head\":{},\"tokens\":{},\"weights\":{}}}",
-                args.layer,
-                args.head,
+                layer,
+                head,
                 serde_json::to_string(&trace.tokens).expect("strings serialise"),
                 model_dir::json_matrix(weights.rows())
             );
@@ -47,7 +58,7 @@ pub fn run(args: Args) -> Result<(), attend::Error> {
         Format::Text => {
             println!(
                 "layer {} head {}: row = query token, column = key token; each row sums to 1",
-                args.layer, args.head
+                layer, head
             );
             let width = trace
                 .tokens
@@ -71,4 +82,10 @@ pub fn run(args: Args) -> Result<(), attend::Error> {
         }
     }
     Ok(())
+}
+
+fn model_name(dir: &std::path::Path) -> String {
+    dir.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| dir.display().to_string())
 }

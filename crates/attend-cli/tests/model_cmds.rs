@@ -132,3 +132,39 @@ fn bad_input_is_one_line_and_exit_2() {
         assert_eq!(err.trim_end(), want);
     }
 }
+
+#[test]
+fn all_heads_feed_the_html_view() {
+    let dir = model_dir();
+    let (code, out, err) = attend(&[
+        "attention",
+        "--model",
+        dir.to_str().unwrap(),
+        "--all",
+        "Hello world.",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let doc: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(doc["query_tokens"].as_array().unwrap().len(), 5);
+    let layers = doc["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 6);
+    assert_eq!(layers[0].as_array().unwrap().len(), 12);
+    let tmp = std::env::temp_dir().join(format!("attend-all-heads-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let json = tmp.join("maps.json");
+    std::fs::write(&json, &out).unwrap();
+    let html = tmp.join("view.html");
+    let (code, _, err) = attend(&[
+        "view",
+        "--input-json",
+        json.to_str().unwrap(),
+        "--html",
+        html.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(std::fs::read_to_string(&html).unwrap().contains("[CLS]"));
+    std::fs::remove_dir_all(&tmp).ok();
+    let (code, _, err) = attend(&["attention", "--model", dir.to_str().unwrap(), "x"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--layer"), "{err}");
+}
