@@ -305,6 +305,9 @@ impl BertModel {
         let rows: Vec<(usize, usize)> = (0..b)
             .flat_map(|bi| (0..batch.lengths[bi]).map(move |ti| (bi, ti)))
             .collect();
+        if rows.is_empty() {
+            return Ok(Array3::zeros((b, t, d)));
+        }
         let packed = rows.len() == b * t;
         let padding = batch.padding_mask();
         let opts = AttentionOptions {
@@ -367,10 +370,7 @@ impl BertModel {
                 }
             }
             clock.lap(&mut timings.other);
-            let out_proj = m
-                .out_proj
-                .as_ref()
-                .expect("BERT layers have an output projection");
+            let out_proj = m.out_proj.as_ref().ok_or_else(no_out_proj)?;
             let mut a = out_proj.forward(merged.view())?;
             clock.lap(&mut timings.matmul);
             layer
@@ -434,7 +434,7 @@ impl BertModel {
             let mut a = tr
                 .output
                 .clone()
-                .expect("BERT layers have an output projection")
+                .ok_or_else(no_out_proj)?
                 .into_shape_with_order((b * t, d))
                 .expect("standard layout");
             let flat_h = h
@@ -457,6 +457,10 @@ impl BertModel {
             hidden: h,
         })
     }
+}
+
+fn no_out_proj() -> Error {
+    Error::value("a BERT layer's attention needs an output projection (out_proj is None)")
 }
 
 /// Time spent in each kind of work by [`BertModel::forward_timed`], accumulated.
@@ -548,4 +552,146 @@ pub fn pool(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::safetensors::serialize;
+    use ndarray::{ArrayD, IxDyn};
+
+    /// A two-layer BERT of width 8 with arbitrary weights, in memory.
+    fn tiny() -> BertModel {
+        let config = BertConfig::from_json(
+            r#"{"vocab_size": 11, "hidden_size": 8, "num_hidden_layers": 2,
+                "num_attention_heads": 2, "intermediate_size": 12, "hidden_act": "gelu",
+                "max_position_embeddings": 16, "type_vocab_size": 2}"#,
+        )
+        .unwrap();
+        let mut tensors: Vec<(String, ArrayD<f32>)> = Vec::new();
+        let mut seed = 1u32;
+        let mut add = |name: &str, shape: &[usize]| {
+            let n: usize = shape.iter().product();
+            let v: Vec<f32> = (0..n)
+                .map(|_| {
+                    seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                    ((seed >> 8) % 1000) as f32 / 1000.0 - 0.5
+                })
+                .collect();
+            tensors.push((
+                name.to_string(),
+                ArrayD::from_shape_vec(IxDyn(shape), v).unwrap(),
+            ));
+        };
+        add("embeddings.word_embeddings.weight", &[11, 8]);
+        add("embeddings.position_embeddings.weight", &[16, 8]);
+        add("embeddings.token_type_embeddings.weight", &[2, 8]);
+        add("embeddings.LayerNorm.weight", &[8]);
+        add("embeddings.LayerNorm.bias", &[8]);
+        for l in 0..2 {
+            let p = format!("encoder.layer.{l}");
+            for (name, shape) in [
+                ("attention.self.query", [8, 8]),
+                ("attention.self.key", [8, 8]),
+                ("attention.self.value", [8, 8]),
+                ("attention.output.dense", [8, 8]),
+                ("intermediate.dense", [12, 8]),
+                ("output.dense", [8, 12]),
+            ] {
+                add(&format!("{p}.{name}.weight"), &shape);
+                add(&format!("{p}.{name}.bias"), &shape[..1]);
+            }
+            for ln in ["attention.output.LayerNorm", "output.LayerNorm"] {
+                add(&format!("{p}.{ln}.weight"), &[8]);
+                add(&format!("{p}.{ln}.bias"), &[8]);
+            }
+        }
+        let views: Vec<_> = tensors
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.view()))
+            .collect();
+        let file = SafeTensors::from_bytes(serialize(&views, None).unwrap(), "tiny").unwrap();
+        BertModel::from_safetensors(config, &file).unwrap()
+    }
+
+    #[test]
+    fn batches_equal_single_sequences_and_the_traced_path() {
+        let m = tiny();
+        let seqs = vec![
+            (vec![1, 5, 7, 2], vec![0, 0, 1, 1]),
+            (vec![1, 2], vec![0, 0]),
+            (vec![1, 3, 4, 9, 10, 2], vec![0; 6]),
+        ];
+        let batch = TokenBatch::from_sequences(&seqs, 0).unwrap();
+        let all = m.forward(&batch).unwrap();
+        let traced = m.trace(&batch).unwrap();
+        for (i, s) in seqs.iter().enumerate() {
+            let one = m
+                .forward(&TokenBatch::from_sequences(&[s.clone()], 0).unwrap())
+                .unwrap();
+            let n = s.0.len();
+            let a = all.slice(s![i, ..n, ..]);
+            let err = (&a - &one.slice(s![0, .., ..]))
+                .mapv(f32::abs)
+                .fold(0.0f32, |x, &y| x.max(y));
+            assert!(err < 1e-5, "sequence {i}: {err}");
+            let err = (&a - &traced.hidden.slice(s![i, ..n, ..]))
+                .mapv(f32::abs)
+                .fold(0.0f32, |x, &y| x.max(y));
+            assert!(err < 1e-5, "traced {i}: {err}");
+            assert!(all.slice(s![i, n.., ..]).iter().all(|&x| x == 0.0));
+        }
+        assert_eq!(traced.attention.len(), 2);
+        assert_eq!(traced.attention[0].attention.weights.dim(), (3, 2, 6, 6));
+    }
+
+    #[test]
+    fn empty_batches_and_bad_ids() {
+        let m = tiny();
+        let empty = TokenBatch::from_sequences(&[], 0).unwrap();
+        assert_eq!(m.forward(&empty).unwrap().dim(), (0, 0, 8));
+        let zero_len = TokenBatch::from_sequences(&[(vec![], vec![])], 0).unwrap();
+        assert_eq!(m.forward(&zero_len).unwrap().dim(), (1, 0, 8));
+        let bad = TokenBatch::from_sequences(&[(vec![1, 11], vec![0, 0])], 0).unwrap();
+        let err = m.forward(&bad).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "token id 11 at [0, 1] is out of range for a vocabulary of 11"
+        );
+        let bad = TokenBatch::from_sequences(&[(vec![1, 2], vec![0, 2])], 0).unwrap();
+        assert!(m
+            .trace(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("token type 2"));
+        let long = TokenBatch::from_sequences(&[(vec![1; 17], vec![0; 17])], 0).unwrap();
+        assert!(m
+            .forward(&long)
+            .unwrap_err()
+            .to_string()
+            .contains("maximum of 16"));
+        assert!(TokenBatch::from_sequences(&[(vec![1], vec![])], 0).is_err());
+        let mut no_out = m.clone();
+        no_out.layers[0].attention.out_proj = None;
+        let one = TokenBatch::from_sequences(&[(vec![1, 2], vec![0, 0])], 0).unwrap();
+        assert!(no_out
+            .forward(&one)
+            .unwrap_err()
+            .to_string()
+            .contains("output projection"));
+    }
+
+    #[test]
+    fn pooling_modes() {
+        let h = Array3::from_shape_fn((2, 3, 2), |(b, t, d)| (b * 6 + t * 2 + d) as f32);
+        let mean = pool(h.view(), &[2, 3], Pooling::Mean, false).unwrap();
+        assert_eq!(mean.row(0).to_vec(), [1.0, 2.0]);
+        let cls = pool(h.view(), &[2, 3], Pooling::Cls, false).unwrap();
+        assert_eq!(cls.row(1).to_vec(), [6.0, 7.0]);
+        let max = pool(h.view(), &[2, 3], Pooling::Max, false).unwrap();
+        assert_eq!(max.row(0).to_vec(), [2.0, 3.0]);
+        let norm = pool(h.view(), &[2, 3], Pooling::Mean, true).unwrap();
+        assert!((norm.row(1).dot(&norm.row(1)) - 1.0).abs() < 1e-6);
+        assert!(pool(h.view(), &[4, 1], Pooling::Mean, false).is_err());
+    }
 }
