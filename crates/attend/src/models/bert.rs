@@ -627,7 +627,7 @@ mod tests {
         let traced = m.trace(&batch).unwrap();
         for (i, s) in seqs.iter().enumerate() {
             let one = m
-                .forward(&TokenBatch::from_sequences(&[s.clone()], 0).unwrap())
+                .forward(&TokenBatch::from_sequences(std::slice::from_ref(s), 0).unwrap())
                 .unwrap();
             let n = s.0.len();
             let a = all.slice(s![i, ..n, ..]);
