@@ -391,3 +391,22 @@ fn empty_and_overlong_texts_warn_and_work() {
     assert_eq!(trace.tokens.last().unwrap(), "[SEP]");
     assert!(enc.embed(&[]).unwrap().vectors.is_empty());
 }
+
+#[test]
+fn same_bits_whatever_the_thread_count() {
+    let enc = encoder();
+    let texts = [
+        "A first sentence about cats.",
+        "Second one, longer than the first, about dogs and rivers.",
+        "Third.",
+    ];
+    let run = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| enc.embed(&texts).unwrap().vectors)
+    };
+    let one = run(1);
+    assert_eq!(run(2), one);
+}

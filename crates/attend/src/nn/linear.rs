@@ -209,6 +209,29 @@ mod tests {
     }
 
     #[test]
+    fn same_bits_whatever_the_thread_count() {
+        let x = Array::from_shape_fn((200, 384), |(i, j)| {
+            ((i * 31 + j * 7) % 97) as f32 / 50.0 - 1.0
+        });
+        let w = Array::from_shape_fn((384, 384), |(i, j)| {
+            ((i * 13 + j * 5) % 89) as f32 / 40.0 - 1.1
+        });
+        let l = Linear::new(w, Some(Array::from_elem(384, 0.1)))
+            .unwrap()
+            .column_major();
+        let run = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| l.forward(x.view()).unwrap())
+        };
+        let one = run(1);
+        assert_eq!(run(2), one);
+        assert_eq!(run(3), one);
+    }
+
+    #[test]
     fn wrong_width_is_an_error() {
         let l = Linear::new(Array2::zeros((2, 3)), None).unwrap();
         assert!(l.forward(Array2::<f32>::zeros((4, 5)).view()).is_err());
