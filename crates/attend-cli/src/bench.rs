@@ -5,6 +5,7 @@
 use std::time::Instant;
 
 use attend::attention::{attention_with, AttentionOptions, Causal, Config, Kernel};
+use attend::kernels::backward::{attention_backward_with, BackwardConfig, BackwardKernel};
 use attend::kernels::Isa;
 use attend::Error;
 use ndarray::Array4;
@@ -39,6 +40,10 @@ pub struct Args {
     /// Instruction set: avx512, avx2 or portable (default: the best available).
     #[arg(long)]
     isa: Option<String>,
+    /// Time forward + backward (dQ, dK, dV from a random dO), like
+    /// `torch_sdpa.py --backward`.
+    #[arg(long)]
+    backward: bool,
     /// Run the f64 reference instead of the fused kernel.
     #[arg(long)]
     reference: bool,
@@ -125,7 +130,31 @@ pub fn run(args: Args) -> Result<(), Error> {
         .num_threads(args.threads)
         .build()
         .map_err(|e| Error::value(format!("--threads: {e}")))?;
-    let step = || attention_with(q.view(), k.view(), v.view(), &opts, &config).map(|_| ());
+    let dout = random((b, h, l, e), 4);
+    let bconfig = BackwardConfig {
+        kernel: if args.reference {
+            BackwardKernel::Reference
+        } else {
+            BackwardKernel::Fused
+        },
+        ..Default::default()
+    };
+    let step = || -> Result<(), Error> {
+        let (out, lse) = attention_with(q.view(), k.view(), v.view(), &opts, &config)?;
+        if args.backward {
+            attention_backward_with(
+                q.view(),
+                k.view(),
+                v.view(),
+                out.view(),
+                lse.view(),
+                dout.view(),
+                &opts,
+                &bconfig,
+            )?;
+        }
+        Ok(())
+    };
     let median = pool.install(|| -> Result<f64, Error> {
         step()?; // warm-up, and validation of the shapes
         let mut times = Vec::new();
@@ -138,13 +167,16 @@ pub fn run(args: Args) -> Result<(), Error> {
         times.sort_by(f64::total_cmp);
         Ok(times[times.len() / 2])
     })?;
-    let flops = 4.0 * (b * h * l * s * e) as f64 * if args.causal { 0.5 } else { 1.0 };
+    let flops = 4.0
+        * (b * h * l * s * e) as f64
+        * if args.causal { 0.5 } else { 1.0 }
+        * if args.backward { 3.5 } else { 1.0 };
     let gflops = flops / median / 1e9;
     if args.format == "json" {
         let j = serde_json::json!({
             "what": "sdpa", "impl": "attend", "isa": isa.name(), "threads": args.threads,
             "dtype": "f32", "batch": b, "heads": h, "kv_heads": hkv, "q_len": l, "kv_len": s,
-            "head_dim": e, "causal": args.causal, "ms": median * 1e3, "gflops": gflops,
+            "head_dim": e, "causal": args.causal, "backward": args.backward, "ms": median * 1e3, "gflops": gflops,
         });
         println!("{j}");
     } else {

@@ -13,7 +13,7 @@ use crate::json_input::parse_array;
 /// The flags that describe a notebook experiment (the names are a contract; see
 /// the README). Shared by `explain` and `view`.
 #[derive(clap::Args, Debug)]
-#[command(group(ArgGroup::new("source").args(["input", "sentence", "tokens"])))]
+#[command(group(ArgGroup::new("source").args(["input", "sentence", "tokens", "digits"])))]
 pub struct ExperimentArgs {
     /// Embeddings as JSON, `[T, d_in]` or `[B, T, d_in]`.
     #[arg(long, value_name = "JSON")]
@@ -24,6 +24,12 @@ pub struct ExperimentArgs {
     /// Token ids, `,` between tokens and `;` between batch rows: "1,2,0,0;1,2,3,4".
     #[arg(long, value_name = "IDS", requires_all = ["vocab_size", "embed_dim"])]
     tokens: Option<String>,
+    /// Weights written by `attend train`: explain that model's learned attention.
+    #[arg(long, value_name = "FILE", requires = "digits", conflicts_with_all = ["wq", "init", "d_out", "d_k", "d_v", "heads", "qkv", "bias", "out_proj"])]
+    trained: Option<std::path::PathBuf>,
+    /// The digit sequence fed to the --trained model, e.g. "31415926".
+    #[arg(long, value_name = "DIGITS", requires = "trained")]
+    digits: Option<String>,
     /// Rows of the embedding table for --tokens.
     #[arg(long, value_name = "V")]
     vocab_size: Option<usize>,
@@ -127,6 +133,9 @@ fn parse_seed(s: &str) -> Result<u64, String> {
 
 /// The experiment the flags describe.
 pub fn experiment(args: &ExperimentArgs) -> Result<Experiment, Error> {
+    if let (Some(path), Some(digits)) = (&args.trained, &args.digits) {
+        return trained_experiment(path, digits);
+    }
     let input = input(args)?;
     let weights = match (&args.wq, &args.wk, &args.wv) {
         (Some(q), Some(k), Some(v)) => Weights::Given {
@@ -270,9 +279,45 @@ fn given_weight(flag: &str, text: &str, input: &Input) -> Result<Array2<f32>, Er
     Ok(w)
 }
 
+/// The attention of a model trained by `attend train`, on one digit sequence.
+fn trained_experiment(path: &std::path::Path, digits: &str) -> Result<Experiment, Error> {
+    let model = attend::train::load(path)?;
+    let ids: Vec<usize> = digits
+        .chars()
+        .map(|c| {
+            c.to_digit(10).map(|d| d as usize).ok_or_else(|| {
+                Error::value(format!("--digits: '{c}' is not a digit (in {digits:?})"))
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    if ids.len() != model.len() {
+        return Err(Error::shape(format!(
+            "--digits has {} digits but the model in {} was trained on {}",
+            ids.len(),
+            path.display(),
+            model.len()
+        )));
+    }
+    let ids = Array2::from_shape_vec((1, ids.len()), ids).expect("one row");
+    Ok(Experiment {
+        input: Input::Labelled {
+            x: model.embed(ids.view())?,
+            labels: digits.chars().map(String::from).collect(),
+        },
+        seed: TORCH_DEFAULT_SEED,
+        reseed: None,
+        skip_draws: 0,
+        weights: Weights::Module(Box::new(model.attention)),
+        causal: false,
+        mask_padding: false,
+        softmax_axis: SoftmaxAxis::Keys,
+        scale: None,
+    })
+}
+
 fn input_width(input: &Input) -> usize {
     match input {
-        Input::Array(x) => x.dim().2,
+        Input::Array(x) | Input::Labelled { x, .. } => x.dim().2,
         Input::Sentence { embed_dim, .. } | Input::Tokens { embed_dim, .. } => *embed_dim,
     }
 }

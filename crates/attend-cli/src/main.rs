@@ -15,6 +15,7 @@ mod explain;
 mod json_input;
 mod model_dir;
 mod sdpa;
+mod train;
 mod view;
 
 /// Self-attention, faithful to PyTorch and fast on CPU.
@@ -33,12 +34,14 @@ enum Command {
     View(view::Args),
     /// Scaled dot-product attention on .npy files (PyTorch SDPA's shapes).
     Sdpa(sdpa::Args),
-    /// Time the fused attention forward (pairs with shared/bench/torch_sdpa.py).
+    /// Time the fused attention forward, or forward + backward (pairs with shared/bench/torch_sdpa.py).
     Bench(bench::Args),
     /// Sentence embeddings from a BERT-family model (e.g. all-MiniLM-L6-v2).
     Embed(embed::Args),
     /// One head's attention weights for a sentence, from a BERT-family model.
     Attention(attention_cmd::Args),
+    /// Train a small attention model to reverse digit sequences.
+    Train(train::Args),
 }
 
 fn main() -> ExitCode {
@@ -68,6 +71,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Embed(args) => embed::run(args),
         Command::Attention(args) => attention_cmd::run(args),
+        Command::Train(args) => train::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

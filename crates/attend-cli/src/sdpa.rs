@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use attend::attention::{attention_with, AttentionOptions, Causal, Config};
 use attend::io::npy::{self, NpyArray};
+use attend::kernels::backward::{attention_backward_with, BackwardConfig};
 use attend::Error;
 use ndarray::{Array4, ArrayD, Ix4};
 
@@ -42,6 +43,19 @@ pub struct Args {
     /// Optional log-sum-exp output `[B, Hq, L]`.
     #[arg(long)]
     lse: Option<PathBuf>,
+    /// Gradient of the loss with respect to the output, f32 `[B, Hq, L, Ev]`;
+    /// with it, --dq, --dk and --dv receive the gradients (fused backward).
+    #[arg(long, requires_all = ["dq", "dk", "dv"])]
+    dout: Option<PathBuf>,
+    /// Where to write ∂loss/∂q `[B, Hq, L, E]`.
+    #[arg(long, requires = "dout")]
+    dq: Option<PathBuf>,
+    /// Where to write ∂loss/∂k `[B, Hkv, S, E]`.
+    #[arg(long, requires = "dout")]
+    dk: Option<PathBuf>,
+    /// Where to write ∂loss/∂v `[B, Hkv, S, Ev]`.
+    #[arg(long, requires = "dout")]
+    dv: Option<PathBuf>,
 }
 
 fn rank4(name: &str, what: &str, a: ArrayD<f32>) -> Result<Array4<f32>, Error> {
@@ -100,7 +114,40 @@ pub fn run(args: Args) -> Result<(), Error> {
         threads: args.threads,
         ..Default::default()
     };
+    let dout = args
+        .dout
+        .as_ref()
+        .map(|p| npy::read_f32(p).and_then(|a| rank4("--dout", "[B, Hq, L, Ev]", a)))
+        .transpose()?;
     let (out, lse) = attention_with(q.view(), k.view(), v.view(), &opts, &config)?;
+    if let Some(dout) = &dout {
+        if dout.shape() != out.shape() {
+            return Err(Error::shape(format!(
+                "--dout of shape {:?} must have the output's shape {:?}",
+                dout.shape(),
+                out.shape()
+            )));
+        }
+        let bconfig = BackwardConfig {
+            threads: args.threads,
+            ..Default::default()
+        };
+        let g = attention_backward_with(
+            q.view(),
+            k.view(),
+            v.view(),
+            out.view(),
+            lse.view(),
+            dout.view(),
+            &opts,
+            &bconfig,
+        )?;
+        for (path, grad) in [(&args.dq, g.dq), (&args.dk, g.dk), (&args.dv, g.dv)] {
+            if let Some(path) = path {
+                npy::write_f32(path, grad.into_dyn().view())?;
+            }
+        }
+    }
     npy::write_f32(&args.out, out.into_dyn().view())?;
     if let Some(path) = &args.lse {
         npy::write_f32(path, lse.into_dyn().view())?;

@@ -19,6 +19,14 @@ pub const TORCH_DEFAULT_SEED: u64 = 67_280_421_310_721;
 pub enum Input {
     /// Given embeddings `[B, T, d_in]`.
     Array(Array3<f32>),
+    /// Embeddings `[1, T, d_in]` made elsewhere (e.g. by a trained model), with a
+    /// label per position.
+    Labelled {
+        /// The embeddings.
+        x: Array3<f32>,
+        /// One label per position.
+        labels: Vec<String>,
+    },
     /// A sentence embedded through its own sorted vocabulary (notebook 004).
     Sentence {
         /// The text.
@@ -44,6 +52,8 @@ pub enum Input {
 pub enum Weights {
     /// Drawn from the generator. `d_in` of the spec is filled in from the input.
     Init(AttentionSpec),
+    /// A ready module, e.g. trained weights.
+    Module(Box<MultiHeadAttention>),
     /// Given in `[d_in, width]` orientation (`q = x @ W_q`), notebook 003.
     Given {
         /// Query weights.
@@ -83,7 +93,7 @@ pub struct Experiment {
 /// Everything an experiment computed.
 #[derive(Clone, Debug)]
 pub struct Explanation {
-    /// The words of each token, when the input was a sentence.
+    /// The words (or labels) of each token, when the input was a sentence or labelled.
     pub words: Option<Vec<String>>,
     /// Token ids `[B, T]`, when the input was ids or a sentence.
     pub ids: Option<Array2<usize>>,
@@ -127,6 +137,7 @@ pub fn run(exp: &Experiment) -> Result<Explanation> {
             },
             &mut gen,
         )?,
+        Weights::Module(m) => (**m).clone(),
         Weights::Given {
             w_q,
             w_k,
@@ -171,6 +182,12 @@ struct Embedded {
 
 fn embed(input: &Input, gen: &mut TorchGenerator) -> Result<Embedded> {
     match input {
+        Input::Labelled { x, labels } => Ok(Embedded {
+            x: x.clone(),
+            words: Some(labels.clone()),
+            ids: None,
+            padding: None,
+        }),
         Input::Array(x) => Ok(Embedded {
             x: x.clone(),
             words: None,
