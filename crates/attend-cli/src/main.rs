@@ -7,10 +7,13 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod attention_cmd;
 mod bench;
+mod embed;
 mod experiment_args;
 mod explain;
 mod json_input;
+mod model_dir;
 mod sdpa;
 mod train;
 mod view;
@@ -33,6 +36,10 @@ enum Command {
     Sdpa(sdpa::Args),
     /// Time the fused attention forward, or forward + backward (pairs with shared/bench/torch_sdpa.py).
     Bench(bench::Args),
+    /// Sentence embeddings from a BERT-family model (e.g. all-MiniLM-L6-v2).
+    Embed(embed::Args),
+    /// One head's attention weights for a sentence, from a BERT-family model.
+    Attention(attention_cmd::Args),
     /// Train a small attention model to reverse digit sequences.
     Train(train::Args),
 }
@@ -62,6 +69,8 @@ fn main() -> ExitCode {
         Command::View(args) => view::run(args),
         Command::Sdpa(args) => sdpa::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Embed(args) => embed::run(args),
+        Command::Attention(args) => attention_cmd::run(args),
         Command::Train(args) => train::run(args),
     };
     match result {

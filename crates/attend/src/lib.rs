@@ -11,6 +11,7 @@ pub mod grad;
 pub mod init;
 pub mod io;
 pub mod kernels;
+pub mod models;
 pub mod nn;
 pub mod optim;
 pub mod print;

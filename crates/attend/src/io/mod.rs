@@ -1,3 +1,4 @@
-//! Reading and writing arrays in files.
+//! Reading and writing arrays in files: safetensors and `.npy`.
 
 pub mod npy;
+pub mod safetensors;

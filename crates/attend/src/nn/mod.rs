@@ -1,13 +1,21 @@
-//! Modules: [`Linear`], [`Embedding`] and the canonical [`MultiHeadAttention`].
+//! Modules: [`Linear`], [`Embedding`], [`LayerNorm`] and the canonical
+//! [`MultiHeadAttention`].
 //!
 //! Every notebook variant of attention is the same [`MultiHeadAttention`] with
-//! different weights; [`initialisers`] draws those weights in PyTorch's order.
+//! different weights; [`initialisers`] draws those weights in PyTorch's order and
+//! [`state_dict`] reads and writes them under PyTorch's names.
 
+mod activation;
 mod attention;
 mod embedding;
 pub mod initialisers;
+mod layer_norm;
 mod linear;
+pub(crate) mod simd;
+pub mod state_dict;
 
+pub use activation::Activation;
 pub use attention::{merge_heads, split_heads, ModuleTrace, MultiHeadAttention};
 pub use embedding::Embedding;
+pub use layer_norm::LayerNorm;
 pub use linear::Linear;

@@ -1,0 +1,91 @@
+//! `attend attention`: one head's attention weights for a sentence, from a real model.
+
+use std::path::PathBuf;
+
+use attend::models::SentenceEncoder;
+
+use crate::model_dir::{self, Format};
+
+/// Flags of `attend attention`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model directory (config.json, model.safetensors, tokenizer.json); defaults to
+    /// $ATTEND_MODEL_DIR, then ~/.cache/attend/all-minilm-l6-v2 (scripts/fetch-model).
+    #[arg(long, value_name = "DIR")]
+    model: Option<PathBuf>,
+    /// Layer, counted from 0.
+    #[arg(long, required_unless_present = "all")]
+    layer: Option<usize>,
+    /// Head within the layer, counted from 0.
+    #[arg(long, required_unless_present = "all")]
+    head: Option<usize>,
+    /// Print every layer and head as attention-maps JSON instead
+    /// (`attend view --input-json FILE --html page.html` draws it).
+    #[arg(long, conflicts_with_all = ["layer", "head", "format"])]
+    all: bool,
+    /// `text`: a table of weights (row = query token); `json`: {"tokens": [...], "weights": [[...]]}.
+    #[arg(long, value_enum, default_value = "text")]
+    format: Format,
+    /// The sentence.
+    sentence: String,
+}
+
+/// Runs `attend attention`.
+pub fn run(args: Args) -> Result<(), attend::Error> {
+    let dir = model_dir::resolve(args.model);
+    let encoder = SentenceEncoder::load(&dir)?;
+    let trace = encoder.trace(&args.sentence)?;
+    for w in &trace.warnings {
+        eprintln!("warning: {w}");
+    }
+    if args.all {
+        let title = format!("{} — {}", model_name(&dir), args.sentence);
+        println!("{}", trace.attention_maps(&title)?.to_json());
+        return Ok(());
+    }
+    let (layer, head) = (args.layer.unwrap_or(0), args.head.unwrap_or(0));
+    let weights = trace.weights(layer, head)?;
+    match args.format {
+        Format::Json => {
+            println!(
+                "{{\"layer\":{},\"head\":{},\"tokens\":{},\"weights\":{}}}",
+                layer,
+                head,
+                serde_json::to_string(&trace.tokens).expect("strings serialise"),
+                model_dir::json_matrix(weights.rows())
+            );
+        }
+        Format::Text => {
+            println!(
+                "layer {} head {}: row = query token, column = key token; each row sums to 1",
+                layer, head
+            );
+            let width = trace
+                .tokens
+                .iter()
+                .map(|t| t.chars().count())
+                .max()
+                .unwrap_or(0)
+                .max(6);
+            let mut header = format!("{:width$}", "");
+            for t in &trace.tokens {
+                header.push_str(&format!(" {t:>width$}"));
+            }
+            println!("{header}");
+            for (t, row) in trace.tokens.iter().zip(weights.rows()) {
+                let mut line = format!("{t:<width$}");
+                for w in row {
+                    line.push_str(&format!(" {w:>width$.4}"));
+                }
+                println!("{line}");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn model_name(dir: &std::path::Path) -> String {
+    dir.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| dir.display().to_string())
+}

@@ -1,0 +1,170 @@
+//! `attend embed` and `attend attention` on all-MiniLM-L6-v2 (fetched by
+//! scripts/fetch-model into $ATTEND_MODEL_DIR or ~/.cache/attend/all-minilm-l6-v2;
+//! these tests fail when it is missing).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn model_dir() -> PathBuf {
+    let dir = std::env::var_os("ATTEND_MODEL_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/attend/all-minilm-l6-v2")
+        });
+    assert!(
+        dir.join("model.safetensors").is_file(),
+        "all-MiniLM-L6-v2 is not at {}: run scripts/fetch-model (or set ATTEND_MODEL_DIR)",
+        dir.display()
+    );
+    dir
+}
+
+fn attend(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_attend"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+#[test]
+fn embed_json_matches_sentence_transformers() {
+    let dir = model_dir();
+    let reference: Value = serde_json::from_str(include_str!(
+        "../../attend/tests/data/minilm-reference.json"
+    ))
+    .unwrap();
+    let (code, out, err) = attend(&[
+        "embed",
+        "--model",
+        dir.to_str().unwrap(),
+        "--format",
+        "json",
+        "Hello world.",
+        "",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(err.trim(), "warning: text 1 is empty: it is encoded as [CLS] [SEP] alone, as sentence-transformers does");
+    let doc: Value = serde_json::from_str(&out).unwrap();
+    let rows = doc["embeddings"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for (row, want) in rows.iter().zip([0, 5]) {
+        let want = reference["embed"]["embeddings"][want].as_array().unwrap();
+        assert_eq!(row.as_array().unwrap().len(), 384);
+        for (g, w) in row.as_array().unwrap().iter().zip(want) {
+            assert!((g.as_f64().unwrap() - w.as_f64().unwrap()).abs() <= 1e-5);
+        }
+    }
+    let (code, out, _) = attend(&["embed", "--model", dir.to_str().unwrap(), "a b", "c"]);
+    assert_eq!(code, 0);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[0].split(' ').count(), 384);
+}
+
+#[test]
+fn attention_prints_one_head() {
+    let dir = model_dir();
+    let reference: Value = serde_json::from_str(include_str!(
+        "../../attend/tests/data/minilm-reference.json"
+    ))
+    .unwrap();
+    let case = &reference["attention"][0];
+    let text = case["text"].as_str().unwrap();
+    let (code, out, err) = attend(&[
+        "attention",
+        "--model",
+        dir.to_str().unwrap(),
+        "--layer",
+        "4",
+        "--head",
+        "11",
+        "--format",
+        "json",
+        text,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let doc: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(doc["tokens"], case["tokens"]);
+    let want = &case["weights"][4][11];
+    for (g, w) in doc["weights"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(want.as_array().unwrap())
+    {
+        for (g, w) in g.as_array().unwrap().iter().zip(w.as_array().unwrap()) {
+            assert!((g.as_f64().unwrap() - w.as_f64().unwrap()).abs() <= 1e-5);
+        }
+    }
+    let (code, out, _) = attend(&[
+        "attention",
+        "--model",
+        dir.to_str().unwrap(),
+        "--layer",
+        "0",
+        "--head",
+        "0",
+        text,
+    ]);
+    assert_eq!(code, 0);
+    assert!(out.lines().nth(2).unwrap().starts_with("[CLS]"), "{out}");
+}
+
+#[test]
+fn bad_input_is_one_line_and_exit_2() {
+    let dir = model_dir();
+    let d = dir.to_str().unwrap();
+    for (args, want) in [
+        (vec!["attention", "--model", d, "--layer", "6", "--head", "0", "x"], "error: layer 6 is out of range: the model has 6 layers (0 to 5)"),
+        (vec!["attention", "--model", d, "--layer", "0", "--head", "12", "x"], "error: head 12 is out of range: each layer has 12 heads (0 to 11)"),
+        (vec!["embed", "--model", "/nonexistent/model", "x"], "error: /nonexistent/model: model directory not found (scripts/fetch-model fetches all-MiniLM-L6-v2)"),
+    ] {
+        let (code, out, err) = attend(&args);
+        assert_eq!(code, 2, "{args:?}");
+        assert!(out.is_empty());
+        assert_eq!(err.trim_end(), want);
+    }
+}
+
+#[test]
+fn all_heads_feed_the_html_view() {
+    let dir = model_dir();
+    let (code, out, err) = attend(&[
+        "attention",
+        "--model",
+        dir.to_str().unwrap(),
+        "--all",
+        "Hello world.",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let doc: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(doc["query_tokens"].as_array().unwrap().len(), 5);
+    let layers = doc["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 6);
+    assert_eq!(layers[0].as_array().unwrap().len(), 12);
+    let tmp = std::env::temp_dir().join(format!("attend-all-heads-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let json = tmp.join("maps.json");
+    std::fs::write(&json, &out).unwrap();
+    let html = tmp.join("view.html");
+    let (code, _, err) = attend(&[
+        "view",
+        "--input-json",
+        json.to_str().unwrap(),
+        "--html",
+        html.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(std::fs::read_to_string(&html).unwrap().contains("[CLS]"));
+    std::fs::remove_dir_all(&tmp).ok();
+    let (code, _, err) = attend(&["attention", "--model", dir.to_str().unwrap(), "x"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--layer"), "{err}");
+}

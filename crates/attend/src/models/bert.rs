@@ -1,0 +1,697 @@
+//! The BERT encoder: embeddings, then layers of self-attention and feed-forward,
+//! each followed by a residual connection and LayerNorm (post-norm).
+
+use std::path::Path;
+
+use ndarray::{s, Array2, Array3, ArrayView2, ArrayView4, Axis};
+
+use super::BertConfig;
+use crate::attention::{attention, AttentionOptions};
+use crate::io::safetensors::SafeTensors;
+use crate::nn::state_dict::load_linear;
+use crate::nn::{LayerNorm, Linear, ModuleTrace, MultiHeadAttention};
+use crate::{Error, Result};
+
+/// Token ids of a batch of sequences, right-padded to a common length `T`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenBatch {
+    /// `[B, T]` token ids; positions at or past a sequence's length are padding.
+    pub ids: Array2<u32>,
+    /// `[B, T]` token-type (segment) ids.
+    pub type_ids: Array2<u32>,
+    /// Number of real tokens of each sequence, each ≤ `T`.
+    pub lengths: Vec<usize>,
+}
+
+impl TokenBatch {
+    /// Pads `sequences` of `(ids, type_ids)` on the right with `pad_id` (type 0).
+    pub fn from_sequences(sequences: &[(Vec<u32>, Vec<u32>)], pad_id: u32) -> Result<Self> {
+        let t = sequences
+            .iter()
+            .map(|(ids, _)| ids.len())
+            .max()
+            .unwrap_or(0);
+        let mut ids = Array2::from_elem((sequences.len(), t), pad_id);
+        let mut type_ids = Array2::zeros((sequences.len(), t));
+        let mut lengths = Vec::with_capacity(sequences.len());
+        for (b, (i, ty)) in sequences.iter().enumerate() {
+            if i.len() != ty.len() {
+                return Err(Error::shape(format!(
+                    "sequence {b} has {} ids but {} type ids",
+                    i.len(),
+                    ty.len()
+                )));
+            }
+            ids.slice_mut(s![b, ..i.len()]).assign(&ndarray::aview1(i));
+            type_ids
+                .slice_mut(s![b, ..i.len()])
+                .assign(&ndarray::aview1(ty));
+            lengths.push(i.len());
+        }
+        Ok(TokenBatch {
+            ids,
+            type_ids,
+            lengths,
+        })
+    }
+
+    /// `[B, T]`, `true` at padding positions (the attention API's `key_padding`).
+    pub fn padding_mask(&self) -> Array2<bool> {
+        let (b, t) = self.ids.dim();
+        Array2::from_shape_fn((b, t), |(bi, ti)| ti >= self.lengths[bi])
+    }
+}
+
+/// Word, position and token-type embeddings, summed and normalised.
+#[derive(Clone, Debug)]
+pub struct BertEmbeddings {
+    /// `[vocab_size, d]`.
+    pub word: Array2<f32>,
+    /// `[max_position_embeddings, d]`.
+    pub position: Array2<f32>,
+    /// `[type_vocab_size, d]`.
+    pub token_type: Array2<f32>,
+    /// LayerNorm over the sum.
+    pub norm: LayerNorm,
+}
+
+/// One encoder layer.
+#[derive(Clone, Debug)]
+pub struct BertLayer {
+    /// Self-attention: `attention.self.{query,key,value}` are `q_proj`, `k_proj`,
+    /// `v_proj` and `attention.output.dense` is `out_proj`.
+    pub attention: MultiHeadAttention,
+    /// `attention.output.LayerNorm`, after the residual.
+    pub attention_norm: LayerNorm,
+    /// `intermediate.dense`, `d → intermediate_size`.
+    pub intermediate: Linear,
+    /// `output.dense`, `intermediate_size → d`.
+    pub output: Linear,
+    /// `output.LayerNorm`, after the residual.
+    pub output_norm: LayerNorm,
+}
+
+/// A BERT encoder (`transformers.BertModel` without the pooler).
+#[derive(Clone, Debug)]
+pub struct BertModel {
+    /// The hyper-parameters.
+    pub config: BertConfig,
+    /// The embedding block.
+    pub embeddings: BertEmbeddings,
+    /// The encoder layers.
+    pub layers: Vec<BertLayer>,
+}
+
+/// Every intermediate of a [`BertModel::trace`] run.
+#[derive(Clone, Debug)]
+pub struct BertTrace {
+    /// Input of each layer, `[B, T, d]` (entry 0 is the embedding output).
+    pub inputs: Vec<Array3<f32>>,
+    /// Each layer's self-attention: `q`, `k`, `v` (`[B, H, T, head_dim]`), raw scores,
+    /// scaled-and-masked scores and softmax weights (`[B, H, T, T]`), context and
+    /// output projection.
+    pub attention: Vec<ModuleTrace>,
+    /// Last hidden state, `[B, T, d]`, padding positions included (as transformers
+    /// computes them).
+    pub hidden: Array3<f32>,
+}
+
+impl BertModel {
+    /// Loads `config.json` and `model.safetensors` from a checkpoint directory.
+    pub fn load(dir: impl AsRef<Path>) -> Result<Self> {
+        let dir = dir.as_ref();
+        if !dir.is_dir() {
+            return Err(Error::io(
+                dir,
+                "model directory not found (scripts/fetch-model fetches all-MiniLM-L6-v2)",
+            ));
+        }
+        let config = BertConfig::from_file(dir.join("config.json"))?;
+        let weights = SafeTensors::open(dir.join("model.safetensors"))?;
+        Self::from_safetensors(config, &weights)
+    }
+
+    /// Builds the model from Hugging Face tensor names (with or without a `bert.`
+    /// prefix), checking every shape against `config`.
+    pub fn from_safetensors(config: BertConfig, file: &SafeTensors) -> Result<Self> {
+        let root = if file.contains("embeddings.word_embeddings.weight") {
+            ""
+        } else if file.contains("bert.embeddings.word_embeddings.weight") {
+            "bert."
+        } else {
+            return Err(Error::format(format!(
+                "{}: no tensor embeddings.word_embeddings.weight: not a BERT checkpoint",
+                file.origin()
+            )));
+        };
+        let d = config.hidden_size;
+        let eps = config.layer_norm_eps;
+        let matrix = |name: &str, rows: usize, cols: usize| -> Result<Array2<f32>> {
+            let full = format!("{root}{name}");
+            file.tensor_shaped(&full, &[rows, cols])?
+                .into_dimensionality()
+                .map_err(|_| Error::shape(format!("{full}: expected two axes")))
+        };
+        let norm = |prefix: &str| -> Result<LayerNorm> {
+            // Old checkpoints call the LayerNorm parameters gamma and beta.
+            let pick = |a: &str, b: &str| {
+                let first = format!("{root}{prefix}.{a}");
+                if file.contains(&first) {
+                    first
+                } else {
+                    format!("{root}{prefix}.{b}")
+                }
+            };
+            let w = file.tensor_shaped(&pick("weight", "gamma"), &[d])?;
+            let b = file.tensor_shaped(&pick("bias", "beta"), &[d])?;
+            LayerNorm::new(
+                w.into_dimensionality().expect("checked"),
+                b.into_dimensionality().expect("checked"),
+                eps,
+            )
+        };
+        let linear = |prefix: &str, out: usize, inp: usize| -> Result<Linear> {
+            let l = load_linear(file, &format!("{root}{prefix}."))?;
+            if l.weight.dim() != (out, inp) || l.bias.is_none() {
+                return Err(Error::shape(format!(
+                    "{}: {root}{prefix}.weight has shape {:?}, expected [{out}, {inp}] with a bias",
+                    file.origin(),
+                    l.weight.shape()
+                )));
+            }
+            Ok(l.column_major())
+        };
+        let embeddings = BertEmbeddings {
+            word: matrix("embeddings.word_embeddings.weight", config.vocab_size, d)?,
+            position: matrix(
+                "embeddings.position_embeddings.weight",
+                config.max_position_embeddings,
+                d,
+            )?,
+            token_type: matrix(
+                "embeddings.token_type_embeddings.weight",
+                config.type_vocab_size,
+                d,
+            )?,
+            norm: norm("embeddings.LayerNorm")?,
+        };
+        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        for i in 0..config.num_hidden_layers {
+            let p = format!("encoder.layer.{i}");
+            let heads = config.num_attention_heads;
+            let attention = MultiHeadAttention::new(
+                linear(&format!("{p}.attention.self.query"), d, d)?,
+                linear(&format!("{p}.attention.self.key"), d, d)?,
+                linear(&format!("{p}.attention.self.value"), d, d)?,
+                Some(linear(&format!("{p}.attention.output.dense"), d, d)?),
+                heads,
+                heads,
+            )?;
+            layers.push(BertLayer {
+                attention,
+                attention_norm: norm(&format!("{p}.attention.output.LayerNorm"))?,
+                intermediate: linear(
+                    &format!("{p}.intermediate.dense"),
+                    config.intermediate_size,
+                    d,
+                )?,
+                output: linear(&format!("{p}.output.dense"), d, config.intermediate_size)?,
+                output_norm: norm(&format!("{p}.output.LayerNorm"))?,
+            });
+        }
+        Ok(BertModel {
+            config,
+            embeddings,
+            layers,
+        })
+    }
+
+    fn check(&self, batch: &TokenBatch) -> Result<()> {
+        let (b, t) = batch.ids.dim();
+        if batch.type_ids.dim() != (b, t) || batch.lengths.len() != b {
+            return Err(Error::shape(format!(
+                "token batch: ids {:?}, type_ids {:?} and {} lengths do not fit together",
+                batch.ids.shape(),
+                batch.type_ids.shape(),
+                batch.lengths.len()
+            )));
+        }
+        if t > self.config.max_position_embeddings {
+            return Err(Error::value(format!(
+                "sequences of {t} tokens are longer than the model's maximum of {}",
+                self.config.max_position_embeddings
+            )));
+        }
+        for (bi, &len) in batch.lengths.iter().enumerate() {
+            if len > t {
+                return Err(Error::value(format!(
+                    "length {len} of sequence {bi} exceeds the padded length {t}"
+                )));
+            }
+            for ti in 0..len {
+                let (id, ty) = (batch.ids[[bi, ti]], batch.type_ids[[bi, ti]]);
+                if id as usize >= self.config.vocab_size {
+                    return Err(Error::value(format!(
+                        "token id {id} at [{bi}, {ti}] is out of range for a vocabulary of {}",
+                        self.config.vocab_size
+                    )));
+                }
+                if ty as usize >= self.config.type_vocab_size {
+                    return Err(Error::value(format!(
+                        "token type {ty} at [{bi}, {ti}] is out of range for {} types",
+                        self.config.type_vocab_size
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Embedding-block output for the given `(batch, position)` pairs, one row each.
+    fn embed_rows(&self, batch: &TokenBatch, rows: &[(usize, usize)]) -> Result<Array2<f32>> {
+        let e = &self.embeddings;
+        let mut x = Array2::zeros((rows.len(), self.config.hidden_size));
+        for (r, &(bi, ti)) in rows.iter().enumerate() {
+            let id = (batch.ids[[bi, ti]] as usize).min(self.config.vocab_size - 1);
+            let ty = (batch.type_ids[[bi, ti]] as usize).min(self.config.type_vocab_size - 1);
+            let mut row = x.row_mut(r);
+            row.assign(&e.word.row(id));
+            row += &e.position.row(ti);
+            row += &e.token_type.row(ty);
+        }
+        e.norm.forward_inplace(x.view_mut(), None)?;
+        Ok(x)
+    }
+
+    /// The last hidden state `[B, T, d]`; padding positions are zero.
+    ///
+    /// Only real tokens go through the dense layers (the rows of all sequences are
+    /// packed together); the sequences are padded again only for the attention
+    /// call, which masks the padding keys. A sequence's result therefore does not
+    /// depend on what else is in the batch, and padding costs no matrix products.
+    pub fn forward(&self, batch: &TokenBatch) -> Result<Array3<f32>> {
+        self.forward_timed(batch, &mut Timings::default())
+    }
+
+    /// [`forward`](Self::forward), adding the time spent in each kind of work to
+    /// `timings` (for benchmarks: where does the time go?).
+    pub fn forward_timed(&self, batch: &TokenBatch, timings: &mut Timings) -> Result<Array3<f32>> {
+        let mut clock = Clock::new();
+        self.check(batch)?;
+        let (b, t) = batch.ids.dim();
+        let d = self.config.hidden_size;
+        let heads = self.config.num_attention_heads;
+        let dh = self.config.head_dim();
+        let rows: Vec<(usize, usize)> = (0..b)
+            .flat_map(|bi| (0..batch.lengths[bi]).map(move |ti| (bi, ti)))
+            .collect();
+        if rows.is_empty() {
+            return Ok(Array3::zeros((b, t, d)));
+        }
+        let packed = rows.len() == b * t;
+        let padding = batch.padding_mask();
+        let opts = AttentionOptions {
+            key_padding: (!packed).then(|| padding.view()),
+            ..Default::default()
+        };
+        // [n, d] rows → [B, T, d] (a copy into a padded buffer only when some
+        // sequences are shorter than T).
+        let unpack = |x: Array2<f32>| -> Array3<f32> {
+            if packed {
+                return x.into_shape_with_order((b, t, d)).expect("n = B·T");
+            }
+            let mut out = Array3::zeros((b, t, d));
+            let src = x.as_slice().expect("Linear returns row-major arrays");
+            let dst = out.as_slice_mut().expect("fresh arrays are row-major");
+            let mut r = 0;
+            for (bi, &len) in batch.lengths.iter().enumerate() {
+                dst[bi * t * d..(bi * t + len) * d].copy_from_slice(&src[r * d..(r + len) * d]);
+                r += len;
+            }
+            out
+        };
+        // [B, T, H·dh] → [B, H, T, dh] view, no copy.
+        fn heads_view(x: &Array3<f32>, heads: usize) -> ArrayView4<'_, f32> {
+            let (b, t, d) = x.dim();
+            x.view()
+                .into_shape_with_order((b, t, heads, d / heads))
+                .expect("standard layout")
+                .permuted_axes([0, 2, 1, 3])
+        }
+        let mut h = self.embed_rows(batch, &rows)?;
+        clock.lap(&mut timings.other);
+        for layer in &self.layers {
+            let m = &layer.attention;
+            let (q, k, v) = (
+                m.q_proj.forward(h.view())?,
+                m.k_proj.forward(h.view())?,
+                m.v_proj.forward(h.view())?,
+            );
+            clock.lap(&mut timings.matmul);
+            let (q, k, v) = (unpack(q), unpack(k), unpack(v));
+            clock.lap(&mut timings.other);
+            let ctx = attention(
+                heads_view(&q, heads),
+                heads_view(&k, heads),
+                heads_view(&v, heads),
+                &opts,
+            )?;
+            clock.lap(&mut timings.attention);
+            // [B, H, T, dh] → packed rows [n, H·dh].
+            let ctx = ctx.as_standard_layout();
+            let src = ctx.as_slice().expect("standard layout");
+            let mut merged = Array2::zeros((rows.len(), d));
+            let dst = merged.as_slice_mut().expect("fresh arrays are row-major");
+            for (r, &(bi, ti)) in rows.iter().enumerate() {
+                for hi in 0..heads {
+                    let from = ((bi * heads + hi) * t + ti) * dh;
+                    dst[r * d + hi * dh..r * d + (hi + 1) * dh]
+                        .copy_from_slice(&src[from..from + dh]);
+                }
+            }
+            clock.lap(&mut timings.other);
+            let out_proj = m.out_proj.as_ref().ok_or_else(no_out_proj)?;
+            let mut a = out_proj.forward(merged.view())?;
+            clock.lap(&mut timings.matmul);
+            layer
+                .attention_norm
+                .forward_inplace(a.view_mut(), Some(h.view()))?;
+            clock.lap(&mut timings.other);
+            let mut inter = layer.intermediate.forward(a.view())?;
+            clock.lap(&mut timings.matmul);
+            self.config
+                .hidden_act
+                .apply(inter.as_slice_mut().expect("fresh arrays are contiguous"));
+            clock.lap(&mut timings.activation);
+            h = layer.output.forward(inter.view())?;
+            clock.lap(&mut timings.matmul);
+            layer
+                .output_norm
+                .forward_inplace(h.view_mut(), Some(a.view()))?;
+            clock.lap(&mut timings.other);
+        }
+        let out = unpack(h);
+        clock.lap(&mut timings.other);
+        Ok(out)
+    }
+
+    /// `LayerNorm(a + output(act(intermediate(a))))` on rows `[n, d]`.
+    fn feed_forward(&self, layer: &BertLayer, a: Array2<f32>) -> Result<Array2<f32>> {
+        let mut inter = layer.intermediate.forward(a.view())?;
+        self.config
+            .hidden_act
+            .apply(inter.as_slice_mut().expect("fresh arrays are contiguous"));
+        let mut out = layer.output.forward(inter.view())?;
+        layer
+            .output_norm
+            .forward_inplace(out.view_mut(), Some(a.view()))?;
+        Ok(out)
+    }
+
+    /// [`forward`](Self::forward) on the padded batch through the reference attention,
+    /// keeping every intermediate: the per-layer, per-head Q, K, V, scores and
+    /// attention weights that `attend explain` and the HTML viewer show.
+    pub fn trace(&self, batch: &TokenBatch) -> Result<BertTrace> {
+        self.check(batch)?;
+        let (b, t) = batch.ids.dim();
+        let d = self.config.hidden_size;
+        let rows: Vec<(usize, usize)> = (0..b)
+            .flat_map(|bi| (0..t).map(move |ti| (bi, ti)))
+            .collect();
+        let padding = batch.padding_mask();
+        let opts = AttentionOptions {
+            key_padding: Some(padding.view()),
+            ..Default::default()
+        };
+        let mut h = self
+            .embed_rows(batch, &rows)?
+            .into_shape_with_order((b, t, d))
+            .expect("B·T rows");
+        let mut inputs = Vec::with_capacity(self.layers.len());
+        let mut traces = Vec::with_capacity(self.layers.len());
+        for layer in &self.layers {
+            let tr = layer.attention.trace(h.view(), &opts)?;
+            let mut a = tr
+                .output
+                .clone()
+                .ok_or_else(no_out_proj)?
+                .into_shape_with_order((b * t, d))
+                .expect("standard layout");
+            let flat_h = h
+                .view()
+                .into_shape_with_order((b * t, d))
+                .expect("standard layout");
+            layer
+                .attention_norm
+                .forward_inplace(a.view_mut(), Some(flat_h))?;
+            let out = self.feed_forward(layer, a)?;
+            inputs.push(std::mem::replace(
+                &mut h,
+                out.into_shape_with_order((b, t, d)).expect("B·T rows"),
+            ));
+            traces.push(tr);
+        }
+        Ok(BertTrace {
+            inputs,
+            attention: traces,
+            hidden: h,
+        })
+    }
+}
+
+fn no_out_proj() -> Error {
+    Error::value("a BERT layer's attention needs an output projection (out_proj is None)")
+}
+
+/// Time spent in each kind of work by [`BertModel::forward_timed`], accumulated.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Timings {
+    /// Dense layers (`Linear`): Q/K/V, output projection, feed-forward.
+    pub matmul: std::time::Duration,
+    /// The `attention` call (scores, softmax, weighted sum).
+    pub attention: std::time::Duration,
+    /// The feed-forward activation (GELU).
+    pub activation: std::time::Duration,
+    /// Everything else: embeddings, LayerNorms, residuals, packing and unpacking.
+    pub other: std::time::Duration,
+}
+
+struct Clock(std::time::Instant);
+
+impl Clock {
+    fn new() -> Self {
+        Clock(std::time::Instant::now())
+    }
+
+    fn lap(&mut self, into: &mut std::time::Duration) {
+        let now = std::time::Instant::now();
+        *into += now - self.0;
+        self.0 = now;
+    }
+}
+
+/// How a sentence embedding is made from the token vectors
+/// (sentence-transformers' `Pooling` module).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pooling {
+    /// Mean over the real tokens.
+    Mean,
+    /// The first token (`[CLS]`).
+    Cls,
+    /// Element-wise maximum over the real tokens.
+    Max,
+    /// Sum over the real tokens divided by √(count).
+    MeanSqrtLen,
+}
+
+/// Pools `hidden [B, T, d]` over the first `lengths[b]` tokens of each sequence,
+/// then L2-normalises each row if `normalize` (as `torch.nn.functional.normalize`,
+/// dividing by `max(‖x‖, 1e-12)`).
+pub fn pool(
+    hidden: ndarray::ArrayView3<'_, f32>,
+    lengths: &[usize],
+    pooling: Pooling,
+    normalize: bool,
+) -> Result<Array2<f32>> {
+    let (b, t, d) = hidden.dim();
+    if lengths.len() != b || lengths.iter().any(|&l| l > t) {
+        return Err(Error::shape(format!(
+            "lengths {lengths:?} do not fit hidden states {:?}",
+            hidden.shape()
+        )));
+    }
+    let mut out = Array2::zeros((b, d));
+    for (bi, &len) in lengths.iter().enumerate() {
+        let tokens: ArrayView2<'_, f32> = hidden.slice(s![bi, ..len, ..]);
+        let mut row = out.row_mut(bi);
+        match pooling {
+            Pooling::Cls => {
+                if len > 0 {
+                    row.assign(&tokens.row(0));
+                }
+            }
+            Pooling::Max => {
+                if len > 0 {
+                    row.assign(&tokens.fold_axis(Axis(0), f32::NEG_INFINITY, |a, &x| a.max(x)));
+                }
+            }
+            Pooling::Mean | Pooling::MeanSqrtLen => {
+                let sum = tokens.sum_axis(Axis(0));
+                let n = (len as f32).max(1e-9);
+                let div = if pooling == Pooling::Mean {
+                    n
+                } else {
+                    n.sqrt()
+                };
+                row.assign(&(sum / div));
+            }
+        }
+        if normalize {
+            let norm = row.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+            row /= norm;
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::safetensors::serialize;
+    use ndarray::{ArrayD, IxDyn};
+
+    /// A two-layer BERT of width 8 with arbitrary weights, in memory.
+    fn tiny() -> BertModel {
+        let config = BertConfig::from_json(
+            r#"{"vocab_size": 11, "hidden_size": 8, "num_hidden_layers": 2,
+                "num_attention_heads": 2, "intermediate_size": 12, "hidden_act": "gelu",
+                "max_position_embeddings": 16, "type_vocab_size": 2}"#,
+        )
+        .unwrap();
+        let mut tensors: Vec<(String, ArrayD<f32>)> = Vec::new();
+        let mut seed = 1u32;
+        let mut add = |name: &str, shape: &[usize]| {
+            let n: usize = shape.iter().product();
+            let v: Vec<f32> = (0..n)
+                .map(|_| {
+                    seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                    ((seed >> 8) % 1000) as f32 / 1000.0 - 0.5
+                })
+                .collect();
+            tensors.push((
+                name.to_string(),
+                ArrayD::from_shape_vec(IxDyn(shape), v).unwrap(),
+            ));
+        };
+        add("embeddings.word_embeddings.weight", &[11, 8]);
+        add("embeddings.position_embeddings.weight", &[16, 8]);
+        add("embeddings.token_type_embeddings.weight", &[2, 8]);
+        add("embeddings.LayerNorm.weight", &[8]);
+        add("embeddings.LayerNorm.bias", &[8]);
+        for l in 0..2 {
+            let p = format!("encoder.layer.{l}");
+            for (name, shape) in [
+                ("attention.self.query", [8, 8]),
+                ("attention.self.key", [8, 8]),
+                ("attention.self.value", [8, 8]),
+                ("attention.output.dense", [8, 8]),
+                ("intermediate.dense", [12, 8]),
+                ("output.dense", [8, 12]),
+            ] {
+                add(&format!("{p}.{name}.weight"), &shape);
+                add(&format!("{p}.{name}.bias"), &shape[..1]);
+            }
+            for ln in ["attention.output.LayerNorm", "output.LayerNorm"] {
+                add(&format!("{p}.{ln}.weight"), &[8]);
+                add(&format!("{p}.{ln}.bias"), &[8]);
+            }
+        }
+        let views: Vec<_> = tensors
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.view()))
+            .collect();
+        let file = SafeTensors::from_bytes(serialize(&views, None).unwrap(), "tiny").unwrap();
+        BertModel::from_safetensors(config, &file).unwrap()
+    }
+
+    #[test]
+    fn batches_equal_single_sequences_and_the_traced_path() {
+        let m = tiny();
+        let seqs = vec![
+            (vec![1, 5, 7, 2], vec![0, 0, 1, 1]),
+            (vec![1, 2], vec![0, 0]),
+            (vec![1, 3, 4, 9, 10, 2], vec![0; 6]),
+        ];
+        let batch = TokenBatch::from_sequences(&seqs, 0).unwrap();
+        let all = m.forward(&batch).unwrap();
+        let traced = m.trace(&batch).unwrap();
+        for (i, s) in seqs.iter().enumerate() {
+            let one = m
+                .forward(&TokenBatch::from_sequences(std::slice::from_ref(s), 0).unwrap())
+                .unwrap();
+            let n = s.0.len();
+            let a = all.slice(s![i, ..n, ..]);
+            let err = (&a - &one.slice(s![0, .., ..]))
+                .mapv(f32::abs)
+                .fold(0.0f32, |x, &y| x.max(y));
+            assert!(err < 1e-5, "sequence {i}: {err}");
+            let err = (&a - &traced.hidden.slice(s![i, ..n, ..]))
+                .mapv(f32::abs)
+                .fold(0.0f32, |x, &y| x.max(y));
+            assert!(err < 1e-5, "traced {i}: {err}");
+            assert!(all.slice(s![i, n.., ..]).iter().all(|&x| x == 0.0));
+        }
+        assert_eq!(traced.attention.len(), 2);
+        assert_eq!(traced.attention[0].attention.weights.dim(), (3, 2, 6, 6));
+    }
+
+    #[test]
+    fn empty_batches_and_bad_ids() {
+        let m = tiny();
+        let empty = TokenBatch::from_sequences(&[], 0).unwrap();
+        assert_eq!(m.forward(&empty).unwrap().dim(), (0, 0, 8));
+        let zero_len = TokenBatch::from_sequences(&[(vec![], vec![])], 0).unwrap();
+        assert_eq!(m.forward(&zero_len).unwrap().dim(), (1, 0, 8));
+        let bad = TokenBatch::from_sequences(&[(vec![1, 11], vec![0, 0])], 0).unwrap();
+        let err = m.forward(&bad).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "token id 11 at [0, 1] is out of range for a vocabulary of 11"
+        );
+        let bad = TokenBatch::from_sequences(&[(vec![1, 2], vec![0, 2])], 0).unwrap();
+        assert!(m
+            .trace(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("token type 2"));
+        let long = TokenBatch::from_sequences(&[(vec![1; 17], vec![0; 17])], 0).unwrap();
+        assert!(m
+            .forward(&long)
+            .unwrap_err()
+            .to_string()
+            .contains("maximum of 16"));
+        assert!(TokenBatch::from_sequences(&[(vec![1], vec![])], 0).is_err());
+        let mut no_out = m.clone();
+        no_out.layers[0].attention.out_proj = None;
+        let one = TokenBatch::from_sequences(&[(vec![1, 2], vec![0, 0])], 0).unwrap();
+        assert!(no_out
+            .forward(&one)
+            .unwrap_err()
+            .to_string()
+            .contains("output projection"));
+    }
+
+    #[test]
+    fn pooling_modes() {
+        let h = Array3::from_shape_fn((2, 3, 2), |(b, t, d)| (b * 6 + t * 2 + d) as f32);
+        let mean = pool(h.view(), &[2, 3], Pooling::Mean, false).unwrap();
+        assert_eq!(mean.row(0).to_vec(), [1.0, 2.0]);
+        let cls = pool(h.view(), &[2, 3], Pooling::Cls, false).unwrap();
+        assert_eq!(cls.row(1).to_vec(), [6.0, 7.0]);
+        let max = pool(h.view(), &[2, 3], Pooling::Max, false).unwrap();
+        assert_eq!(max.row(0).to_vec(), [2.0, 3.0]);
+        let norm = pool(h.view(), &[2, 3], Pooling::Mean, true).unwrap();
+        assert!((norm.row(1).dot(&norm.row(1)) - 1.0).abs() < 1e-6);
+        assert!(pool(h.view(), &[4, 1], Pooling::Mean, false).is_err());
+    }
+}

@@ -1,0 +1,24 @@
+//! Pretrained models: BERT-family encoders loaded from Hugging Face checkpoint
+//! directories (`config.json`, `model.safetensors`, `tokenizer.json`).
+//!
+//! * [`BertModel`] runs token ids through the encoder; its self-attention is the
+//!   canonical [`MultiHeadAttention`](crate::nn::MultiHeadAttention) and goes through
+//!   [`attention`](crate::attention::attention).
+//! * [`SentenceEncoder`] adds the tokenizer and sentence-transformers' pooling, giving
+//!   sentence embeddings ([`SentenceEncoder::embed`]) and, for one text, every
+//!   layer's and head's Q, K, V, scores and attention weights
+//!   ([`SentenceEncoder::trace`], [`SentenceTrace::head`]).
+
+mod bert;
+mod config;
+#[cfg(feature = "tokenizers")]
+mod sentence;
+#[cfg(feature = "tokenizers")]
+pub mod tokenize;
+
+pub use bert::{
+    pool, BertEmbeddings, BertLayer, BertModel, BertTrace, Pooling, Timings, TokenBatch,
+};
+pub use config::BertConfig;
+#[cfg(feature = "tokenizers")]
+pub use sentence::{Embeddings, HeadTrace, SentenceEncoder, SentenceTrace};
