@@ -11,7 +11,9 @@ pub mod rng;
 
 pub use error::{Error, Result};
 pub mod attention;
+pub mod decode;
 pub mod experiment;
 pub mod kernels;
+pub mod kv_cache;
 pub mod nn;
 pub mod text;

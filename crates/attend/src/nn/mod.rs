@@ -4,6 +4,7 @@
 //! different weights; [`initialisers`] draws those weights in PyTorch's order.
 
 mod attention;
+mod attention_decode;
 mod embedding;
 pub mod initialisers;
 mod linear;
