@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod bench_decode;
 mod explain;
 mod json_input;
 
@@ -19,9 +20,13 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant)]
 enum Command {
     /// Walk through one attention computation step by step, as the notebooks do.
     Explain(explain::Args),
+    /// Time decoding (`attend bench --decode` once the bench command lands).
+    #[command(hide = true)]
+    BenchDecode(bench_decode::DecodeArgs),
 }
 
 fn main() -> ExitCode {
@@ -46,6 +51,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Explain(args) => explain::run(args),
+        Command::BenchDecode(args) => bench_decode::run(&args).map(|record| println!("{record}")),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

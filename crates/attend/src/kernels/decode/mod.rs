@@ -52,6 +52,11 @@ const CHUNK_BYTES: usize = 512 * 1024;
 /// Keys per block inside a chunk: one vector of scores per query row.
 const BLOCK: usize = LANES;
 
+thread_local! {
+    /// Per-thread score buffer of the chunk being processed.
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Whether this kernel handles the problem (softmax over keys; anything else goes
 /// to the reference).
 pub fn supports(p: &Problem<'_>) -> bool {
@@ -235,6 +240,9 @@ impl Ctx<'_, '_> {
         self.chunk_with::<simd::Avx512>(b, kvh, j0, j1, part)
     }
 
+    /// Two passes over the chunk, each a long sequential read: first every score
+    /// (K streamed once for all the group's queries), then the weighted values
+    /// (V streamed once). The chunk's scores stay in cache between the passes.
     #[inline(always)]
     unsafe fn chunk_with<S: Simd>(
         &self,
@@ -263,48 +271,82 @@ impl Ctx<'_, '_> {
             .as_ptr()
             .offset(b as isize * self.v.strides()[0] + kvh as isize * self.v.strides()[1]);
         let qrows = &self.qs[(b * self.k.dim().1 + kvh) * rows * self.ep..][..rows * self.ep];
-        let mut s = [0.0f32; BLOCK];
-        let mut jb = j0;
-        while jb < j1 {
-            let n = BLOCK.min(j1 - jb);
-            let kb = kbase.offset(jb as isize * ks);
-            let vb = vbase.offset(jb as isize * vs);
+        // Scores of the chunk, one row per query, padded to whole blocks.
+        let n = j1 - j0;
+        let width = n.div_ceil(BLOCK) * BLOCK;
+        // Taken out of the thread-local and put back after: a closure would not
+        // inherit this function's target features.
+        let mut scratch = SCRATCH.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
+        if scratch.len() < rows * width {
+            scratch.resize(rows * width, 0.0);
+        }
+        {
+            let s = &mut scratch[..rows * width];
+            s.fill(f32::NEG_INFINITY);
+
+            // Pass 1: scores.
+            let mut jb = j0;
+            while jb < j1 {
+                let nb = BLOCK.min(j1 - jb);
+                let kb = kbase.offset(jb as isize * ks);
+                for r in 0..rows {
+                    let i = r % l;
+                    let (lo, hi) = self.ranges[i];
+                    if hi <= jb || lo >= jb + nb {
+                        continue; // nothing visible to this query in the block
+                    }
+                    let q = qrows.as_ptr().add(r * self.ep);
+                    let sb = &mut s[r * width + (jb - j0)..][..BLOCK];
+                    dots::<S>(q, kb, ks, e, nb, sb.as_mut_ptr());
+                    if lo > jb || hi < jb + nb || self.elementwise {
+                        let h = kvh * self.group + r / l;
+                        self.mask_block(b, h, i, jb, nb, (lo, hi), sb);
+                    }
+                }
+                jb += nb;
+            }
+
+            // Softmax numerators per query, in place.
             for r in 0..rows {
-                let i = r % l;
-                let (lo, hi) = self.ranges[i];
-                if hi <= jb || lo >= jb + n {
-                    continue; // nothing visible to this query in the block
+                let row = &mut s[r * width..][..width];
+                let mut mv = f32::NEG_INFINITY;
+                for blk in row.chunks_exact(BLOCK) {
+                    let x = S::max_lane(S::load(blk.as_ptr()));
+                    if x > mv || x.is_nan() {
+                        mv = x;
+                    }
                 }
-                let q = qrows.as_ptr().add(r * self.ep);
-                dots::<S>(q, kb, ks, e, n, s.as_mut_ptr());
-                s[n..].fill(f32::NEG_INFINITY);
-                if lo > jb || hi < jb + n || self.elementwise {
-                    let h = kvh * self.group + r / l;
-                    self.mask_block(b, h, i, jb, n, (lo, hi), &mut s);
-                }
-                let sv = S::load(s.as_ptr());
-                let bm = S::max_lane(sv);
-                if bm == f32::NEG_INFINITY {
+                m[r] = mv;
+                if mv == f32::NEG_INFINITY {
                     continue;
                 }
-                let mnew = if bm > m[r] { bm } else { m[r] };
-                let pv = S::exp2(S::sub(sv, S::splat(mnew)));
-                let alpha = if m[r] == f32::NEG_INFINITY {
-                    0.0
-                } else {
-                    simd::exp2_scalar(m[r] - mnew)
-                };
-                lsum[r] = lsum[r] * alpha + S::sum(pv);
-                m[r] = mnew;
-                S::store(s.as_mut_ptr(), pv);
-                let orow = o.as_mut_ptr().add(r * ev);
-                if alpha != 1.0 {
-                    scale::<S>(orow, ev, alpha);
+                let mvv = S::splat(mv);
+                let mut acc = S::splat(0.0);
+                for blk in row.chunks_exact_mut(BLOCK) {
+                    let pv = S::exp2(S::sub(S::load(blk.as_ptr()), mvv));
+                    S::store(blk.as_mut_ptr(), pv);
+                    acc = S::add(acc, pv);
                 }
-                accumulate::<S>(orow, s.as_ptr(), vb, vs, ev, n);
+                lsum[r] = S::sum(acc);
             }
-            jb += n;
+
+            // Pass 2: weighted values.
+            let mut jb = j0;
+            while jb < j1 {
+                let nb = BLOCK.min(j1 - jb);
+                let vb = vbase.offset(jb as isize * vs);
+                for r in 0..rows {
+                    let (lo, hi) = self.ranges[r % l];
+                    if hi <= jb || lo >= jb + nb || m[r] == f32::NEG_INFINITY {
+                        continue;
+                    }
+                    let p = s[r * width + (jb - j0)..].as_ptr();
+                    accumulate::<S>(o.as_mut_ptr().add(r * ev), p, vb, vs, ev, nb);
+                }
+                jb += nb;
+            }
         }
+        SCRATCH.with(|cell| *cell.borrow_mut() = scratch);
     }
 
     /// Masks the scores of keys `jb..jb + n` for query `i` of head `h`: −∞ outside
@@ -318,7 +360,7 @@ impl Ctx<'_, '_> {
         jb: usize,
         n: usize,
         (lo, hi): (usize, usize),
-        s: &mut [f32; BLOCK],
+        s: &mut [f32],
     ) {
         for (jj, x) in s.iter_mut().enumerate().take(n) {
             let j = jb + jj;
@@ -384,21 +426,6 @@ unsafe fn dots<S: Simd>(
         }
         *out.add(j) = S::sum(a);
         j += 1;
-    }
-}
-
-/// `o[..ev] *= alpha`.
-#[inline(always)]
-unsafe fn scale<S: Simd>(o: *mut f32, ev: usize, alpha: f32) {
-    let a = S::splat(alpha);
-    let mut c = 0;
-    while c + LANES <= ev {
-        S::store(o.add(c), S::mul(S::load(o.add(c)), a));
-        c += LANES;
-    }
-    if c < ev {
-        let t = ev - c;
-        S::store_part(o.add(c), S::mul(S::load_part(o.add(c), t), a), t);
     }
 }
 
