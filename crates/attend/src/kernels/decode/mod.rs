@@ -289,18 +289,23 @@ impl Ctx<'_, '_> {
             while jb < j1 {
                 let nb = BLOCK.min(j1 - jb);
                 let kb = kbase.offset(jb as isize * ks);
-                for r in 0..rows {
-                    let i = r % l;
-                    let (lo, hi) = self.ranges[i];
+                for (i, &(lo, hi)) in self.ranges.iter().enumerate() {
                     if hi <= jb || lo >= jb + nb {
                         continue; // nothing visible to this query in the block
                     }
-                    let q = qrows.as_ptr().add(r * self.ep);
-                    let sb = &mut s[r * width + (jb - j0)..][..BLOCK];
-                    dots::<S>(q, kb, ks, e, nb, sb.as_mut_ptr());
-                    if lo > jb || hi < jb + nb || self.elementwise {
-                        let h = kvh * self.group + r / l;
-                        self.mask_block(b, h, i, jb, nb, (lo, hi), sb);
+                    let partial = lo > jb || hi < jb + nb || self.elementwise;
+                    for g in 0..self.group {
+                        let r = g * l + i;
+                        let q = qrows.as_ptr().add(r * self.ep);
+                        let sb = &mut s[r * width + (jb - j0)..][..BLOCK];
+                        if nb == BLOCK {
+                            dots16::<S>(q, kb, ks, e, sb.as_mut_ptr());
+                        } else {
+                            dots::<S>(q, kb, ks, e, nb, sb.as_mut_ptr());
+                        }
+                        if partial {
+                            self.mask_block(b, kvh * self.group + g, i, jb, nb, (lo, hi), sb);
+                        }
                     }
                 }
                 jb += nb;
@@ -335,13 +340,18 @@ impl Ctx<'_, '_> {
             while jb < j1 {
                 let nb = BLOCK.min(j1 - jb);
                 let vb = vbase.offset(jb as isize * vs);
-                for r in 0..rows {
-                    let (lo, hi) = self.ranges[r % l];
-                    if hi <= jb || lo >= jb + nb || m[r] == f32::NEG_INFINITY {
+                for (i, &(lo, hi)) in self.ranges.iter().enumerate() {
+                    if hi <= jb || lo >= jb + nb {
                         continue;
                     }
-                    let p = s[r * width + (jb - j0)..].as_ptr();
-                    accumulate::<S>(o.as_mut_ptr().add(r * ev), p, vb, vs, ev, nb);
+                    for g in 0..self.group {
+                        let r = g * l + i;
+                        if m[r] == f32::NEG_INFINITY {
+                            continue;
+                        }
+                        let p = s.as_ptr().add(r * width + (jb - j0));
+                        accumulate::<S>(o.as_mut_ptr().add(r * ev), p, vb, vs, ev, nb);
+                    }
                 }
                 jb += nb;
             }
@@ -371,6 +381,39 @@ impl Ctx<'_, '_> {
             }
         }
     }
+}
+
+/// `out[j] = q · k_j` for a whole block of 16 keys: sixteen accumulators, summed
+/// with one transpose-and-add tree.
+#[inline(always)]
+unsafe fn dots16<S: Simd>(q: *const f32, k: *const f32, ks: isize, e: usize, out: *mut f32) {
+    let full = e / LANES;
+    let tail = e % LANES;
+    let mut acc = [S::splat(0.0); BLOCK];
+    // Two halves of eight keys: eight independent FMA chains each, and row
+    // pointers that stay in registers (sixteen would not).
+    for half in 0..2 {
+        let mut rows = [k; 8];
+        for (j, r) in rows.iter_mut().enumerate() {
+            *r = k.offset((half * 8 + j) as isize * ks);
+        }
+        let mut a = [S::splat(0.0); 8];
+        for c in 0..full {
+            let qv = S::load(q.add(c * LANES));
+            for j in 0..8 {
+                a[j] = S::fma(qv, S::load(rows[j].add(c * LANES)), a[j]);
+            }
+        }
+        if tail > 0 {
+            let at = full * LANES;
+            let qv = S::load(q.add(at));
+            for j in 0..8 {
+                a[j] = S::fma(qv, S::load_part(rows[j].add(at), tail), a[j]);
+            }
+        }
+        acc[half * 8..half * 8 + 8].copy_from_slice(&a);
+    }
+    S::store(out, S::sum16(&acc));
 }
 
 /// `out[j] = q · k_j` for the `n ≤ 16` keys at `k`, four keys at a time.

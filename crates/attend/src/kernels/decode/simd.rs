@@ -81,6 +81,9 @@ pub(crate) unsafe trait Simd: Copy {
     unsafe fn sub(a: Self::V, b: Self::V) -> Self::V;
     /// Sum of the lanes.
     unsafe fn sum(a: Self::V) -> f32;
+    /// Lane `j` of the result is the sum of the lanes of `a[j]` (sixteen horizontal
+    /// sums at once, as a transpose-and-add tree).
+    unsafe fn sum16(a: &[Self::V; LANES]) -> Self::V;
     /// Maximum of the lanes (−∞ lanes are ignored unless all are −∞).
     unsafe fn max_lane(a: Self::V) -> f32;
     /// `2^x` lane by lane for `x ≤ 0`: 0 for −∞ and below `2^−150`.
@@ -192,6 +195,14 @@ unsafe impl Simd for Portable {
         w[0]
     }
     #[inline(always)]
+    unsafe fn sum16(a: &[PV; LANES]) -> PV {
+        let mut out = [0.0; LANES];
+        for (o, v) in out.iter_mut().zip(a) {
+            *o = Self::sum(*v);
+        }
+        out
+    }
+    #[inline(always)]
     unsafe fn max_lane(a: PV) -> f32 {
         a.iter().copied().fold(
             f32::NEG_INFINITY,
@@ -279,6 +290,33 @@ mod avx512 {
             _mm_cvtss_f32(s1)
         }
         #[inline(always)]
+        unsafe fn sum16(a: &[__m512; 16]) -> __m512 {
+            // Pairs of vectors: per 128-bit lane [x0+x2, y0+y2, x1+x3, y1+y3].
+            let pair = |x: __m512, y: __m512| {
+                _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y))
+            };
+            // Pairs of pairs: per 128-bit lane the four vectors' partial sums.
+            let quad = |x: __m512, y: __m512| {
+                let (x, y) = (_mm512_castps_pd(x), _mm512_castps_pd(y));
+                _mm512_add_ps(
+                    _mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                    _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)),
+                )
+            };
+            // Across 128-bit lanes: [x.L0+x.L1, x.L2+x.L3, y.L0+y.L1, y.L2+y.L3].
+            let lanes = |x: __m512, y: __m512| {
+                _mm512_add_ps(
+                    _mm512_shuffle_f32x4::<0b10_00_10_00>(x, y),
+                    _mm512_shuffle_f32x4::<0b11_01_11_01>(x, y),
+                )
+            };
+            let c0 = quad(pair(a[0], a[1]), pair(a[2], a[3]));
+            let c1 = quad(pair(a[4], a[5]), pair(a[6], a[7]));
+            let c2 = quad(pair(a[8], a[9]), pair(a[10], a[11]));
+            let c3 = quad(pair(a[12], a[13]), pair(a[14], a[15]));
+            lanes(lanes(c0, c1), lanes(c2, c3))
+        }
+        #[inline(always)]
         unsafe fn max_lane(a: __m512) -> f32 {
             _mm512_reduce_max_ps(a)
         }
@@ -321,6 +359,20 @@ mod tests {
             let want: f32 = xs[..5].iter().sum();
             assert!((S::sum(v) - want).abs() <= 4.0 * f32::EPSILON * want.abs());
             assert_eq!(S::max_lane(S::load(xs.as_ptr())), xs[0]);
+            let mut vs = [S::splat(0.0); LANES];
+            for (j, v) in vs.iter_mut().enumerate() {
+                let row: Vec<f32> = (0..16).map(|c| (j * 16 + c) as f32).collect();
+                *v = S::load(row.as_ptr());
+            }
+            let mut sums = [0.0f32; 16];
+            S::store(sums.as_mut_ptr(), S::sum16(&vs));
+            for (j, x) in sums.iter().enumerate() {
+                assert_eq!(
+                    *x,
+                    (0..16).map(|c| (j * 16 + c) as f32).sum::<f32>(),
+                    "sum16 lane {j}"
+                );
+            }
             let mut special = [f32::NEG_INFINITY; 16];
             special[3] = -1000.0;
             S::store(special.as_mut_ptr(), S::exp2(S::load(special.as_ptr())));
