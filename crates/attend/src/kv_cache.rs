@@ -354,6 +354,15 @@ impl LayerCache {
                 self.len
             )));
         }
+        if let Some(w) = self.window {
+            let kept = self.retained();
+            if kept < self.len && kept < w - 1 + l {
+                return Err(Error::shape(format!(
+                    "attend: q {:?} has {l} queries, but the window of {w} keeps only the last {kept} positions; attend right after appending them",
+                    q.shape()
+                )));
+            }
+        }
         let opts = AttentionOptions {
             scale,
             causal: Some(Causal::BottomRight),

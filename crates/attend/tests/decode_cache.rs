@@ -118,6 +118,27 @@ fn sliding_window_ring_equals_windowed_full_attention() {
         assert!(cache.retained() <= cache.capacity());
         assert!(cache.keys_values().is_err());
     }
+    // Queries whose keys a window has already dropped are refused, not wrong.
+    let mut cache = LayerCache::with_window(b, hkv, e, ev, 4).unwrap();
+    for p in 0..10 {
+        cache
+            .append(
+                k.slice(s![.., .., p..p + 1, ..]),
+                v.slice(s![.., .., p..p + 1, ..]),
+            )
+            .unwrap();
+    }
+    let err = cache
+        .attend(
+            q.slice(s![.., .., 7..10, ..]),
+            None,
+            &DecodeConfig::default(),
+        )
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "attend: q [1, 4, 3, 16] has 3 queries, but the window of 4 keeps only the last 4 positions; attend right after appending them"
+    );
 }
 
 fn linear(rng: &mut Rng, out: usize, inp: usize, bias: bool) -> Linear {
