@@ -8,39 +8,31 @@
 
 use std::time::Instant;
 
-use attend::decode::{decode_attention, DecodeConfig, Isa};
+use attend::decode::{decode_attention, DecodeConfig};
+use attend::kernels::Isa;
 use attend::Error;
 use ndarray::Array4;
 
-/// Flags of `--decode` mode.
-#[derive(clap::Args, Debug, Clone)]
+/// The shape and settings of a decode benchmark (`attend bench --decode`).
+#[derive(Debug, Clone)]
 pub struct DecodeArgs {
     /// Batch size.
-    #[arg(long, default_value_t = 1)]
     pub batch: usize,
     /// Query heads.
-    #[arg(long, default_value_t = 32)]
     pub heads: usize,
-    /// Key/value heads (default: --heads).
-    #[arg(long)]
+    /// Key/value heads (default: `heads`).
     pub kv_heads: Option<usize>,
     /// Cached keys.
-    #[arg(long, default_value_t = 16384)]
     pub kv_len: usize,
     /// Query/key/value width per head.
-    #[arg(long, default_value_t = 128)]
     pub head_dim: usize,
-    /// Query tokens per step (1 to 16).
-    #[arg(long, default_value_t = 1)]
+    /// Query tokens per step.
     pub q_len: usize,
     /// Worker threads.
-    #[arg(long, default_value_t = 2)]
     pub threads: usize,
-    /// Instruction set (portable, avx512); default: the best available.
-    #[arg(long)]
-    pub isa: Option<String>,
+    /// Instruction set.
+    pub isa: Isa,
     /// Minimum timed seconds in all (split over 10 alternating rounds).
-    #[arg(long, default_value_t = 2.0)]
     pub min_time: f64,
 }
 
@@ -69,22 +61,7 @@ pub fn run(a: &DecodeArgs) -> Result<serde_json::Value, Error> {
             a.heads
         )));
     }
-    let isa = match a.isa.as_deref() {
-        None => Isa::detect(),
-        Some(name) => Isa::available()
-            .into_iter()
-            .find(|i| i.name() == name)
-            .ok_or_else(|| {
-                Error::value(format!(
-                    "--isa {name} is not available here (have: {})",
-                    Isa::available()
-                        .iter()
-                        .map(|i| i.name())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ))
-            })?,
-    };
+    let isa = a.isa;
     let (b, h, l, s, d) = (a.batch, a.heads, a.q_len, a.kv_len, a.head_dim);
     let mut seed = 0x2545_F491_4F6C_DD1Du64;
     let mut rnd = move || {

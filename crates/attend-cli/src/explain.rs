@@ -1,122 +1,30 @@
 //! `attend explain`: one attention computation, step by step, as the notebooks
-//! print it; or every intermediate as one JSON object.
+//! print it, with its weights as terminal heatmaps; or every intermediate as one
+//! JSON object.
+
+use std::path::PathBuf;
 
 use attend::attention::SoftmaxAxis;
-use attend::experiment::{self, Experiment, Explanation, Input, Weights, TORCH_DEFAULT_SEED};
-use attend::nn::initialisers::{AttentionSpec, QkvLayout, WeightInit};
+use attend::experiment::{self, Experiment, Explanation};
 use attend::print::format_tensor;
+use attend::viz::{self, AttentionMaps, ColorMode};
 use attend::Error;
-use clap::{ArgGroup, ValueEnum};
-use ndarray::{Array2, Array3, ArrayD};
+use clap::ValueEnum;
+use ndarray::ArrayD;
 
-use crate::json_input::parse_array;
+use crate::experiment_args::{experiment, ExperimentArgs};
 
-/// Flags of `attend explain` (the names are a contract; see the README).
+/// Flags of `attend explain`.
 #[derive(clap::Args, Debug)]
-#[command(group(ArgGroup::new("source").required(true).args(["input", "sentence", "tokens"])))]
 pub struct Args {
-    /// Embeddings as JSON, `[T, d_in]` or `[B, T, d_in]`.
-    #[arg(long, value_name = "JSON")]
-    input: Option<String>,
-    /// A sentence, embedded through its sorted vocabulary (notebook 004).
-    #[arg(long, value_name = "TEXT", requires = "embed_dim")]
-    sentence: Option<String>,
-    /// Token ids, `,` between tokens and `;` between batch rows: "1,2,0,0;1,2,3,4".
-    #[arg(long, value_name = "IDS", requires_all = ["vocab_size", "embed_dim"])]
-    tokens: Option<String>,
-    /// Rows of the embedding table for --tokens.
-    #[arg(long, value_name = "V")]
-    vocab_size: Option<usize>,
-    /// Embedding width for --sentence and --tokens.
-    #[arg(long, value_name = "D")]
-    embed_dim: Option<usize>,
-    /// `nn.Embedding`'s padding_idx (negative counts from the end).
-    #[arg(
-        long,
-        value_name = "P",
-        allow_hyphen_values = true,
-        requires = "tokens"
-    )]
-    padding_idx: Option<i64>,
-    /// `torch.manual_seed` before anything random (default: PyTorch's default seed).
-    #[arg(long, value_name = "S", value_parser = parse_seed, allow_hyphen_values = true)]
-    seed: Option<u64>,
-    /// Seed again after the embedding, before the weights.
-    #[arg(long, value_name = "S", value_parser = parse_seed, allow_hyphen_values = true)]
-    reseed: Option<u64>,
-    /// Consume N 32-bit draws before creating the weights.
-    #[arg(long, value_name = "N", default_value_t = 0)]
-    skip_draws: u64,
-    /// How the weights are created.
-    #[arg(long, value_enum, default_value = "linear", conflicts_with = "wq")]
-    init: InitArg,
-    /// Given query weights `[d_in, width]` (q = x @ WQ).
-    #[arg(long, value_name = "JSON", requires_all = ["wk", "wv"])]
-    wq: Option<String>,
-    /// Given key weights `[d_in, width]`.
-    #[arg(long, value_name = "JSON", requires_all = ["wq", "wv"])]
-    wk: Option<String>,
-    /// Given value weights `[d_in, width]`.
-    #[arg(long, value_name = "JSON", requires_all = ["wq", "wk"])]
-    wv: Option<String>,
-    /// Total width of q, k and v (all heads); default d_in.
-    #[arg(long, value_name = "N", conflicts_with_all = ["d_k", "d_v"])]
-    d_out: Option<usize>,
-    /// Total query/key width.
-    #[arg(long, value_name = "N")]
-    d_k: Option<usize>,
-    /// Total value width (default: --d-k).
-    #[arg(long, value_name = "N")]
-    d_v: Option<usize>,
-    /// Number of heads.
-    #[arg(long, value_name = "H", default_value_t = 1)]
-    heads: usize,
-    /// How q, k and v projections are packed.
-    #[arg(long, value_enum, default_value = "separate")]
-    qkv: QkvArg,
-    /// Projections have biases.
-    #[arg(long)]
-    bias: bool,
-    /// An output `Linear(d_v, d_v)` after the heads.
-    #[arg(long)]
-    out_proj: bool,
-    /// Query i sees keys j ≤ i.
-    #[arg(long)]
-    causal: bool,
-    /// Mask keys whose token id is --padding-idx.
-    #[arg(long, requires = "padding_idx")]
-    mask_padding: bool,
-    /// The axis the softmax normalises.
-    #[arg(long, value_enum, default_value = "keys")]
-    softmax_dim: SoftmaxArg,
-    /// Multiply scores by X (default 1/√(key head width)).
-    #[arg(long, value_name = "X", allow_hyphen_values = true)]
-    scale: Option<f32>,
+    #[command(flatten)]
+    experiment: ExperimentArgs,
     /// Text walkthrough or one JSON object.
     #[arg(long, value_enum, default_value = "text")]
     format: Format,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum InitArg {
-    Linear,
-    UniformInOut,
-    UniformOutIn,
-    TorchMha,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum QkvArg {
-    Separate,
-    Fused,
-    FusedInterleaved,
-    PerHead,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum SoftmaxArg {
-    Keys,
-    Queries,
+    /// Also write the attention weights as a picture: FILE.svg or FILE.png.
+    #[arg(long, value_name = "FILE")]
+    heatmap: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -125,170 +33,52 @@ enum Format {
     Json,
 }
 
-/// A seed as `torch.manual_seed` takes it: any integer in [-2⁶³, 2⁶⁴−1].
-fn parse_seed(s: &str) -> Result<u64, String> {
-    let n: i128 = s.parse().map_err(|_| format!("'{s}' is not an integer"))?;
-    if n < i64::MIN as i128 || n > u64::MAX as i128 {
-        return Err(format!("{n} is outside [-2^63, 2^64-1]"));
-    }
-    Ok(n as u64)
-}
-
 /// Runs `attend explain`.
 pub fn run(args: Args) -> Result<(), Error> {
-    let exp = experiment(&args)?;
+    let exp = experiment(&args.experiment)?;
     let ex = experiment::run(&exp)?;
+    let maps = attention_maps(&ex)?;
+    if let Some(path) = &args.heatmap {
+        viz::write_heatmap(&maps, 0, path)?;
+    }
     match args.format {
         Format::Json => println!("{}", ex.to_json()),
-        Format::Text => print!("{}", walkthrough(&ex, &exp)),
+        Format::Text => {
+            print!("{}", walkthrough(&ex, &exp));
+            print!("{}", heatmaps(&maps, ColorMode::detect())?);
+        }
     }
     Ok(())
 }
 
-fn experiment(args: &Args) -> Result<Experiment, Error> {
-    let input = input(args)?;
-    let weights = match (&args.wq, &args.wk, &args.wv) {
-        (Some(q), Some(k), Some(v)) => Weights::Given {
-            w_q: given_weight("--wq", q, &input)?,
-            w_k: given_weight("--wk", k, &input)?,
-            w_v: given_weight("--wv", v, &input)?,
-            heads: args.heads,
-        },
-        _ => {
-            let d_k = args.d_out.or(args.d_k);
-            let d_v = args.d_out.or(args.d_v).or(args.d_k);
-            let d_in = input_width(&input);
-            Weights::Init(AttentionSpec {
-                d_in,
-                d_k: d_k.unwrap_or(d_in),
-                d_v: d_v.unwrap_or(d_in),
-                heads: args.heads,
-                bias: args.bias || matches!(args.init, InitArg::TorchMha),
-                out_proj: args.out_proj,
-                init: match args.init {
-                    InitArg::Linear => WeightInit::Linear,
-                    InitArg::UniformInOut => WeightInit::UniformInOut,
-                    InitArg::UniformOutIn => WeightInit::UniformOutIn,
-                    InitArg::TorchMha => WeightInit::TorchMha,
-                },
-                layout: match args.qkv {
-                    QkvArg::Separate => QkvLayout::Separate,
-                    QkvArg::Fused => QkvLayout::Fused,
-                    QkvArg::FusedInterleaved => QkvLayout::FusedInterleaved,
-                    QkvArg::PerHead => QkvLayout::PerHead,
-                },
-            })
-        }
-    };
-    Ok(Experiment {
-        input,
-        seed: args.seed.unwrap_or(TORCH_DEFAULT_SEED),
-        reseed: args.reseed,
-        skip_draws: args.skip_draws,
-        weights,
-        causal: args.causal,
-        mask_padding: args.mask_padding,
-        softmax_axis: match args.softmax_dim {
-            SoftmaxArg::Keys => SoftmaxAxis::Keys,
-            SoftmaxArg::Queries => SoftmaxAxis::Queries,
-        },
-        scale: args.scale,
-    })
+/// The experiment's attention weights, batch row 0, labelled by its tokens.
+pub fn attention_maps(ex: &Explanation) -> Result<AttentionMaps, Error> {
+    let labels = ex.labels();
+    AttentionMaps::from_weights(
+        ex.trace.attention.weights.view(),
+        0,
+        labels.clone(),
+        labels,
+        "attend explain".to_owned(),
+    )
 }
 
-fn input(args: &Args) -> Result<Input, Error> {
-    if let Some(text) = &args.input {
-        let a = parse_array("--input", text)?;
-        let x: Array3<f32> = match a.ndim() {
-            2 => a
-                .insert_axis(ndarray::Axis(0))
-                .into_dimensionality()
-                .expect("rank 3"),
-            3 => a.into_dimensionality().expect("rank 3"),
-            _ => {
-                return Err(Error::shape(format!(
-                    "--input must be [T, d_in] or [B, T, d_in], got shape {:?}",
-                    a.shape()
-                )))
-            }
-        };
-        return Ok(Input::Array(x));
+/// Every head's weights as a terminal heatmap.
+fn heatmaps(maps: &AttentionMaps, style: ColorMode) -> Result<String, Error> {
+    let mut out = String::new();
+    for (h, w) in maps.layers[0].outer_iter().enumerate() {
+        out.push_str(&format!(
+            "Attention weights, head {h} (rows: queries, columns: keys)\n"
+        ));
+        out.push_str(&viz::terminal_heatmap(
+            w,
+            &maps.query_tokens,
+            &maps.key_tokens,
+            style,
+        )?);
+        out.push('\n');
     }
-    let embed_dim = args.embed_dim.expect("clap requires --embed-dim");
-    if embed_dim == 0 {
-        return Err(Error::value("--embed-dim must be at least 1"));
-    }
-    if let Some(text) = &args.sentence {
-        return Ok(Input::Sentence {
-            text: text.clone(),
-            embed_dim,
-        });
-    }
-    let tokens = args.tokens.as_deref().expect("clap requires one input");
-    let vocab_size = args.vocab_size.expect("clap requires --vocab-size");
-    Ok(Input::Tokens {
-        ids: parse_tokens(tokens, vocab_size)?,
-        vocab_size,
-        embed_dim,
-        padding_idx: args.padding_idx,
-    })
-}
-
-/// `"1,2,0,0;1,2,3,4"` → `[[1, 2, 0, 0], [1, 2, 3, 4]]`.
-fn parse_tokens(text: &str, vocab_size: usize) -> Result<Array2<usize>, Error> {
-    let rows: Vec<Vec<usize>> = text
-        .split(';')
-        .map(|row| {
-            row.split(',')
-                .map(|t| {
-                    let t = t.trim();
-                    t.parse::<usize>().map_err(|_| {
-                        Error::value(format!("--tokens: '{t}' is not a non-negative integer id"))
-                    })
-                })
-                .collect()
-        })
-        .collect::<Result<_, _>>()?;
-    let width = rows[0].len();
-    if let Some((i, r)) = rows.iter().enumerate().find(|(_, r)| r.len() != width) {
-        return Err(Error::shape(format!(
-            "--tokens rows differ in length: row 0 has {width} ids, row {i} has {}",
-            r.len()
-        )));
-    }
-    if let Some(&id) = rows.iter().flatten().find(|&&id| id >= vocab_size) {
-        return Err(Error::value(format!(
-            "--tokens: id {id} is out of range for --vocab-size {vocab_size}"
-        )));
-    }
-    let b = rows.len();
-    Array2::from_shape_vec((b, width), rows.concat())
-        .map_err(|e| Error::shape(format!("--tokens: {e}")))
-}
-
-/// A given weight `[d_in, width]`, whose `d_in` must be the input's width.
-fn given_weight(flag: &str, text: &str, input: &Input) -> Result<Array2<f32>, Error> {
-    let a = parse_array(flag, text)?;
-    let shape = a.shape().to_vec();
-    let w: Array2<f32> = a.into_dimensionality().map_err(|_| {
-        Error::shape(format!(
-            "{flag} must be a matrix [d_in, width], got shape {shape:?}"
-        ))
-    })?;
-    let d_in = input_width(input);
-    if w.nrows() != d_in {
-        return Err(Error::shape(format!(
-            "{flag} of shape {shape:?} must have d_in = {d_in} rows to match the input's width"
-        )));
-    }
-    Ok(w)
-}
-
-fn input_width(input: &Input) -> usize {
-    match input {
-        Input::Array(x) => x.dim().2,
-        Input::Sentence { embed_dim, .. } | Input::Tokens { embed_dim, .. } => *embed_dim,
-    }
+    Ok(out)
 }
 
 /// The notebook-style text: each step's name, shape and values.

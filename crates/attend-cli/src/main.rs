@@ -7,9 +7,14 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod bench_decode;
+mod experiment_args;
 mod explain;
 mod json_input;
+mod sdpa;
+mod train;
+mod view;
 
 /// Self-attention, faithful to PyTorch and fast on CPU.
 #[derive(Parser)]
@@ -20,13 +25,17 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
-#[allow(clippy::large_enum_variant)]
 enum Command {
     /// Walk through one attention computation step by step, as the notebooks do.
     Explain(explain::Args),
-    /// Time decoding (`attend bench --decode` once the bench command lands).
-    #[command(hide = true)]
-    BenchDecode(bench_decode::DecodeArgs),
+    /// Look at attention weights: terminal heatmap, SVG/PNG picture, or HTML view.
+    View(view::Args),
+    /// Scaled dot-product attention on .npy files (PyTorch SDPA's shapes).
+    Sdpa(sdpa::Args),
+    /// Time the fused attention forward, or forward + backward (pairs with shared/bench/torch_sdpa.py).
+    Bench(bench::Args),
+    /// Train a small attention model to reverse digit sequences.
+    Train(train::Args),
 }
 
 fn main() -> ExitCode {
@@ -51,7 +60,10 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Explain(args) => explain::run(args),
-        Command::BenchDecode(args) => bench_decode::run(&args).map(|record| println!("{record}")),
+        Command::View(args) => view::run(args),
+        Command::Sdpa(args) => sdpa::run(args),
+        Command::Bench(args) => bench::run(args),
+        Command::Train(args) => train::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -162,6 +162,16 @@ fn cases() -> Vec<(&'static str, Vec<&'static str>, Vec<&'static str>)> {
             vec!["--bias"],
         ),
         ("no input at all", vec!["--seed", "1"], vec!["--input"]),
+        (
+            "an unknown picture extension",
+            vec!["--input", X, "--heatmap", "weights.bmp"],
+            vec!["weights.bmp", "svg"],
+        ),
+        (
+            "an unwritable picture path",
+            vec!["--input", X, "--heatmap", "/nonexistent/dir/w.svg"],
+            vec!["/nonexistent/dir/w.svg"],
+        ),
     ]
 }
 

@@ -19,6 +19,14 @@ pub const TORCH_DEFAULT_SEED: u64 = 67_280_421_310_721;
 pub enum Input {
     /// Given embeddings `[B, T, d_in]`.
     Array(Array3<f32>),
+    /// Embeddings `[1, T, d_in]` made elsewhere (e.g. by a trained model), with a
+    /// label per position.
+    Labelled {
+        /// The embeddings.
+        x: Array3<f32>,
+        /// One label per position.
+        labels: Vec<String>,
+    },
     /// A sentence embedded through its own sorted vocabulary (notebook 004).
     Sentence {
         /// The text.
@@ -44,6 +52,8 @@ pub enum Input {
 pub enum Weights {
     /// Drawn from the generator. `d_in` of the spec is filled in from the input.
     Init(AttentionSpec),
+    /// A ready module, e.g. trained weights.
+    Module(Box<MultiHeadAttention>),
     /// Given in `[d_in, width]` orientation (`q = x @ W_q`), notebook 003.
     Given {
         /// Query weights.
@@ -83,8 +93,10 @@ pub struct Experiment {
 /// Everything an experiment computed.
 #[derive(Clone, Debug)]
 pub struct Explanation {
-    /// The words of each token, when the input was a sentence.
+    /// The words (or labels) of each token, when the input was a sentence or labelled.
     pub words: Option<Vec<String>>,
+    /// Token ids `[B, T]`, when the input was ids or a sentence.
+    pub ids: Option<Array2<usize>>,
     /// `[B, T, d_in]` after the embedding.
     pub x: Array3<f32>,
     /// The module with its weights.
@@ -96,7 +108,12 @@ pub struct Explanation {
 /// Runs the experiment through the reference kernel.
 pub fn run(exp: &Experiment) -> Result<Explanation> {
     let mut gen = TorchGenerator::new(exp.seed);
-    let (x, words, padding) = embed(&exp.input, &mut gen)?;
+    let Embedded {
+        x,
+        words,
+        ids,
+        padding,
+    } = embed(&exp.input, &mut gen)?;
     if x.is_empty() {
         return Err(Error::value(format!(
             "input is empty: x has shape {:?}",
@@ -120,6 +137,7 @@ pub fn run(exp: &Experiment) -> Result<Explanation> {
             },
             &mut gen,
         )?,
+        Weights::Module(m) => (**m).clone(),
         Weights::Given {
             w_q,
             w_k,
@@ -146,17 +164,36 @@ pub fn run(exp: &Experiment) -> Result<Explanation> {
     let trace = module.trace(x.view(), &opts)?;
     Ok(Explanation {
         words,
+        ids,
         x,
         module,
         trace,
     })
 }
 
-type Embedded = (Array3<f32>, Option<Vec<String>>, Option<Array2<bool>>);
+/// `x` and what is known about the tokens behind it.
+struct Embedded {
+    x: Array3<f32>,
+    words: Option<Vec<String>>,
+    ids: Option<Array2<usize>>,
+    /// `[B, T]`, true where the id is the padding id.
+    padding: Option<Array2<bool>>,
+}
 
 fn embed(input: &Input, gen: &mut TorchGenerator) -> Result<Embedded> {
     match input {
-        Input::Array(x) => Ok((x.clone(), None, None)),
+        Input::Labelled { x, labels } => Ok(Embedded {
+            x: x.clone(),
+            words: Some(labels.clone()),
+            ids: None,
+            padding: None,
+        }),
+        Input::Array(x) => Ok(Embedded {
+            x: x.clone(),
+            words: None,
+            ids: None,
+            padding: None,
+        }),
         Input::Sentence { text, embed_dim } => {
             let s = sentence_vocab(text);
             if s.ids.is_empty() {
@@ -167,7 +204,12 @@ fn embed(input: &Input, gen: &mut TorchGenerator) -> Result<Embedded> {
                 padding_idx: None,
             };
             let ids = Array2::from_shape_vec((1, s.ids.len()), s.ids).expect("one row");
-            Ok((table.forward(ids.view())?, Some(s.words), None))
+            Ok(Embedded {
+                x: table.forward(ids.view())?,
+                words: Some(s.words),
+                ids: Some(ids),
+                padding: None,
+            })
         }
         Input::Tokens {
             ids,
@@ -182,7 +224,12 @@ fn embed(input: &Input, gen: &mut TorchGenerator) -> Result<Embedded> {
                 padding_idx: pad,
             };
             let padding = pad.map(|p| ids.mapv(|id| id == p));
-            Ok((table.forward(ids.view())?, None, padding))
+            Ok(Embedded {
+                x: table.forward(ids.view())?,
+                words: None,
+                ids: Some(ids.clone()),
+                padding,
+            })
         }
     }
 }
@@ -225,6 +272,15 @@ impl Explanation {
             obj.insert("tokens".into(), json!(w));
         }
         Value::Object(obj)
+    }
+
+    /// A label per position of batch row 0: the word, else the token id, else `x[t]`.
+    pub fn labels(&self) -> Vec<String> {
+        match (&self.words, &self.ids) {
+            (Some(words), _) => words.clone(),
+            (None, Some(ids)) => ids.row(0).iter().map(|id| id.to_string()).collect(),
+            (None, None) => (0..self.x.dim().1).map(|t| format!("x[{t}]")).collect(),
+        }
     }
 
     /// The attention weights of batch row `b` and head `h`, `[T_q, T_k]`.

@@ -4,16 +4,21 @@
 #![doc = include_str!("../../../README.md")]
 #![warn(missing_docs)]
 
-pub mod error;
-pub mod init;
-pub mod print;
-pub mod rng;
-
-pub use error::{Error, Result};
 pub mod attention;
 pub mod decode;
+pub mod error;
 pub mod experiment;
+pub mod grad;
+pub mod init;
+pub mod io;
 pub mod kernels;
 pub mod kv_cache;
 pub mod nn;
+pub mod optim;
+pub mod print;
+pub mod rng;
 pub mod text;
+pub mod train;
+pub mod viz;
+
+pub use error::{Error, Result};

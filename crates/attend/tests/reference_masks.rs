@@ -41,34 +41,29 @@ fn pattern(l: usize, s: usize, keep: impl Fn(usize, usize) -> bool) -> Vec<Vec<b
 }
 
 #[test]
-fn causal_alignments_with_more_keys_than_queries() {
-    let (l, s) = (3, 5);
-    let top = AttentionOptions {
-        causal: Some(Causal::TopLeft),
-        ..Default::default()
-    };
-    assert_eq!(visible(&top, l, s), pattern(l, s, |i, j| j <= i));
-    let bottom = AttentionOptions {
-        causal: Some(Causal::BottomRight),
-        ..Default::default()
-    };
-    assert_eq!(visible(&bottom, l, s), pattern(l, s, |i, j| j <= i + 2));
-}
-
-#[test]
-fn causal_alignments_with_more_queries_than_keys() {
-    let (l, s) = (5, 3);
-    let top = AttentionOptions {
-        causal: Some(Causal::TopLeft),
-        ..Default::default()
-    };
-    assert_eq!(visible(&top, l, s), pattern(l, s, |i, j| j <= i));
-    // Bottom-right: query i sees keys j <= i - 2, so the first two rows see nothing.
-    let bottom = AttentionOptions {
-        causal: Some(Causal::BottomRight),
-        ..Default::default()
-    };
-    assert_eq!(visible(&bottom, l, s), pattern(l, s, |i, j| j + 2 <= i));
+fn causal_alignments_with_queries_and_keys_of_different_lengths() {
+    // (L, S): top-left sees j <= i; bottom-right sees j <= i + S - L, so with more
+    // queries than keys the first L - S rows see nothing.
+    for (l, s) in [(3, 5), (5, 3), (4, 4)] {
+        let top = AttentionOptions {
+            causal: Some(Causal::TopLeft),
+            ..Default::default()
+        };
+        assert_eq!(
+            visible(&top, l, s),
+            pattern(l, s, |i, j| j <= i),
+            "top-left {l}x{s}"
+        );
+        let bottom = AttentionOptions {
+            causal: Some(Causal::BottomRight),
+            ..Default::default()
+        };
+        assert_eq!(
+            visible(&bottom, l, s),
+            pattern(l, s, |i, j| j + l <= i + s),
+            "bottom-right {l}x{s}"
+        );
+    }
 }
 
 #[test]

@@ -24,8 +24,8 @@ pub use problem::Problem;
 
 use ndarray::{Array3, Array4, ArrayView2, ArrayView4, ArrayViewD};
 
-use crate::kernels::reference;
-use crate::Result;
+use crate::kernels::{fused, reference, Isa};
+use crate::{Error, Result};
 
 /// How a causal mask lines up queries with keys when `L ≠ S`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,7 +92,78 @@ pub fn attention_with_lse(
     v: ArrayView4<'_, f32>,
     opts: &AttentionOptions<'_>,
 ) -> Result<(Array4<f32>, Array3<f32>)> {
+    attention_with(q, k, v, opts, &Config::default())
+}
+
+/// Which kernel computes an attention call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Kernel {
+    /// The fused kernel when it supports the problem, else the reference.
+    #[default]
+    Auto,
+    /// The f64 reference (materialises the scores; slow, exact-ish).
+    Reference,
+    /// The fused kernel; an error if it does not support the problem.
+    Fused,
+}
+
+/// How to run an attention call: kernel, instruction set and threads.
+///
+/// The result has the same bits whatever `threads` is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    /// Which kernel to use.
+    pub kernel: Kernel,
+    /// Instruction set for the fused kernel; `None` picks the best this CPU has.
+    pub isa: Option<Isa>,
+    /// Worker threads; `None` runs on the current rayon pool (the global one unless
+    /// called inside `ThreadPool::install`).
+    pub threads: Option<usize>,
+}
+
+/// [`attention_with_lse`] with an explicit [`Config`].
+pub fn attention_with(
+    q: ArrayView4<'_, f32>,
+    k: ArrayView4<'_, f32>,
+    v: ArrayView4<'_, f32>,
+    opts: &AttentionOptions<'_>,
+    config: &Config,
+) -> Result<(Array4<f32>, Array3<f32>)> {
     let problem = Problem::new(q, k, v, opts)?;
-    let trace = reference::run(&problem);
-    Ok((trace.output, trace.lse))
+    let isa = config.isa.unwrap_or_else(Isa::detect);
+    if !isa.is_available() {
+        return Err(Error::value(format!(
+            "isa {} is not available on this CPU",
+            isa.name()
+        )));
+    }
+    let fused = match config.kernel {
+        Kernel::Reference => false,
+        Kernel::Auto => fused::supports(&problem),
+        Kernel::Fused if fused::supports(&problem) => true,
+        Kernel::Fused => {
+            return Err(Error::value(
+                "kernel: the fused kernel supports only softmax over keys and value width > 0",
+            ))
+        }
+    };
+    let run = || {
+        if fused {
+            fused::run(&problem, isa)
+        } else {
+            let trace = reference::run(&problem);
+            (trace.output, trace.lse)
+        }
+    };
+    match config.threads {
+        None => Ok(run()),
+        Some(0) => Err(Error::value("threads must be at least 1, got 0")),
+        Some(n) => {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .map_err(|e| Error::value(format!("threads: cannot start {n} threads: {e}")))?;
+            Ok(pool.install(run))
+        }
+    }
 }

@@ -33,7 +33,7 @@ use crate::attention::{AttentionOptions, Problem, SoftmaxAxis};
 use crate::kernels::decode::{self as kernel, KeySpan};
 use crate::{Error, Result};
 
-pub use crate::kernels::decode::Isa;
+pub use crate::kernels::Isa;
 
 /// How to run the decode kernel: instruction set and threads.
 ///

@@ -14,13 +14,15 @@
 
 mod simd;
 
-pub use simd::Isa;
+pub use crate::kernels::Isa;
 
 use ndarray::{Array3, Array4, ArrayView4};
 use rayon::prelude::*;
 
 use crate::attention::{Problem, SoftmaxAxis};
-use simd::{Portable, Simd, LANES};
+use crate::kernels::simd::portable::Portable;
+use crate::kernels::simd::LANES;
+use simd::DecodeSimd;
 
 /// Where a problem's keys sit in the whole sequence.
 ///
@@ -241,7 +243,7 @@ impl Ctx<'_, '_> {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `run` checked that the CPU has avx512f.
             Isa::Avx512 => unsafe { self.chunk_avx512(b, kvh, j0, j1, part) },
-            // SAFETY: the portable vectors need no CPU feature.
+            // SAFETY: the portable vectors need no CPU feature. (AVX2 runs them too.)
             _ => unsafe { self.chunk_with::<Portable>(b, kvh, j0, j1, part) },
         }
     }
@@ -249,14 +251,14 @@ impl Ctx<'_, '_> {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
     unsafe fn chunk_avx512(&self, b: usize, kvh: usize, j0: usize, j1: usize, part: &mut [f32]) {
-        self.chunk_with::<simd::Avx512>(b, kvh, j0, j1, part)
+        self.chunk_with::<crate::kernels::simd::avx512::Avx512>(b, kvh, j0, j1, part)
     }
 
     /// Two passes over the chunk, each a long sequential read: first every score
     /// (K streamed once for all the group's queries), then the weighted values
     /// (V streamed once). The chunk's scores stay in cache between the passes.
     #[inline(always)]
-    unsafe fn chunk_with<S: Simd>(
+    unsafe fn chunk_with<S: DecodeSimd>(
         &self,
         b: usize,
         kvh: usize,
@@ -398,7 +400,7 @@ impl Ctx<'_, '_> {
 /// `out[j] = q · k_j` for a whole block of 16 keys: sixteen accumulators, summed
 /// with one transpose-and-add tree.
 #[inline(always)]
-unsafe fn dots16<S: Simd>(q: *const f32, k: *const f32, ks: isize, e: usize, out: *mut f32) {
+unsafe fn dots16<S: DecodeSimd>(q: *const f32, k: *const f32, ks: isize, e: usize, out: *mut f32) {
     let full = e / LANES;
     let tail = e % LANES;
     let mut acc = [S::splat(0.0); BLOCK];
@@ -430,7 +432,7 @@ unsafe fn dots16<S: Simd>(q: *const f32, k: *const f32, ks: isize, e: usize, out
 
 /// `out[j] = q · k_j` for the `n ≤ 16` keys at `k`, four keys at a time.
 #[inline(always)]
-unsafe fn dots<S: Simd>(
+unsafe fn dots<S: DecodeSimd>(
     q: *const f32,
     k: *const f32,
     ks: isize,
@@ -486,7 +488,7 @@ unsafe fn dots<S: Simd>(
 
 /// `o[..ev] += Σ_j p[j] · v_j` over the `n` value rows at `v`.
 #[inline(always)]
-unsafe fn accumulate<S: Simd>(
+unsafe fn accumulate<S: DecodeSimd>(
     o: *mut f32,
     p: *const f32,
     v: *const f32,

@@ -1,0 +1,226 @@
+//! `attend bench`: times the attention forward on random inputs, with the same
+//! flags, timing rule and FLOP count as `shared/bench/torch_sdpa.py`, so the two
+//! can be run side by side and compared as a ratio.
+
+use std::time::Instant;
+
+use attend::attention::{attention_with, AttentionOptions, Causal, Config, Kernel};
+use attend::kernels::backward::{attention_backward_with, BackwardConfig, BackwardKernel};
+use attend::kernels::Isa;
+use attend::Error;
+use ndarray::Array4;
+
+/// Flags of `attend bench`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Batch size B.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// Query heads H.
+    #[arg(long, default_value_t = 8)]
+    heads: usize,
+    /// Key/value heads (default: H).
+    #[arg(long)]
+    kv_heads: Option<usize>,
+    /// Query length L.
+    #[arg(long, default_value_t = 2048)]
+    seq: usize,
+    /// Key length S (default: L).
+    #[arg(long)]
+    kv_len: Option<usize>,
+    /// Head width E (= Ev).
+    #[arg(long, default_value_t = 64)]
+    head_dim: usize,
+    /// Top-left causal mask (PyTorch's is_causal).
+    #[arg(long)]
+    causal: bool,
+    /// Worker threads.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Instruction set: avx512, avx2 or portable (default: the best available).
+    #[arg(long)]
+    isa: Option<String>,
+    /// Decoding: one query token against --kv-len cached keys (default 4096), like
+    /// `torch_sdpa.py --decode`; reports `gbps` (K and V bytes read once per call)
+    /// and the machine's read bandwidth measured in the same run.
+    #[arg(long, conflicts_with_all = ["backward", "causal", "reference"])]
+    decode: bool,
+    /// Time forward + backward (dQ, dK, dV from a random dO), like
+    /// `torch_sdpa.py --backward`.
+    #[arg(long)]
+    backward: bool,
+    /// Run the f64 reference instead of the fused kernel.
+    #[arg(long)]
+    reference: bool,
+    /// Minimum timed runs.
+    #[arg(long, default_value_t = 5)]
+    min_runs: usize,
+    /// Minimum total timed seconds.
+    #[arg(long, default_value_t = 0.5)]
+    min_time: f64,
+    /// Output format: json (one line) or text.
+    #[arg(long, default_value = "json")]
+    format: String,
+}
+
+fn parse_isa(s: &str) -> Result<Isa, Error> {
+    let isa = match s {
+        "avx512" => Isa::Avx512,
+        "avx2" => Isa::Avx2,
+        "portable" => Isa::Portable,
+        _ => {
+            return Err(Error::value(format!(
+                "--isa must be avx512, avx2 or portable, got {s:?}"
+            )))
+        }
+    };
+    if !isa.is_available() {
+        return Err(Error::value(format!(
+            "--isa {s} is not available on this CPU"
+        )));
+    }
+    Ok(isa)
+}
+
+/// Fills an array with a cheap deterministic pseudo-normal sequence.
+fn random(shape: (usize, usize, usize, usize), seed: u64) -> Array4<f32> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    Array4::from_shape_simple_fn(shape, || {
+        let mut s = 0.0f32;
+        for _ in 0..4 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            s += (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
+        }
+        s * 0.866
+    })
+}
+
+/// Runs `attend bench`.
+pub fn run(args: Args) -> Result<(), Error> {
+    if args.format != "json" && args.format != "text" {
+        return Err(Error::value(format!(
+            "--format must be json or text, got {:?}",
+            args.format
+        )));
+    }
+    if args.threads == 0 {
+        return Err(Error::value("--threads must be at least 1"));
+    }
+    let isa = match &args.isa {
+        Some(s) => parse_isa(s)?,
+        None => Isa::detect(),
+    };
+    if args.decode {
+        let record = crate::bench_decode::run(&crate::bench_decode::DecodeArgs {
+            batch: args.batch,
+            heads: args.heads,
+            kv_heads: args.kv_heads,
+            kv_len: args.kv_len.unwrap_or(4096),
+            head_dim: args.head_dim,
+            q_len: 1,
+            threads: args.threads,
+            isa,
+            min_time: args.min_time,
+        })?;
+        if args.format == "json" {
+            println!("{record}");
+        } else {
+            println!(
+                "attend decode {} B={} H={} Hkv={} S={} E={} threads={}: {:.3} ms, {:.2} GB/s ({:.0}% of the {:.2} GB/s read bandwidth)",
+                record["isa"].as_str().unwrap_or("?"),
+                record["batch"], record["heads"], record["kv_heads"], record["kv_len"],
+                record["head_dim"], record["threads"],
+                record["ms"].as_f64().unwrap_or(0.0),
+                record["gbps"].as_f64().unwrap_or(0.0),
+                100.0 * record["fraction_of_read"].as_f64().unwrap_or(0.0),
+                record["read_gbps"].as_f64().unwrap_or(0.0),
+            );
+        }
+        return Ok(());
+    }
+    let (b, h, e) = (args.batch, args.heads, args.head_dim);
+    let hkv = args.kv_heads.unwrap_or(h);
+    let (l, s) = (args.seq, args.kv_len.unwrap_or(args.seq));
+    let q = random((b, h, l, e), 1);
+    let k = random((b, hkv, s, e), 2);
+    let v = random((b, hkv, s, e), 3);
+    let opts = AttentionOptions {
+        causal: args.causal.then_some(Causal::TopLeft),
+        ..Default::default()
+    };
+    let config = Config {
+        kernel: if args.reference {
+            Kernel::Reference
+        } else {
+            Kernel::Fused
+        },
+        isa: Some(isa),
+        threads: None,
+    };
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(args.threads)
+        .build()
+        .map_err(|e| Error::value(format!("--threads: {e}")))?;
+    let dout = random((b, h, l, e), 4);
+    let bconfig = BackwardConfig {
+        kernel: if args.reference {
+            BackwardKernel::Reference
+        } else {
+            BackwardKernel::Fused
+        },
+        ..Default::default()
+    };
+    let step = || -> Result<(), Error> {
+        let (out, lse) = attention_with(q.view(), k.view(), v.view(), &opts, &config)?;
+        if args.backward {
+            attention_backward_with(
+                q.view(),
+                k.view(),
+                v.view(),
+                out.view(),
+                lse.view(),
+                dout.view(),
+                &opts,
+                &bconfig,
+            )?;
+        }
+        Ok(())
+    };
+    let median = pool.install(|| -> Result<f64, Error> {
+        step()?; // warm-up, and validation of the shapes
+        let mut times = Vec::new();
+        let start = Instant::now();
+        while times.len() < args.min_runs || start.elapsed().as_secs_f64() < args.min_time {
+            let t = Instant::now();
+            step()?;
+            times.push(t.elapsed().as_secs_f64());
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(times[times.len() / 2])
+    })?;
+    let flops = 4.0
+        * (b * h * l * s * e) as f64
+        * if args.causal { 0.5 } else { 1.0 }
+        * if args.backward { 3.5 } else { 1.0 };
+    let gflops = flops / median / 1e9;
+    if args.format == "json" {
+        let j = serde_json::json!({
+            "what": "sdpa", "impl": "attend", "isa": isa.name(), "threads": args.threads,
+            "dtype": "f32", "batch": b, "heads": h, "kv_heads": hkv, "q_len": l, "kv_len": s,
+            "head_dim": e, "causal": args.causal, "backward": args.backward, "ms": median * 1e3, "gflops": gflops,
+        });
+        println!("{j}");
+    } else {
+        println!(
+            "attend {} B={b} H={h} Hkv={hkv} L={l} S={s} E={e} causal={} threads={}: {:.3} ms, {:.1} GFLOP/s",
+            isa.name(),
+            args.causal,
+            args.threads,
+            median * 1e3,
+            gflops
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,504 @@
+//! The fused attention forward: tiled online softmax (FlashAttention-2 style) that
+//! never materialises the `L × S` score matrix.
+//!
+//! # Layout of the work
+//!
+//! The work is split into *units*: one batch entry, one query head, and a block of
+//! up to `W = 16·NQ` consecutive queries (`NQ ∈ {1, 2, 4}` vectors of 16 lanes).
+//! Units run in parallel on the caller's rayon pool; each unit is computed by one
+//! thread in a fixed order, so the result has the same bits whatever the thread
+//! count. A single head with a long sequence still has many units, so both cores
+//! stay busy when `B·H = 1`.
+//!
+//! Inside a unit everything is *transposed* so that the queries lie along the
+//! vector lanes:
+//!
+//! * `Qᵀ` is packed once, `[E][W]`;
+//! * for each tile of `BK` keys, `Sᵀ[j][·] = Σ_e K[j, e] · Qᵀ[e][·]`: broadcast one
+//!   key element, multiply a row of queries ([`qk_rows`], `MR` keys × `NQ` vectors
+//!   in registers), then `scale · dot + mask` rounded once. `K` is read in place
+//!   through its strides, never copied;
+//! * the online-softmax update works down the columns of `Sᵀ`, so the running
+//!   max and sum per query are plain lane-wise vector operations ([`softmax_tile`]);
+//! * `Oᵀ[c][·] = α·Oᵀ[c][·] + Σ_j V[j, c] · Pᵀ[j][·]` ([`pv_cols`]), again with `V`
+//!   broadcast from its own strides.
+//!
+//! Tiles that causality or the window hide from every query of the unit are never
+//! visited; tiles inside the band with no other mask skip all per-score masking.
+//! Fully masked rows end with a running max of −∞, and give 0 and a log-sum-exp
+//! of −∞.
+
+use ndarray::{Array3, Array4};
+use rayon::prelude::*;
+
+use super::simd::{portable::Portable, Isa, Simd, LANES};
+use crate::attention::{Problem, SoftmaxAxis};
+
+/// Keys per tile.
+const BK: usize = 64;
+
+/// Products summed in registers before joining a dot product's running total.
+const DOT_CHUNK: usize = 16;
+
+/// Whether the fused kernel handles this problem (the reference covers the rest:
+/// the softmax over queries, and empty value widths).
+pub fn supports(p: &Problem<'_>) -> bool {
+    p.softmax_axis == SoftmaxAxis::Keys && p.dims().value_dim > 0
+}
+
+/// Runs the fused forward on the current rayon pool with the given instruction set,
+/// returning the output `[B, Hq, L, Ev]` and the log-sum-exp `[B, Hq, L]`.
+///
+/// # Panics
+/// If `!supports(p)` or `isa` is not available on this CPU (both are checked by
+/// [`crate::attention::attention_with`]).
+pub fn run(p: &Problem<'_>, isa: Isa) -> (Array4<f32>, Array3<f32>) {
+    assert!(supports(p), "fused kernel does not support this problem");
+    assert!(isa.is_available(), "{isa:?} is not available on this CPU");
+    let d = p.dims();
+    let mut out = Array4::<f32>::zeros((d.batch, d.heads, d.q_len, d.value_dim));
+    let mut lse = Array3::<f32>::zeros((d.batch, d.heads, d.q_len));
+    if out.is_empty() {
+        return (out, lse);
+    }
+    let nq = if d.q_len > 2 * LANES {
+        4
+    } else if d.q_len > LANES {
+        2
+    } else {
+        1
+    };
+    let w = nq * LANES;
+    let plan = Plan {
+        group: d.heads / d.kv_heads,
+        scale: p.scale,
+        mr: mr_for(isa, nq),
+    };
+
+    let mut units = Vec::new();
+    let outs = out.as_slice_mut().expect("fresh array is contiguous");
+    let lses = lse.as_slice_mut().expect("fresh array is contiguous");
+    let head_chunks = outs
+        .chunks_mut(d.q_len * d.value_dim)
+        .zip(lses.chunks_mut(d.q_len));
+    for (bh, (o, l)) in head_chunks.enumerate() {
+        let blocks = o.chunks_mut(w * d.value_dim).zip(l.chunks_mut(w));
+        for (qb, (o, l)) in blocks.enumerate() {
+            units.push(Unit {
+                b: bh / d.heads,
+                h: bh % d.heads,
+                i0: qb * w,
+                out: o,
+                lse: l,
+            });
+        }
+    }
+    let entry = entry_point(isa, nq);
+    units.into_par_iter().for_each_init(
+        || Scratch::new(d.head_dim, d.value_dim, w),
+        // SAFETY: `entry` was chosen for an available ISA and this unit's `nq`.
+        |scratch, unit| unsafe { entry(p, &plan, unit, scratch) },
+    );
+    (out, lse)
+}
+
+/// Choices made once per call.
+struct Plan {
+    group: usize,
+    scale: f32,
+    /// Register block: keys per [`qk_rows`] call and value columns per [`pv_cols`].
+    mr: usize,
+}
+
+/// One block of queries of one head, and the part of the output it writes.
+struct Unit<'o> {
+    b: usize,
+    h: usize,
+    i0: usize,
+    /// `[rows, Ev]`.
+    out: &'o mut [f32],
+    /// `[rows]`.
+    lse: &'o mut [f32],
+}
+
+/// Per-thread buffers, reused across units.
+struct Scratch {
+    /// `Qᵀ`, `[E][W]`.
+    qt: Vec<f32>,
+    /// Scores, then probabilities, `[BK][W]`.
+    s: Vec<f32>,
+    /// Additive mask tile, `[BK][W]`.
+    mb: Vec<f32>,
+    /// `Oᵀ`, `[Ev][W]`.
+    ot: Vec<f32>,
+    /// Running max (log₂ units), running sum, and this tile's rescale factor, `[W]`.
+    m: Vec<f32>,
+    l: Vec<f32>,
+    alpha: Vec<f32>,
+}
+
+impl Scratch {
+    fn new(e: usize, ev: usize, w: usize) -> Self {
+        Scratch {
+            qt: vec![0.0; e * w],
+            s: vec![0.0; BK * w],
+            mb: vec![0.0; BK * w],
+            ot: vec![0.0; ev * w],
+            m: vec![0.0; w],
+            l: vec![0.0; w],
+            alpha: vec![0.0; w],
+        }
+    }
+}
+
+/// The register block for an ISA: as many accumulators as fit in about
+/// three quarters of its vector registers (counted in 16-lane vectors).
+fn mr_for(isa: Isa, nq: usize) -> usize {
+    let regs = match isa {
+        Isa::Avx512 => 32,
+        Isa::Avx2 => 8,
+        Isa::Portable => 4,
+    };
+    (regs * 3 / 4 / nq).clamp(1, 12)
+}
+
+type Entry = unsafe fn(&Problem<'_>, &Plan, Unit<'_>, &mut Scratch);
+
+fn entry_point(isa: Isa, nq: usize) -> Entry {
+    macro_rules! by_nq {
+        ($f:ident) => {
+            match nq {
+                1 => $f::<1> as Entry,
+                2 => $f::<2> as Entry,
+                _ => $f::<4> as Entry,
+            }
+        };
+    }
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => by_nq!(unit_avx512),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => by_nq!(unit_avx2),
+        _ => by_nq!(unit_portable),
+    }
+}
+
+/// # Safety
+/// None beyond [`unit`]'s.
+unsafe fn unit_portable<const NQ: usize>(
+    p: &Problem<'_>,
+    plan: &Plan,
+    u: Unit<'_>,
+    s: &mut Scratch,
+) {
+    unit::<Portable, NQ>(p, plan, u, s)
+}
+
+/// # Safety
+/// The CPU must support AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn unit_avx512<const NQ: usize>(p: &Problem<'_>, plan: &Plan, u: Unit<'_>, s: &mut Scratch) {
+    unit::<super::simd::avx512::Avx512, NQ>(p, plan, u, s)
+}
+
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn unit_avx2<const NQ: usize>(p: &Problem<'_>, plan: &Plan, u: Unit<'_>, s: &mut Scratch) {
+    unit::<super::simd::avx2::Avx2, NQ>(p, plan, u, s)
+}
+
+/// Calls `$f::<$S, $NQ, n>(args)` for a runtime `n` in `1..=12`.
+macro_rules! with_block {
+    ($n:expr, $f:ident::<$S:ty, $NQ:ident>($($arg:expr),* $(,)?)) => {
+        match $n {
+            1 => $f::<$S, $NQ, 1>($($arg),*),
+            2 => $f::<$S, $NQ, 2>($($arg),*),
+            3 => $f::<$S, $NQ, 3>($($arg),*),
+            4 => $f::<$S, $NQ, 4>($($arg),*),
+            5 => $f::<$S, $NQ, 5>($($arg),*),
+            6 => $f::<$S, $NQ, 6>($($arg),*),
+            7 => $f::<$S, $NQ, 7>($($arg),*),
+            8 => $f::<$S, $NQ, 8>($($arg),*),
+            9 => $f::<$S, $NQ, 9>($($arg),*),
+            10 => $f::<$S, $NQ, 10>($($arg),*),
+            11 => $f::<$S, $NQ, 11>($($arg),*),
+            12 => $f::<$S, $NQ, 12>($($arg),*),
+            _ => unreachable!("register block out of range"),
+        }
+    };
+}
+
+/// One unit: pack `Qᵀ`, sweep the key tiles, normalise and write out.
+///
+/// # Safety
+/// `S` must be usable on this CPU; `NQ` must equal `plan.nq`.
+#[inline(always)]
+unsafe fn unit<S: Simd, const NQ: usize>(
+    p: &Problem<'_>,
+    plan: &Plan,
+    u: Unit<'_>,
+    scr: &mut Scratch,
+) {
+    let d = p.dims();
+    let w = NQ * LANES;
+    let (e, ev) = (d.head_dim, d.value_dim);
+    let rows = u.lse.len();
+    let (b, h, i0) = (u.b, u.h, u.i0);
+    let kvh = h / plan.group;
+
+    // Qᵀ, scaled; lanes past the last query are zero.
+    let q = p.q.slice(ndarray::s![b, h, i0..i0 + rows, ..]);
+    for (ii, row) in q.outer_iter().enumerate() {
+        for (c, &x) in row.iter().enumerate() {
+            scr.qt[c * w + ii] = x;
+        }
+    }
+    for c in 0..e {
+        scr.qt[c * w + rows..(c + 1) * w].fill(0.0);
+    }
+    scr.ot.fill(0.0);
+    scr.m.fill(f32::NEG_INFINITY);
+    scr.l.fill(0.0);
+
+    let (k_ptr, krs, kcs) = head_ptr(&p.k, b, kvh);
+    let (v_ptr, vrs, vcs) = head_ptr(&p.v, b, kvh);
+    let (jlo, jhi) = p.block_key_range(i0, i0 + rows);
+    let elementwise = p.has_elementwise_masks();
+    let mr = plan.mr;
+    let mut t = jlo / BK;
+    while t * BK < jhi {
+        let j0 = (t * BK).max(jlo);
+        let j1 = ((t + 1) * BK).min(jhi);
+        t += 1;
+        let nk = j1 - j0;
+        let masked = elementwise || !p.tile_in_band(i0, i0 + rows, j0, j1);
+        let mb: *const f32 = if masked {
+            if !p.tile_bias((b, h), (i0, rows), (j0, nk), 1.0, &mut scr.mb, w) {
+                continue; // every score of the tile is masked
+            }
+            for jj in 0..nk {
+                scr.mb[jj * w + rows..(jj + 1) * w].fill(0.0);
+            }
+            scr.mb.as_ptr()
+        } else {
+            std::ptr::null()
+        };
+
+        // Sᵀ = K Qᵀ (+ mask), MR keys at a time.
+        let mut r0 = 0;
+        while r0 < nk {
+            let n = mr.min(nk - r0);
+            let kp = k_ptr.offset((j0 + r0) as isize * krs);
+            let sp = scr.s.as_mut_ptr().add(r0 * w);
+            let mbp = if mb.is_null() { mb } else { mb.add(r0 * w) };
+            with_block!(
+                n,
+                qk_rows::<S, NQ>(scr.qt.as_ptr(), e, kp, krs, kcs, plan.scale, sp, mbp)
+            );
+            r0 += n;
+        }
+
+        softmax_tile::<S, NQ>(
+            scr.s.as_mut_ptr(),
+            nk,
+            scr.m.as_mut_ptr(),
+            scr.l.as_mut_ptr(),
+            scr.alpha.as_mut_ptr(),
+        );
+
+        // Oᵀ = α Oᵀ + Vᵀ Pᵀ, MR value columns at a time.
+        let mut c0 = 0;
+        while c0 < ev {
+            let n = mr.min(ev - c0);
+            let vp = v_ptr.offset(j0 as isize * vrs + c0 as isize * vcs);
+            let op = scr.ot.as_mut_ptr().add(c0 * w);
+            with_block!(
+                n,
+                pv_cols::<S, NQ>(scr.s.as_ptr(), nk, vp, vrs, vcs, op, scr.alpha.as_ptr())
+            );
+            c0 += n;
+        }
+    }
+
+    // Normalise and write out `[rows, Ev]`.
+    for ii in 0..rows {
+        let (m, l) = (scr.m[ii], scr.l[ii]);
+        let orow = &mut u.out[ii * ev..(ii + 1) * ev];
+        if m == f32::NEG_INFINITY {
+            orow.fill(0.0);
+            u.lse[ii] = f32::NEG_INFINITY;
+        } else {
+            for (c, o) in orow.iter_mut().enumerate() {
+                *o = scr.ot[c * w + ii] / l;
+            }
+            u.lse[ii] = (m as f64 + (l as f64).ln()) as f32;
+        }
+    }
+}
+
+/// Base pointer of head `(b, h)` of a `[B, H, T, D]` view, and its row and column
+/// strides in elements.
+fn head_ptr(a: &ndarray::ArrayView4<'_, f32>, b: usize, h: usize) -> (*const f32, isize, isize) {
+    let st = a.strides();
+    // SAFETY (of later reads): indices are within the view's shape.
+    let base = a
+        .as_ptr()
+        .wrapping_offset(b as isize * st[0] + h as isize * st[1]);
+    (base, st[2], st[3])
+}
+
+/// `s[r][·] = Σ_c k[r, c] · qt[c][·] (+ mb[r][·])` for `MR` keys, rows of `16·NQ`.
+///
+/// # Safety
+/// `k` must be valid for `MR` rows × `e` columns with the given strides; `qt`, `s`
+/// and (when not null) `mb` for `e`, `MR` and `MR` rows of `16·NQ` floats.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn qk_rows<S: Simd, const NQ: usize, const MR: usize>(
+    qt: *const f32,
+    e: usize,
+    k: *const f32,
+    krs: isize,
+    kcs: isize,
+    scale: f32,
+    s: *mut f32,
+    mb: *const f32,
+) {
+    let w = NQ * LANES;
+    let zero = S::splat(0.0);
+    let mut kc = k;
+    // Blocked summation: each chunk of `DOT_CHUNK` products is summed in registers,
+    // then added to the running total in `s`. This keeps the rounding error of long
+    // dot products (E = 128, 256) well below the naive sequential sum's.
+    let mut c0 = 0;
+    while c0 < e.max(1) {
+        let c1 = (c0 + DOT_CHUNK).min(e);
+        let mut acc = [[zero; NQ]; MR];
+        for c in c0..c1 {
+            let mut qv = [zero; NQ];
+            for (v, q) in qv.iter_mut().enumerate() {
+                *q = S::load(qt.add(c * w + v * LANES));
+            }
+            for (r, row) in acc.iter_mut().enumerate() {
+                let kb = S::splat_load(kc.offset(r as isize * krs));
+                for v in 0..NQ {
+                    row[v] = S::fma(qv[v], kb, row[v]);
+                }
+            }
+            kc = kc.offset(kcs);
+        }
+        let (first, last) = (c0 == 0, c1 >= e);
+        for (r, row) in acc.iter().enumerate() {
+            for (v, &x) in row.iter().enumerate() {
+                let off = r * w + v * LANES;
+                let mut x = x;
+                if !first {
+                    x = S::add(S::load(s.add(off)), x);
+                }
+                if last {
+                    // scale · (q·k) + mask, rounded once, like the reference.
+                    let add = if mb.is_null() {
+                        zero
+                    } else {
+                        S::load(mb.add(off))
+                    };
+                    x = S::fma(x, S::splat(scale), add);
+                }
+                S::store(s.add(off), x);
+            }
+        }
+        c0 = c1.max(c0 + 1);
+    }
+}
+
+/// Online-softmax update for one tile of `nk` keys: updates the running max `m`
+/// and sum `l`, turns scores `s` into `exp(s − m) = 2^((s − m)·log₂e)` (the
+/// difference is exact for the scores that matter, so huge scores lose nothing),
+/// and leaves in `alpha` the factor `exp(m_old − m)` that rescales the previous
+/// output.
+///
+/// # Safety
+/// `s` valid for `nk` rows of `16·NQ` floats; `m`, `l`, `alpha` for `16·NQ`.
+#[inline(always)]
+unsafe fn softmax_tile<S: Simd, const NQ: usize>(
+    s: *mut f32,
+    nk: usize,
+    m: *mut f32,
+    l: *mut f32,
+    alpha: *mut f32,
+) {
+    let w = NQ * LANES;
+    let log2e = S::splat(std::f32::consts::LOG2_E);
+    for v in 0..NQ {
+        let o = v * LANES;
+        let m_old = S::load(m.add(o));
+        let mut mx = m_old;
+        for j in 0..nk {
+            mx = S::max(mx, S::load(s.add(j * w + o)));
+        }
+        S::store(m.add(o), mx);
+        // While every score so far is masked the max is −∞; subtract the lowest
+        // finite float instead, so that masked scores give 0 rather than NaN
+        // (max keeps a NaN in its second operand).
+        let m_use = S::max(S::splat(f32::MIN), mx);
+        let a = S::exp2(S::mul(S::sub(m_old, m_use), log2e));
+        let mut sum = S::splat(0.0);
+        for j in 0..nk {
+            let ptr = s.add(j * w + o);
+            let pj = S::exp2(S::mul(S::sub(S::load(ptr), m_use), log2e));
+            S::store(ptr, pj);
+            sum = S::add(sum, pj);
+        }
+        S::store(l.add(o), S::fma(S::load(l.add(o)), a, sum));
+        S::store(alpha.add(o), a);
+    }
+}
+
+/// `ot[c][·] = alpha · ot[c][·] + Σ_j v[j, c] · p[j][·]` for `MC` value columns.
+///
+/// # Safety
+/// `v` valid for `nk` rows × `MC` columns with the given strides; `p` for `nk` rows
+/// and `ot` for `MC` rows of `16·NQ` floats; `alpha` for `16·NQ`.
+#[inline(always)]
+unsafe fn pv_cols<S: Simd, const NQ: usize, const MC: usize>(
+    p: *const f32,
+    nk: usize,
+    v: *const f32,
+    vrs: isize,
+    vcs: isize,
+    ot: *mut f32,
+    alpha: *const f32,
+) {
+    let w = NQ * LANES;
+    let zero = S::splat(0.0);
+    let mut a = [zero; NQ];
+    for (x, al) in a.iter_mut().enumerate() {
+        *al = S::load(alpha.add(x * LANES));
+    }
+    // The tile's sum starts from zero and joins `alpha · ot` at the end (blocked
+    // summation over keys, as for the dot products).
+    let mut acc = [[zero; NQ]; MC];
+    let mut vj = v;
+    for j in 0..nk {
+        let mut pv = [zero; NQ];
+        for (x, pp) in pv.iter_mut().enumerate() {
+            *pp = S::load(p.add(j * w + x * LANES));
+        }
+        for (c, row) in acc.iter_mut().enumerate() {
+            let vb = S::splat_load(vj.offset(c as isize * vcs));
+            for x in 0..NQ {
+                row[x] = S::fma(pv[x], vb, row[x]);
+            }
+        }
+        vj = vj.offset(vrs);
+    }
+    for (c, row) in acc.iter().enumerate() {
+        for (x, &val) in row.iter().enumerate() {
+            let o = ot.add(c * w + x * LANES);
+            S::store(o, S::fma(S::load(o), a[x], val));
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! Property tests: the fused kernel against the f64 reference, with DESIGN.md's
+//! error rule, over random shapes, masks, alignments, grouped-query and layouts,
+//! on every instruction set this CPU has (the portable fallback included).
+
+mod fused_support;
+
+use attend::attention::{attention_with, AttentionOptions, Causal, Config, Kernel};
+use attend::kernels::Isa;
+use fused_support::{check, Rng};
+use ndarray::{s, Array4, ArrayD, ArrayView4, IxDyn};
+use proptest::prelude::*;
+
+#[derive(Clone, Debug)]
+struct Case {
+    batch: usize,
+    kv_heads: usize,
+    group: usize,
+    l: usize,
+    s: usize,
+    e: usize,
+    ev: usize,
+    /// 0 none, 1 boolean, 2 additive, 3 key padding, 4 all three.
+    masks: u8,
+    causal: Option<Causal>,
+    window: Option<(usize, usize)>,
+    /// 0 `[B, H, T, D]`, 1 `[B, T, H, D]` permuted, 2 every other column, 3 reversed time.
+    layout: u8,
+    scale: Option<f32>,
+    seed: u64,
+}
+
+fn width() -> impl Strategy<Value = usize> {
+    prop_oneof![
+        1usize..=20,
+        Just(32),
+        Just(64),
+        Just(65),
+        Just(100),
+        Just(128),
+        Just(256)
+    ]
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (
+        (1usize..=2, 1usize..=2, 1usize..=3),
+        (
+            prop_oneof![1usize..=8, 1usize..=80],
+            prop_oneof![1usize..=8, 1usize..=150],
+        ),
+        (width(), width()),
+        (
+            0u8..5,
+            0u8..3,
+            prop::option::of((0usize..40, 0usize..40)),
+            0u8..4,
+        ),
+        (prop::option::of(0.01f32..2.0), any::<u64>()),
+    )
+        .prop_map(
+            |(
+                (batch, kv_heads, group),
+                (l, s),
+                (e, ev),
+                (masks, causal, window, layout),
+                (scale, seed),
+            )| Case {
+                batch,
+                kv_heads,
+                group,
+                l,
+                s,
+                e,
+                ev,
+                masks,
+                causal: [None, Some(Causal::TopLeft), Some(Causal::BottomRight)][causal as usize],
+                window,
+                layout,
+                scale,
+                seed,
+            },
+        )
+}
+
+/// An array of `shape` `[B, H, T, D]` laid out as `layout` says, and its view.
+fn laid_out(rng: &mut Rng, shape: [usize; 4], layout: u8) -> Array4<f32> {
+    let [b, h, t, d] = shape;
+    match layout {
+        1 => rng.array((b, t, h, d)).permuted_axes([0, 2, 1, 3]),
+        2 => {
+            let wide: Array4<f32> = rng.array((b, h, t, 2 * d));
+            // Owned but with a column stride of 2.
+            let mut a = wide.clone();
+            a.slice_collapse(s![.., .., .., ..;2]);
+            a
+        }
+        3 => {
+            let mut a: Array4<f32> = rng.array((b, h, t, d));
+            a.invert_axis(ndarray::Axis(2));
+            a
+        }
+        _ => rng.array((b, h, t, d)),
+    }
+}
+
+fn run_case(c: &Case) {
+    let mut rng = Rng::new(c.seed);
+    let hq = c.kv_heads * c.group;
+    let q = laid_out(&mut rng, [c.batch, hq, c.l, c.e], c.layout);
+    let k = laid_out(&mut rng, [c.batch, c.kv_heads, c.s, c.e], c.layout);
+    let v = laid_out(&mut rng, [c.batch, c.kv_heads, c.s, c.ev], c.layout);
+    if c.layout == 2 {
+        assert_ne!(q.strides()[3], 1);
+    }
+    // Masks with assorted broadcast shapes.
+    let mshape: Vec<usize> = match rng.below(3) {
+        0 => vec![c.l, c.s],
+        1 => vec![c.batch, 1, c.l, c.s],
+        _ => vec![1, hq, 1, c.s],
+    };
+    let n: usize = mshape.iter().product();
+    // Dense enough that some rows end up fully masked.
+    let keep_p = [2, 5, 9][rng.below(3)];
+    let mask = ArrayD::from_shape_vec(
+        IxDyn(&mshape),
+        (0..n).map(|_| rng.below(10) < keep_p).collect(),
+    )
+    .unwrap();
+    let bias = ArrayD::from_shape_vec(
+        IxDyn(&[c.batch, hq, c.l, c.s]),
+        (0..c.batch * hq * c.l * c.s)
+            .map(|_| {
+                if rng.below(8) == 0 {
+                    f32::NEG_INFINITY
+                } else {
+                    rng.normal()
+                }
+            })
+            .collect(),
+    )
+    .unwrap();
+    let padding = ndarray::Array2::from_shape_fn((c.batch, c.s), |_| rng.below(4) == 0);
+    let mut opts = AttentionOptions {
+        scale: c.scale,
+        causal: c.causal,
+        window: c.window,
+        ..Default::default()
+    };
+    if c.masks == 1 || c.masks == 4 {
+        opts.mask = Some(mask.view());
+    }
+    if c.masks == 2 || c.masks == 4 {
+        opts.bias = Some(bias.view());
+    }
+    if c.masks == 3 || c.masks == 4 {
+        opts.key_padding = Some(padding.view());
+    }
+    let views: [ArrayView4<f32>; 3] = [q.view(), k.view(), v.view()];
+    for isa in Isa::available() {
+        let config = Config {
+            kernel: Kernel::Fused,
+            isa: Some(isa),
+            threads: Some(1 + (c.seed % 2) as usize),
+        };
+        let got = attention_with(views[0], views[1], views[2], &opts, &config).unwrap();
+        check(
+            views[0],
+            views[1],
+            views[2],
+            &opts,
+            &got,
+            &format!("{isa:?} {c:?}"),
+        );
+    }
+}
+
+proptest! {
+    // 64 cases by default (a few seconds at the test profile's opt-level);
+    // PROPTEST_CASES=2000 for a longer soak.
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(64),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn fused_matches_reference(c in case()) {
+        run_case(&c);
+    }
+}
