@@ -281,3 +281,25 @@ fn bad_config_and_softmax_over_queries_are_errors() {
     .unwrap_err();
     assert!(err.to_string().contains("multiple"), "{err}");
 }
+
+#[test]
+fn nan_inputs_give_nan_outputs_not_silence() {
+    let c = &CASES[2];
+    let (q, mut k, v) = inputs(c, 11);
+    k[[0, 0, 123, 5]] = f32::NAN;
+    each_isa(|cfg, isa| {
+        let (out, lse) =
+            decode_attention(q.view(), k.view(), v.view(), &Default::default(), &cfg).unwrap();
+        // Query heads 0..4 share K/V head 0.
+        for h in 0..4 {
+            assert!(out[[0, h, 0, 0]].is_nan(), "{isa}: head {h} output");
+            assert!(lse[[0, h, 0]].is_nan(), "{isa}: head {h} lse");
+        }
+        assert!(
+            out.slice(ndarray::s![0, 4.., .., ..])
+                .iter()
+                .all(|x| x.is_finite()),
+            "{isa}"
+        );
+    });
+}
