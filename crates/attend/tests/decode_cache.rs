@@ -5,7 +5,7 @@
 mod decode_support;
 
 use attend::attention::{AttentionOptions, Causal, Problem};
-use attend::decode::DecodeConfig;
+use attend::decode::{DecodeConfig, Isa};
 use attend::kv_cache::{KvCache, LayerCache};
 use attend::nn::{merge_heads, Linear, MultiHeadAttention};
 use decode_support::{check, naive_f32, Rng};
@@ -19,6 +19,7 @@ fn decode_all(
     k: &Array4<f32>,
     v: &Array4<f32>,
     steps: &[usize],
+    config: &DecodeConfig,
 ) -> (Array4<f32>, Array3<f32>) {
     let (b, h, t, _) = q.dim();
     let mut out = Array4::zeros((b, h, t, v.dim().3));
@@ -34,11 +35,7 @@ fn decode_all(
             )
             .unwrap();
         let (o, l) = cache
-            .attend(
-                q.slice(s![.., .., r.clone(), ..]),
-                None,
-                &DecodeConfig::default(),
-            )
+            .attend(q.slice(s![.., .., r.clone(), ..]), None, config)
             .unwrap();
         out.slice_mut(s![.., .., r.clone(), ..]).assign(&o);
         lse.slice_mut(s![.., .., r]).assign(&l);
@@ -55,20 +52,25 @@ fn steps_of_one_token_equal_full_causal_attention() {
     let q = rng.array((b, h, t, e));
     let k = rng.array((b, hkv, t, e));
     let v = rng.array((b, hkv, t, ev));
-    let mut cache = LayerCache::new(b, hkv, e, ev);
-    let got = decode_all(&mut cache, &q, &k, &v, &[1]);
     let opts = AttentionOptions {
         causal: Some(Causal::BottomRight),
         ..Default::default()
     };
-    check(q.view(), k.view(), v.view(), &opts, &got, "256 steps of 1");
-    assert_eq!(cache.len(), t);
-    // Capacity doubles: never more than twice what is needed.
-    assert!(
-        cache.capacity() >= t && cache.capacity() <= 2 * t,
-        "{}",
-        cache.capacity()
-    );
+    // On every instruction set, so the portable fallback is held to the same rule.
+    for isa in Isa::available() {
+        let config = DecodeConfig {
+            isa: Some(isa),
+            threads: None,
+        };
+        let mut cache = LayerCache::new(b, hkv, e, ev);
+        let got = decode_all(&mut cache, &q, &k, &v, &[1], &config);
+        let what = format!("256 steps of 1 on {}", isa.name());
+        check(q.view(), k.view(), v.view(), &opts, &got, &what);
+        assert_eq!(cache.len(), t);
+        // Capacity doubles: never more than twice what is needed.
+        let cap = cache.capacity();
+        assert!(cap >= t && cap <= 2 * t, "{cap}");
+    }
 }
 
 #[test]
@@ -79,7 +81,8 @@ fn chunks_of_several_tokens_equal_full_causal_attention() {
     let k = rng.array((b, hkv, t, e));
     let v = rng.array((b, hkv, t, ev));
     let mut cache = LayerCache::new(b, hkv, e, ev);
-    let got = decode_all(&mut cache, &q, &k, &v, &[7, 1, 16, 3, 1, 1, 12]);
+    let steps = [7, 1, 16, 3, 1, 1, 12];
+    let got = decode_all(&mut cache, &q, &k, &v, &steps, &DecodeConfig::default());
     let opts = AttentionOptions {
         causal: Some(Causal::BottomRight),
         ..Default::default()
@@ -101,7 +104,11 @@ fn sliding_window_ring_equals_windowed_full_attention() {
         (64, vec![5]),
     ] {
         let mut cache = LayerCache::with_window(b, hkv, e, ev, window).unwrap();
-        let got = decode_all(&mut cache, &q, &k, &v, &steps);
+        let config = DecodeConfig {
+            isa: Some(Isa::Portable),
+            threads: Some(2),
+        };
+        let got = decode_all(&mut cache, &q, &k, &v, &steps, &config);
         let opts = AttentionOptions {
             causal: Some(Causal::BottomRight),
             window: Some((window - 1, 0)),
