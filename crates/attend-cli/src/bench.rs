@@ -40,6 +40,11 @@ pub struct Args {
     /// Instruction set: avx512, avx2 or portable (default: the best available).
     #[arg(long)]
     isa: Option<String>,
+    /// Decoding: one query token against --kv-len cached keys (default 4096), like
+    /// `torch_sdpa.py --decode`; reports `gbps` (K and V bytes read once per call)
+    /// and the machine's read bandwidth measured in the same run.
+    #[arg(long, conflicts_with_all = ["backward", "causal", "reference"])]
+    decode: bool,
     /// Time forward + backward (dQ, dK, dV from a random dO), like
     /// `torch_sdpa.py --backward`.
     #[arg(long)]
@@ -107,6 +112,34 @@ pub fn run(args: Args) -> Result<(), Error> {
         Some(s) => parse_isa(s)?,
         None => Isa::detect(),
     };
+    if args.decode {
+        let record = crate::bench_decode::run(&crate::bench_decode::DecodeArgs {
+            batch: args.batch,
+            heads: args.heads,
+            kv_heads: args.kv_heads,
+            kv_len: args.kv_len.unwrap_or(4096),
+            head_dim: args.head_dim,
+            q_len: 1,
+            threads: args.threads,
+            isa,
+            min_time: args.min_time,
+        })?;
+        if args.format == "json" {
+            println!("{record}");
+        } else {
+            println!(
+                "attend decode {} B={} H={} Hkv={} S={} E={} threads={}: {:.3} ms, {:.2} GB/s ({:.0}% of the {:.2} GB/s read bandwidth)",
+                record["isa"].as_str().unwrap_or("?"),
+                record["batch"], record["heads"], record["kv_heads"], record["kv_len"],
+                record["head_dim"], record["threads"],
+                record["ms"].as_f64().unwrap_or(0.0),
+                record["gbps"].as_f64().unwrap_or(0.0),
+                100.0 * record["fraction_of_read"].as_f64().unwrap_or(0.0),
+                record["read_gbps"].as_f64().unwrap_or(0.0),
+            );
+        }
+        return Ok(());
+    }
     let (b, h, e) = (args.batch, args.heads, args.head_dim);
     let hkv = args.kv_heads.unwrap_or(h);
     let (l, s) = (args.seq, args.kv_len.unwrap_or(args.seq));

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 
 mod attention_cmd;
 mod bench;
+mod bench_decode;
 mod embed;
 mod experiment_args;
 mod explain;

@@ -5,12 +5,14 @@
 #![warn(missing_docs)]
 
 pub mod attention;
+pub mod decode;
 pub mod error;
 pub mod experiment;
 pub mod grad;
 pub mod init;
 pub mod io;
 pub mod kernels;
+pub mod kv_cache;
 pub mod models;
 pub mod nn;
 pub mod optim;

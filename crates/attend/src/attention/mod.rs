@@ -24,7 +24,7 @@ pub use problem::Problem;
 
 use ndarray::{Array3, Array4, ArrayView2, ArrayView4, ArrayViewD};
 
-use crate::kernels::{fused, reference, Isa};
+use crate::kernels::{decode, fused, reference, Isa};
 use crate::{Error, Result};
 
 /// How a causal mask lines up queries with keys when `L ≠ S`.
@@ -98,14 +98,22 @@ pub fn attention_with_lse(
 /// Which kernel computes an attention call.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Kernel {
-    /// The fused kernel when it supports the problem, else the reference.
+    /// The decode kernel for at most [`DECODE_MAX_QUERIES`] queries, else the fused
+    /// kernel when it supports the problem, else the reference.
     #[default]
     Auto,
     /// The f64 reference (materialises the scores; slow, exact-ish).
     Reference,
     /// The fused kernel; an error if it does not support the problem.
     Fused,
+    /// The split-KV decode kernel ([`crate::kernels::decode`]), made for 1 to
+    /// [`DECODE_MAX_QUERIES`] queries against many keys; an error if it does not
+    /// support the problem.
+    Decode,
 }
+
+/// [`Kernel::Auto`] runs the decode kernel for at most this many queries.
+pub const DECODE_MAX_QUERIES: usize = 16;
 
 /// How to run an attention call: kernel, instruction set and threads.
 ///
@@ -137,20 +145,32 @@ pub fn attention_with(
             isa.name()
         )));
     }
-    let fused = match config.kernel {
-        Kernel::Reference => false,
-        Kernel::Auto => fused::supports(&problem),
-        Kernel::Fused if fused::supports(&problem) => true,
+    let short = problem.dims().q_len <= DECODE_MAX_QUERIES;
+    let which = match config.kernel {
+        Kernel::Reference => Kernel::Reference,
+        Kernel::Auto if short && decode::supports(&problem) => Kernel::Decode,
+        Kernel::Auto if fused::supports(&problem) => Kernel::Fused,
+        Kernel::Auto => Kernel::Reference,
+        Kernel::Fused if fused::supports(&problem) => Kernel::Fused,
         Kernel::Fused => {
             return Err(Error::value(
                 "kernel: the fused kernel supports only softmax over keys and value width > 0",
             ))
         }
+        Kernel::Decode if decode::supports(&problem) => Kernel::Decode,
+        Kernel::Decode => {
+            return Err(Error::value(
+                "kernel: the decode kernel supports only softmax over keys",
+            ))
+        }
     };
-    let run = || {
-        if fused {
-            fused::run(&problem, isa)
-        } else {
+    let run = || match which {
+        Kernel::Fused => fused::run(&problem, isa),
+        Kernel::Decode => {
+            let kv_len = problem.dims().kv_len;
+            decode::run(&problem, decode::KeySpan::whole(kv_len), isa)
+        }
+        _ => {
             let trace = reference::run(&problem);
             (trace.output, trace.lse)
         }

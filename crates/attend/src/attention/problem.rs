@@ -152,7 +152,22 @@ impl<'a> Problem<'a> {
     /// The range of keys `[lo, hi)` that causality and the window leave visible to
     /// query `i`; the other masks are applied per score on top of it.
     pub fn key_range(&self, i: usize) -> (usize, usize) {
+        let kv_len = self.dims().kv_len;
+        self.key_range_in(i, 0, kv_len)
+    }
+
+    /// [`key_range`](Self::key_range) for a shard: this problem's keys are keys
+    /// `start..start + S` of a sequence of `total` keys, and causality and the window
+    /// are aligned on that whole sequence. The range is in the shard's own indices.
+    pub fn key_range_in(&self, i: usize, start: usize, total: usize) -> (usize, usize) {
         let Dims { q_len, kv_len, .. } = self.dims();
+        let (lo, hi) = self.global_key_range(i, q_len, total);
+        let lo = lo.clamp(start, start + kv_len) - start;
+        let hi = hi.clamp(start, start + kv_len) - start;
+        (lo, hi.max(lo))
+    }
+
+    fn global_key_range(&self, i: usize, q_len: usize, kv_len: usize) -> (usize, usize) {
         if self.causal.is_none() && self.window.is_none() {
             return (0, kv_len);
         }

@@ -7,6 +7,7 @@
 
 mod activation;
 mod attention;
+mod attention_decode;
 mod embedding;
 pub mod initialisers;
 mod layer_norm;

@@ -1,0 +1,182 @@
+//! `attend bench --decode`: one query token against a long key/value cache, timed
+//! with the machine's read bandwidth measured in the same run.
+//!
+//! `gbps` counts the K and V bytes read once per call, as
+//! `shared/bench/torch_sdpa.py --decode` does; `read_gbps` is a streaming sum over
+//! a buffer much larger than the CPU caches, on the same threads, so
+//! `gbps / read_gbps` says how close decoding comes to the memory's limit.
+
+use std::time::Instant;
+
+use attend::decode::{decode_attention, DecodeConfig};
+use attend::kernels::Isa;
+use attend::Error;
+use ndarray::Array4;
+
+/// The shape and settings of a decode benchmark (`attend bench --decode`).
+#[derive(Debug, Clone)]
+pub struct DecodeArgs {
+    /// Batch size.
+    pub batch: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads (default: `heads`).
+    pub kv_heads: Option<usize>,
+    /// Cached keys.
+    pub kv_len: usize,
+    /// Query/key/value width per head.
+    pub head_dim: usize,
+    /// Query tokens per step.
+    pub q_len: usize,
+    /// Worker threads.
+    pub threads: usize,
+    /// Instruction set.
+    pub isa: Isa,
+    /// Minimum timed seconds in all (split over 10 alternating rounds).
+    pub min_time: f64,
+}
+
+/// Median seconds of `f` over at least 3 runs and `min_time` seconds.
+fn median_seconds(min_time: f64, mut f: impl FnMut()) -> f64 {
+    let mut times = Vec::new();
+    let end = Instant::now() + std::time::Duration::from_secs_f64(min_time);
+    while times.len() < 3 || Instant::now() < end {
+        let t = Instant::now();
+        f();
+        times.push(t.elapsed().as_secs_f64());
+    }
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+/// Runs the decode benchmark and returns its JSON record.
+pub fn run(a: &DecodeArgs) -> Result<serde_json::Value, Error> {
+    let hkv = a.kv_heads.unwrap_or(a.heads);
+    if a.threads == 0 {
+        return Err(Error::value("--threads must be at least 1, got 0"));
+    }
+    if a.heads == 0 || hkv == 0 || !a.heads.is_multiple_of(hkv) {
+        return Err(Error::value(format!(
+            "--heads ({}) must be a positive multiple of --kv-heads ({hkv})",
+            a.heads
+        )));
+    }
+    let isa = a.isa;
+    let (b, h, l, s, d) = (a.batch, a.heads, a.q_len, a.kv_len, a.head_dim);
+    let mut seed = 0x2545_F491_4F6C_DD1Du64;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    };
+    let q = Array4::from_shape_fn((b, h, l, d), |_| rnd());
+    let k = Array4::from_shape_fn((b, hkv, s, d), |_| rnd());
+    let v = Array4::from_shape_fn((b, hkv, s, d), |_| rnd());
+    let kv_bytes = 2.0 * (b * hkv * s * d) as f64 * 4.0;
+
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(a.threads)
+        .build()
+        .map_err(|e| {
+            Error::value(format!(
+                "--threads: cannot start {} threads: {e}",
+                a.threads
+            ))
+        })?;
+    let cfg = DecodeConfig {
+        isa: Some(isa),
+        threads: None,
+    };
+    let opts = Default::default();
+    // Bandwidth buffer: well beyond the last-level cache, and at least the cache size.
+    let bw_len = (256usize << 20).max(kv_bytes as usize) / 4;
+    let buf: Vec<f32> = (0..bw_len).map(|i| (i % 7) as f32).collect();
+    let (mut t_decode, mut t_read, mut fraction) = (Vec::new(), Vec::new(), Vec::new());
+    pool.install(|| -> Result<(), Error> {
+        decode_attention(q.view(), k.view(), v.view(), &opts, &cfg)?;
+        // Alternate short measurements of both, so that both see the same machine
+        // load; the fraction of the read bandwidth is taken round by round.
+        let rounds = 10;
+        let per = a.min_time / rounds as f64 / 2.0;
+        for _ in 0..rounds {
+            let td = median_seconds(per, || {
+                let _ = std::hint::black_box(decode_attention(
+                    q.view(),
+                    k.view(),
+                    v.view(),
+                    &opts,
+                    &cfg,
+                ));
+            });
+            let tr = median_seconds(per, || {
+                std::hint::black_box(parallel_sum(&buf));
+            });
+            t_decode.push(td);
+            t_read.push(tr);
+            fraction.push(tr / (bw_len * 4) as f64 * kv_bytes / td);
+        }
+        Ok(())
+    })?;
+    let med = |t: &mut Vec<f64>| {
+        t.sort_by(f64::total_cmp);
+        t[t.len() / 2]
+    };
+    let (sec, read_sec) = (med(&mut t_decode), med(&mut t_read));
+    let gbps = kv_bytes / sec / 1e9;
+    let read_gbps = (bw_len * 4) as f64 / read_sec / 1e9;
+    Ok(serde_json::json!({
+        "what": "decode",
+        "isa": isa.name(),
+        "threads": a.threads,
+        "dtype": "f32",
+        "batch": b,
+        "heads": h,
+        "kv_heads": hkv,
+        "q_len": l,
+        "kv_len": s,
+        "head_dim": d,
+        "ms": sec * 1e3,
+        "gbps": gbps,
+        "read_gbps": read_gbps,
+        "fraction_of_read": med(&mut fraction),
+    }))
+}
+
+/// Sum of `x`, split over the current rayon pool: a pure streaming read.
+fn parallel_sum(x: &[f32]) -> f32 {
+    use rayon::prelude::*;
+    x.par_chunks(1 << 18).map(sum_chunk).sum()
+}
+
+fn sum_chunk(x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has avx512f.
+        return unsafe { sum_avx512(x) };
+    }
+    let mut acc = [0.0f32; 16];
+    let mut it = x.chunks_exact(16);
+    for c in &mut it {
+        for (a, y) in acc.iter_mut().zip(c) {
+            *a += y;
+        }
+    }
+    acc.iter().sum::<f32>() + it.remainder().iter().sum::<f32>()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn sum_avx512(x: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm512_setzero_ps(); 4];
+    let mut it = x.chunks_exact(64);
+    for c in &mut it {
+        let p = c.as_ptr();
+        for (i, a) in acc.iter_mut().enumerate() {
+            *a = _mm512_add_ps(*a, _mm512_loadu_ps(p.add(16 * i)));
+        }
+    }
+    let s = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+    _mm512_reduce_add_ps(s) + it.remainder().iter().sum::<f32>()
+}

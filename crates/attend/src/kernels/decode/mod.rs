@@ -1,0 +1,529 @@
+//! Split-KV attention for short queries: the decoding kernel.
+//!
+//! One new query (or a handful, up to about 16) against a long key/value cache is
+//! bound by memory bandwidth, not arithmetic. The keys are cut into fixed chunks;
+//! every `(batch, kv head, chunk)` is an independent task that streams its K and V
+//! rows once, for the whole group of query heads sharing that K/V head
+//! (grouped-query attention), and leaves an unnormalised partial result: the running
+//! maximum, the sum of weights and the weighted sum of values. The partials are then
+//! merged by log-sum-exp, chunk by chunk in key order, so the result has the same
+//! bits whatever the number of threads.
+//!
+//! Scores are computed in base 2: queries are pre-multiplied by `scale · log2 e`,
+//! so the softmax needs only `2^x`.
+
+mod simd;
+
+pub use crate::kernels::Isa;
+
+use ndarray::{Array3, Array4, ArrayView4};
+use rayon::prelude::*;
+
+use crate::attention::{Problem, SoftmaxAxis};
+use crate::kernels::simd::portable::Portable;
+use crate::kernels::simd::LANES;
+use simd::DecodeSimd;
+
+/// Where a problem's keys sit in the whole sequence.
+///
+/// A problem's keys may be one shard, keys `start..start + S` of a sequence of
+/// `total` keys; causal masks and windows are aligned on the whole sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeySpan {
+    /// Index of the problem's first key in the whole sequence.
+    pub start: usize,
+    /// Length of the whole sequence.
+    pub total: usize,
+}
+
+impl KeySpan {
+    /// The problem's keys are the whole sequence.
+    pub fn whole(kv_len: usize) -> Self {
+        KeySpan {
+            start: 0,
+            total: kv_len,
+        }
+    }
+}
+
+/// Bytes of K and V per chunk: long sequential reads keep the memory busy (512 KiB
+/// chunks measured about 0.80 of the read bandwidth, 2 MiB about 0.88). Software
+/// prefetching 2 to 12 blocks ahead measured worse (0.65 to 0.75), so there is none.
+const CHUNK_BYTES: usize = 2 << 20;
+
+/// Chunks are halved (down to [`MIN_CHUNK`] keys) until there are at least this
+/// many tasks, so that every core gets work. Chunking depends on the shapes only,
+/// never on the thread count, so the merge order (and the result) is fixed.
+const MIN_TASKS: usize = 32;
+
+/// Smallest chunk, in keys.
+const MIN_CHUNK: usize = 256;
+
+/// Keys per block inside a chunk: one vector of scores per query row.
+const BLOCK: usize = LANES;
+
+thread_local! {
+    /// Per-thread score buffer of the chunk being processed.
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Whether this kernel handles the problem (softmax over keys; anything else goes
+/// to the reference).
+pub fn supports(p: &Problem<'_>) -> bool {
+    p.softmax_axis == SoftmaxAxis::Keys
+}
+
+/// Keys per chunk for `heads` independent `(batch, kv head)` pairs of `keys` keys
+/// of widths `e` and `ev`.
+fn chunk_len(e: usize, ev: usize, keys: usize, heads: usize) -> usize {
+    let per_key = (e + ev).max(1) * 4;
+    let mut ch = (CHUNK_BYTES / per_key / BLOCK).max(1) * BLOCK;
+    while ch > MIN_CHUNK && heads * keys.div_ceil(ch) < MIN_TASKS {
+        ch = (ch / 2).div_ceil(BLOCK) * BLOCK;
+    }
+    ch
+}
+
+/// Runs the split-KV kernel: output `[B, Hq, L, Ev]` and natural log-sum-exp
+/// `[B, Hq, L]` (−∞ and zeros for fully masked rows).
+///
+/// Runs on the current rayon pool; `isa` must be available (see
+/// [`Isa::is_available`]). Panics if the problem's softmax is over queries.
+pub fn run(p: &Problem<'_>, span: KeySpan, isa: Isa) -> (Array4<f32>, Array3<f32>) {
+    assert!(supports(p), "the decode kernel needs softmax over keys");
+    assert!(isa.is_available(), "isa {} not available", isa.name());
+    let d = p.dims();
+    let (group, l) = (d.heads / d.kv_heads, d.q_len);
+    let rows = group * l;
+    let (e, ev) = (d.head_dim, d.value_dim);
+    let mut out = Array4::zeros((d.batch, d.heads, l, ev));
+    let mut lse = Array3::from_elem((d.batch, d.heads, l), f32::NEG_INFINITY);
+    if d.batch == 0 || d.heads == 0 || l == 0 {
+        return (out, lse);
+    }
+
+    // K and V rows must be contiguous; copy the rare view that is not.
+    let (k_own, v_own);
+    let k = if unit_last(&p.k) {
+        p.k.view()
+    } else {
+        k_own = p.k.as_standard_layout().into_owned();
+        k_own.view()
+    };
+    let v = if unit_last(&p.v) {
+        p.v.view()
+    } else {
+        v_own = p.v.as_standard_layout().into_owned();
+        v_own.view()
+    };
+
+    // Queries grouped by K/V head, pre-scaled into base 2, rows padded to whole vectors.
+    let ep = e.div_ceil(LANES) * LANES;
+    let qscale = p.scale * std::f32::consts::LOG2_E;
+    let mut qs = vec![0.0f32; d.batch * d.kv_heads * rows * ep];
+    for b in 0..d.batch {
+        for h in 0..d.heads {
+            let (kvh, g) = (h / group, h % group);
+            for i in 0..l {
+                let r = g * l + i;
+                let at = ((b * d.kv_heads + kvh) * rows + r) * ep;
+                for (x, &y) in qs[at..at + e]
+                    .iter_mut()
+                    .zip(p.q.slice(ndarray::s![b, h, i, ..]))
+                {
+                    *x = y * qscale;
+                }
+            }
+        }
+    }
+
+    // Visible keys of each query, in this problem's key indices.
+    let ranges: Vec<(usize, usize)> = (0..l)
+        .map(|i| p.key_range_in(i, span.start, span.total))
+        .collect();
+    let jlo = ranges.iter().map(|r| r.0).min().unwrap_or(0);
+    let jhi = ranges.iter().map(|r| r.1).max().unwrap_or(0);
+    let elementwise = p.mask.is_some() || p.bias.is_some() || p.key_padding.is_some();
+    let ch = chunk_len(e, ev, jhi.saturating_sub(jlo), d.batch * d.kv_heads);
+    let chunks = if jhi > jlo {
+        (jhi - jlo).div_ceil(ch)
+    } else {
+        0
+    };
+
+    let stride = rows * (ev + 2);
+    let tasks = d.batch * d.kv_heads * chunks;
+    let mut partials = vec![0.0f32; tasks * stride];
+    let ctx = Ctx {
+        p,
+        k: k.view(),
+        v: v.view(),
+        qs: &qs,
+        ep,
+        group,
+        rows,
+        ranges: &ranges,
+        elementwise,
+    };
+    partials
+        .par_chunks_mut(stride)
+        .enumerate()
+        .for_each(|(t, part)| {
+            let c = t % chunks;
+            let bh = t / chunks;
+            let (b, kvh) = (bh / d.kv_heads, bh % d.kv_heads);
+            let j0 = jlo + c * ch;
+            let j1 = (j0 + ch).min(jhi);
+            ctx.chunk(isa, b, kvh, j0, j1, part);
+        });
+
+    // Merge the chunks of each row in key order.
+    let ln2 = std::f64::consts::LN_2;
+    let mut acc = vec![0.0f64; ev];
+    for b in 0..d.batch {
+        for kvh in 0..d.kv_heads {
+            let base = (b * d.kv_heads + kvh) * chunks;
+            for r in 0..rows {
+                let (g, i) = (r / l, r % l);
+                let h = kvh * group + g;
+                let parts = (0..chunks).map(|c| &partials[(base + c) * stride..][..stride]);
+                let mmax = parts
+                    .clone()
+                    .map(|pt| pt[r])
+                    .fold(f32::NEG_INFINITY, f32::max);
+                if mmax == f32::NEG_INFINITY {
+                    continue; // fully masked: zeros and −∞, as initialised
+                }
+                acc.fill(0.0);
+                let mut sum = 0.0f64;
+                for pt in parts {
+                    let m = pt[r];
+                    if m == f32::NEG_INFINITY {
+                        continue;
+                    }
+                    let w = ((m - mmax) as f64).exp2();
+                    sum += w * pt[rows + r] as f64;
+                    let o = &pt[2 * rows + r * ev..][..ev];
+                    for (a, &x) in acc.iter_mut().zip(o) {
+                        *a += w * x as f64;
+                    }
+                }
+                for (y, a) in out.slice_mut(ndarray::s![b, h, i, ..]).iter_mut().zip(&acc) {
+                    *y = (a / sum) as f32;
+                }
+                lse[[b, h, i]] = ((mmax as f64 + sum.log2()) * ln2) as f32;
+            }
+        }
+    }
+    (out, lse)
+}
+
+fn unit_last(a: &ArrayView4<'_, f32>) -> bool {
+    a.dim().3 <= 1 || a.strides()[3] == 1
+}
+
+/// Everything the tasks of one call share.
+struct Ctx<'a, 'p> {
+    p: &'a Problem<'p>,
+    k: ArrayView4<'a, f32>,
+    v: ArrayView4<'a, f32>,
+    /// Pre-scaled queries `[B, Hkv, rows, ep]`.
+    qs: &'a [f32],
+    ep: usize,
+    group: usize,
+    rows: usize,
+    ranges: &'a [(usize, usize)],
+    elementwise: bool,
+}
+
+impl Ctx<'_, '_> {
+    /// Computes chunk `[j0, j1)` of `(b, kvh)` into `part`: `m[rows]` (base-2
+    /// running max), `l[rows]` (sum of weights), `o[rows, Ev]` (unnormalised).
+    fn chunk(&self, isa: Isa, b: usize, kvh: usize, j0: usize, j1: usize, part: &mut [f32]) {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `run` checked that the CPU has avx512f.
+            Isa::Avx512 => unsafe { self.chunk_avx512(b, kvh, j0, j1, part) },
+            // SAFETY: the portable vectors need no CPU feature. (AVX2 runs them too.)
+            _ => unsafe { self.chunk_with::<Portable>(b, kvh, j0, j1, part) },
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn chunk_avx512(&self, b: usize, kvh: usize, j0: usize, j1: usize, part: &mut [f32]) {
+        self.chunk_with::<crate::kernels::simd::avx512::Avx512>(b, kvh, j0, j1, part)
+    }
+
+    /// Two passes over the chunk, each a long sequential read: first every score
+    /// (K streamed once for all the group's queries), then the weighted values
+    /// (V streamed once). The chunk's scores stay in cache between the passes.
+    #[inline(always)]
+    unsafe fn chunk_with<S: DecodeSimd>(
+        &self,
+        b: usize,
+        kvh: usize,
+        j0: usize,
+        j1: usize,
+        part: &mut [f32],
+    ) {
+        let rows = self.rows;
+        let l = rows / self.group;
+        let (e, ev) = (self.k.dim().3, self.v.dim().3);
+        let (m, rest) = part.split_at_mut(rows);
+        let (lsum, o) = rest.split_at_mut(rows);
+        m.fill(f32::NEG_INFINITY);
+        lsum.fill(0.0);
+        o.fill(0.0);
+        let ks = self.k.strides()[2];
+        let vs = self.v.strides()[2];
+        let kbase = self
+            .k
+            .as_ptr()
+            .offset(b as isize * self.k.strides()[0] + kvh as isize * self.k.strides()[1]);
+        let vbase = self
+            .v
+            .as_ptr()
+            .offset(b as isize * self.v.strides()[0] + kvh as isize * self.v.strides()[1]);
+        let qrows = &self.qs[(b * self.k.dim().1 + kvh) * rows * self.ep..][..rows * self.ep];
+        // Scores of the chunk, one row per query, padded to whole blocks.
+        let n = j1 - j0;
+        let width = n.div_ceil(BLOCK) * BLOCK;
+        // Taken out of the thread-local and put back after: a closure would not
+        // inherit this function's target features.
+        let mut scratch = SCRATCH.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
+        if scratch.len() < rows * width {
+            scratch.resize(rows * width, 0.0);
+        }
+        {
+            let s = &mut scratch[..rows * width];
+            s.fill(f32::NEG_INFINITY);
+
+            // Pass 1: scores.
+            let mut jb = j0;
+            while jb < j1 {
+                let nb = BLOCK.min(j1 - jb);
+                let kb = kbase.offset(jb as isize * ks);
+                for (i, &(lo, hi)) in self.ranges.iter().enumerate() {
+                    if hi <= jb || lo >= jb + nb {
+                        continue; // nothing visible to this query in the block
+                    }
+                    let partial = lo > jb || hi < jb + nb || self.elementwise;
+                    for g in 0..self.group {
+                        let r = g * l + i;
+                        let q = qrows.as_ptr().add(r * self.ep);
+                        let sb = &mut s[r * width + (jb - j0)..][..BLOCK];
+                        if nb == BLOCK {
+                            dots16::<S>(q, kb, ks, e, sb.as_mut_ptr());
+                        } else {
+                            dots::<S>(q, kb, ks, e, nb, sb.as_mut_ptr());
+                        }
+                        if partial {
+                            self.mask_block(b, kvh * self.group + g, i, jb, nb, (lo, hi), sb);
+                        }
+                    }
+                }
+                jb += nb;
+            }
+
+            // Softmax numerators per query, in place.
+            for r in 0..rows {
+                let row = &mut s[r * width..][..width];
+                let mut mv = f32::NEG_INFINITY;
+                for blk in row.chunks_exact(BLOCK) {
+                    let x = S::max_lane(S::load(blk.as_ptr()));
+                    if x > mv || x.is_nan() {
+                        mv = x;
+                    }
+                }
+                m[r] = mv;
+                if mv == f32::NEG_INFINITY {
+                    continue;
+                }
+                let mvv = S::splat(mv);
+                let mut acc = S::splat(0.0);
+                for blk in row.chunks_exact_mut(BLOCK) {
+                    let pv = S::exp2(S::sub(S::load(blk.as_ptr()), mvv));
+                    S::store(blk.as_mut_ptr(), pv);
+                    acc = S::add(acc, pv);
+                }
+                lsum[r] = S::sum(acc);
+            }
+
+            // Pass 2: weighted values.
+            let mut jb = j0;
+            while jb < j1 {
+                let nb = BLOCK.min(j1 - jb);
+                let vb = vbase.offset(jb as isize * vs);
+                for (i, &(lo, hi)) in self.ranges.iter().enumerate() {
+                    if hi <= jb || lo >= jb + nb {
+                        continue;
+                    }
+                    for g in 0..self.group {
+                        let r = g * l + i;
+                        if m[r] == f32::NEG_INFINITY {
+                            continue;
+                        }
+                        let p = s.as_ptr().add(r * width + (jb - j0));
+                        accumulate::<S>(o.as_mut_ptr().add(r * ev), p, vb, vs, ev, nb);
+                    }
+                }
+                jb += nb;
+            }
+        }
+        SCRATCH.with(|cell| *cell.borrow_mut() = scratch);
+    }
+
+    /// Masks the scores of keys `jb..jb + n` for query `i` of head `h`: −∞ outside
+    /// the causal/window range and where a mask drops them, bias (in base 2) added.
+    #[allow(clippy::too_many_arguments)]
+    fn mask_block(
+        &self,
+        b: usize,
+        h: usize,
+        i: usize,
+        jb: usize,
+        n: usize,
+        (lo, hi): (usize, usize),
+        s: &mut [f32],
+    ) {
+        for (jj, x) in s.iter_mut().enumerate().take(n) {
+            let j = jb + jj;
+            if j < lo || j >= hi || !self.p.keeps(b, h, i, j) {
+                *x = f32::NEG_INFINITY;
+            } else if self.p.bias.is_some() {
+                *x += self.p.bias_at(b, h, i, j) * std::f32::consts::LOG2_E;
+            }
+        }
+    }
+}
+
+/// `out[j] = q · k_j` for a whole block of 16 keys: sixteen accumulators, summed
+/// with one transpose-and-add tree.
+#[inline(always)]
+unsafe fn dots16<S: DecodeSimd>(q: *const f32, k: *const f32, ks: isize, e: usize, out: *mut f32) {
+    let full = e / LANES;
+    let tail = e % LANES;
+    let mut acc = [S::splat(0.0); BLOCK];
+    // Two halves of eight keys: eight independent FMA chains each, and row
+    // pointers that stay in registers (sixteen would not).
+    for half in 0..2 {
+        let mut rows = [k; 8];
+        for (j, r) in rows.iter_mut().enumerate() {
+            *r = k.offset((half * 8 + j) as isize * ks);
+        }
+        let mut a = [S::splat(0.0); 8];
+        for c in 0..full {
+            let qv = S::load(q.add(c * LANES));
+            for j in 0..8 {
+                a[j] = S::fma(qv, S::load(rows[j].add(c * LANES)), a[j]);
+            }
+        }
+        if tail > 0 {
+            let at = full * LANES;
+            let qv = S::load(q.add(at));
+            for j in 0..8 {
+                a[j] = S::fma(qv, S::load_part(rows[j].add(at), tail), a[j]);
+            }
+        }
+        acc[half * 8..half * 8 + 8].copy_from_slice(&a);
+    }
+    S::store(out, S::sum16(&acc));
+}
+
+/// `out[j] = q · k_j` for the `n ≤ 16` keys at `k`, four keys at a time.
+#[inline(always)]
+unsafe fn dots<S: DecodeSimd>(
+    q: *const f32,
+    k: *const f32,
+    ks: isize,
+    e: usize,
+    n: usize,
+    out: *mut f32,
+) {
+    let full = e / LANES;
+    let tail = e % LANES;
+    let mut j = 0;
+    while j + 4 <= n {
+        let k0 = k.offset(j as isize * ks);
+        let k1 = k0.offset(ks);
+        let k2 = k1.offset(ks);
+        let k3 = k2.offset(ks);
+        let z = S::splat(0.0);
+        let (mut a0, mut a1, mut a2, mut a3) = (z, z, z, z);
+        for c in 0..full {
+            let qv = S::load(q.add(c * LANES));
+            a0 = S::fma(qv, S::load(k0.add(c * LANES)), a0);
+            a1 = S::fma(qv, S::load(k1.add(c * LANES)), a1);
+            a2 = S::fma(qv, S::load(k2.add(c * LANES)), a2);
+            a3 = S::fma(qv, S::load(k3.add(c * LANES)), a3);
+        }
+        if tail > 0 {
+            let at = full * LANES;
+            let qv = S::load(q.add(at));
+            a0 = S::fma(qv, S::load_part(k0.add(at), tail), a0);
+            a1 = S::fma(qv, S::load_part(k1.add(at), tail), a1);
+            a2 = S::fma(qv, S::load_part(k2.add(at), tail), a2);
+            a3 = S::fma(qv, S::load_part(k3.add(at), tail), a3);
+        }
+        *out.add(j) = S::sum(a0);
+        *out.add(j + 1) = S::sum(a1);
+        *out.add(j + 2) = S::sum(a2);
+        *out.add(j + 3) = S::sum(a3);
+        j += 4;
+    }
+    while j < n {
+        let kj = k.offset(j as isize * ks);
+        let mut a = S::splat(0.0);
+        for c in 0..full {
+            a = S::fma(S::load(q.add(c * LANES)), S::load(kj.add(c * LANES)), a);
+        }
+        if tail > 0 {
+            let at = full * LANES;
+            a = S::fma(S::load(q.add(at)), S::load_part(kj.add(at), tail), a);
+        }
+        *out.add(j) = S::sum(a);
+        j += 1;
+    }
+}
+
+/// `o[..ev] += Σ_j p[j] · v_j` over the `n` value rows at `v`.
+#[inline(always)]
+unsafe fn accumulate<S: DecodeSimd>(
+    o: *mut f32,
+    p: *const f32,
+    v: *const f32,
+    vs: isize,
+    ev: usize,
+    n: usize,
+) {
+    const T: usize = 8;
+    let mut c = 0;
+    while c + T * LANES <= ev {
+        let mut acc = [S::splat(0.0); T];
+        for (t, a) in acc.iter_mut().enumerate() {
+            *a = S::load(o.add(c + t * LANES));
+        }
+        for j in 0..n {
+            let pj = S::splat(*p.add(j));
+            let vj = v.offset(j as isize * vs).add(c);
+            for (t, a) in acc.iter_mut().enumerate() {
+                *a = S::fma(pj, S::load(vj.add(t * LANES)), *a);
+            }
+        }
+        for (t, a) in acc.iter().enumerate() {
+            S::store(o.add(c + t * LANES), *a);
+        }
+        c += T * LANES;
+    }
+    while c < ev {
+        let w = LANES.min(ev - c);
+        let mut a = S::load_part(o.add(c), w);
+        for j in 0..n {
+            let vj = v.offset(j as isize * vs).add(c);
+            a = S::fma(S::splat(*p.add(j)), S::load_part(vj, w), a);
+        }
+        S::store_part(o.add(c), a, w);
+        c += w;
+    }
+}

@@ -1,0 +1,155 @@
+//! Shared helpers of the decode tests: random inputs, the naive f32 yardstick and
+//! DESIGN.md's error rule. (A copy of the fused tests' helpers; unify once both land.)
+#![allow(dead_code)]
+
+use attend::attention::{AttentionOptions, Problem};
+use attend::kernels::reference;
+use ndarray::{Array, Array2, Array3, Array4, ArrayView4, Dimension, ShapeBuilder};
+
+/// A small xorshift generator, so the tests do not depend on other modules.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+    /// Uniform in [-1, 1).
+    pub fn uniform(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    /// Roughly normal (sum of uniforms).
+    pub fn normal(&mut self) -> f32 {
+        (0..4).map(|_| self.uniform()).sum::<f32>() * 0.866
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+    pub fn array<D: Dimension>(&mut self, shape: impl ShapeBuilder<Dim = D>) -> Array<f32, D> {
+        let mut a = Array::zeros(shape);
+        a.mapv_inplace(|_| self.normal());
+        a
+    }
+}
+
+/// The yardstick: attention in plain f32, materialising the scores, with the
+/// textbook max-subtracted softmax and `f32::exp`.
+pub fn naive_f32(p: &Problem<'_>) -> (Array4<f32>, Array3<f32>) {
+    let d = p.dims();
+    let group = d.heads / d.kv_heads;
+    let mut out = Array4::zeros((d.batch, d.heads, d.q_len, d.value_dim));
+    let mut lse = Array3::zeros((d.batch, d.heads, d.q_len));
+    for b in 0..d.batch {
+        for h in 0..d.heads {
+            let kvh = h / group;
+            let mut s = Array2::<f32>::from_elem((d.q_len, d.kv_len), f32::NEG_INFINITY);
+            for i in 0..d.q_len {
+                let (lo, hi) = p.key_range(i);
+                for j in lo..hi {
+                    if p.keeps(b, h, i, j) {
+                        let mut dot = 0.0f32;
+                        for e in 0..d.head_dim {
+                            dot += p.q[[b, h, i, e]] * p.k[[b, kvh, j, e]];
+                        }
+                        s[[i, j]] = dot * p.scale + p.bias_at(b, h, i, j);
+                    }
+                }
+                let max = s.row(i).iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                if max == f32::NEG_INFINITY {
+                    lse[[b, h, i]] = f32::NEG_INFINITY;
+                    continue;
+                }
+                let w: Vec<f32> = s.row(i).iter().map(|&x| (x - max).exp()).collect();
+                let sum: f32 = w.iter().sum();
+                lse[[b, h, i]] = max + sum.ln();
+                for c in 0..d.value_dim {
+                    let mut acc = 0.0f32;
+                    for (j, wj) in w.iter().enumerate() {
+                        if *wj != 0.0 {
+                            acc += wj * p.v[[b, kvh, j, c]];
+                        }
+                    }
+                    out[[b, h, i, c]] = acc / sum;
+                }
+            }
+        }
+    }
+    (out, lse)
+}
+
+fn max_err<D: Dimension>(a: &Array<f32, D>, b: &Array<f32, D>) -> f64 {
+    a.iter()
+        .zip(b.iter())
+        .map(|(&x, &y)| {
+            if x == y {
+                0.0 // also equal infinities
+            } else {
+                (x as f64 - y as f64).abs()
+            }
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Checks `got` against the f64 reference with DESIGN.md's rule: the max error is at
+/// most twice the naive f32 implementation's, plus the f32 rounding floor. Also
+/// checks that fully masked rows are exactly 0 with a log-sum-exp of −∞.
+pub fn check(
+    q: ArrayView4<'_, f32>,
+    k: ArrayView4<'_, f32>,
+    v: ArrayView4<'_, f32>,
+    opts: &AttentionOptions<'_>,
+    got: &(Array4<f32>, Array3<f32>),
+    what: &str,
+) {
+    let p = Problem::new(q, k, v, opts).expect("valid problem");
+    let want = reference::run(&p);
+    let naive = naive_f32(&p);
+    assert_eq!(got.0.shape(), want.output.shape(), "{what}: output shape");
+    assert_eq!(got.1.shape(), want.lse.shape(), "{what}: lse shape");
+    for (l, (g, n)) in want.lse.iter().zip(got.1.iter().zip(naive.1.iter())) {
+        assert_eq!(
+            *l == f32::NEG_INFINITY,
+            *g == f32::NEG_INFINITY,
+            "{what}: fully masked rows differ (ref lse {l}, got {g}, naive {n})"
+        );
+    }
+    let d = p.dims();
+    for ((b, h, i), l) in want.lse.indexed_iter() {
+        if *l == f32::NEG_INFINITY {
+            for c in 0..d.value_dim {
+                assert_eq!(got.0[[b, h, i, c]], 0.0, "{what}: masked row must be 0");
+            }
+        }
+    }
+    let vmax = want
+        .output
+        .iter()
+        .fold(0.0f64, |m, &x| m.max(x.abs() as f64));
+    let floor = 4.0 * f32::EPSILON as f64 * vmax.max(f32::MIN_POSITIVE as f64);
+    let (err, nerr) = (
+        max_err(&got.0, &want.output),
+        max_err(&naive.0, &want.output),
+    );
+    assert!(
+        err <= 2.0 * nerr + floor,
+        "{what}: output error {err:e} > 2 × naive {nerr:e} + floor {floor:e}"
+    );
+    let lmax = want
+        .lse
+        .iter()
+        .filter(|x| x.is_finite())
+        .fold(0.0f64, |m, &x| m.max(x.abs() as f64));
+    let lfloor = 4.0 * f32::EPSILON as f64 * lmax.max(1.0);
+    let (err, nerr) = (max_err(&got.1, &want.lse), max_err(&naive.1, &want.lse));
+    assert!(
+        err <= 2.0 * nerr + lfloor,
+        "{what}: lse error {err:e} > 2 × naive {nerr:e} + floor {lfloor:e}"
+    );
+}
