@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use attend::models::SentenceEncoder;
 
+use crate::model_args::model_name;
 use crate::model_dir::{self, Format};
 
 /// Flags of `attend attention`.
@@ -26,6 +27,10 @@ pub struct Args {
     /// `text`: a table of weights (row = query token); `json`: {"tokens": [...], "weights": [[...]]}.
     #[arg(long, value_enum, default_value = "text")]
     format: Format,
+    /// Also write that layer's heads as a picture: FILE.svg or FILE.png (with --all:
+    /// layer 0, or --layer).
+    #[arg(long, value_name = "FILE")]
+    heatmap: Option<PathBuf>,
     /// The sentence.
     sentence: String,
 }
@@ -37,6 +42,14 @@ pub fn run(args: Args) -> Result<(), attend::Error> {
     let trace = encoder.trace(&args.sentence)?;
     for w in &trace.warnings {
         eprintln!("warning: {w}");
+    }
+    if let Some(path) = &args.heatmap {
+        let title = format!("{} — {}", model_name(&dir), args.sentence);
+        attend::viz::write_heatmap(
+            &trace.attention_maps(&title)?,
+            args.layer.unwrap_or(0),
+            path,
+        )?;
     }
     if args.all {
         let title = format!("{} — {}", model_name(&dir), args.sentence);
@@ -82,10 +95,4 @@ pub fn run(args: Args) -> Result<(), attend::Error> {
         }
     }
     Ok(())
-}
-
-fn model_name(dir: &std::path::Path) -> String {
-    dir.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| dir.display().to_string())
 }

@@ -206,7 +206,7 @@ fn input(args: &ExperimentArgs) -> Result<Input, Error> {
     }
     if args.sentence.is_none() && args.tokens.is_none() {
         return Err(Error::value(
-            "no input: give one of --input, --sentence or --tokens",
+            "no input: give one of --input, --sentence, --tokens, --trained with --digits, or --model with a sentence",
         ));
     }
     let embed_dim = args.embed_dim.expect("clap requires --embed-dim");

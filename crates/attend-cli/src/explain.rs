@@ -13,12 +13,21 @@ use clap::ValueEnum;
 use ndarray::ArrayD;
 
 use crate::experiment_args::{experiment, ExperimentArgs};
+use crate::model_args::{ModelArgs, ModelRun};
 
 /// Flags of `attend explain`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
     experiment: ExperimentArgs,
+    #[command(flatten)]
+    model: ModelArgs,
+    /// With --model: the layer to walk through, from 0.
+    #[arg(long, requires = "model")]
+    layer: Option<usize>,
+    /// With --model: the head to walk through, from 0.
+    #[arg(long, requires = "model")]
+    head: Option<usize>,
     /// Text walkthrough or one JSON object.
     #[arg(long, value_enum, default_value = "text")]
     format: Format,
@@ -35,6 +44,9 @@ enum Format {
 
 /// Runs `attend explain`.
 pub fn run(args: Args) -> Result<(), Error> {
+    if let Some(run) = args.model.run()? {
+        return explain_model(&args, &run);
+    }
     let exp = experiment(&args.experiment)?;
     let ex = experiment::run(&exp)?;
     let maps = attention_maps(&ex)?;
@@ -143,4 +155,73 @@ fn walkthrough(ex: &Explanation, exp: &Experiment) -> String {
         show("output = context W_oᵀ + b_o", o.clone().into_dyn());
     }
     out
+}
+
+/// One head of a real model, step by step like the notebooks, or as JSON with the
+/// notebook keys (`x` is the layer's input).
+fn explain_model(args: &Args, run: &ModelRun) -> Result<(), Error> {
+    let (Some(layer), Some(head)) = (args.layer, args.head) else {
+        return Err(Error::value("--model needs --layer L and --head H"));
+    };
+    let t = run.trace.head(layer, head)?;
+    let maps = run.maps()?;
+    if let Some(path) = &args.heatmap {
+        viz::write_heatmap(&maps, layer, path)?;
+    }
+    let steps: [(&str, &str, ndarray::Array2<f32>); 8] = [
+        ("x", "x: the layer's input (hidden states)", t.input),
+        ("q", "q = x W_qᵀ + b_q, this head", t.q),
+        ("k", "k = x W_kᵀ + b_k, this head", t.k),
+        ("v", "v = x W_vᵀ + b_v, this head", t.v),
+        ("scores", "scores = q kᵀ", t.scores),
+        ("scaled", "scaled = scores / √d_head", t.scaled),
+        (
+            "weights",
+            "weights = softmax(scaled) over keys (each row sums to 1)",
+            t.weights,
+        ),
+        ("context", "context = weights v", t.output),
+    ];
+    match args.format {
+        Format::Json => {
+            let mut obj = serde_json::Map::new();
+            obj.insert("tokens".into(), serde_json::json!(run.trace.tokens));
+            obj.insert("layer".into(), layer.into());
+            obj.insert("head".into(), head.into());
+            for (key, _, a) in &steps {
+                let json = crate::model_dir::json_matrix(a.rows());
+                obj.insert(
+                    (*key).into(),
+                    serde_json::from_str(&json).expect("valid JSON"),
+                );
+            }
+            println!("{}", serde_json::Value::Object(obj));
+        }
+        Format::Text => {
+            println!("{}, layer {layer}, head {head}", run.title);
+            println!("tokens: {:?}\n", run.trace.tokens);
+            for (i, (_, title, a)) in steps.iter().enumerate() {
+                println!(
+                    "Step {}. {title}  shape {:?}\n{}\n",
+                    i + 1,
+                    a.shape(),
+                    format_tensor(a.view().into_dyn())
+                );
+            }
+            println!(
+                "Attention weights, layer {layer}, head {head} (rows: queries, columns: keys)"
+            );
+            let w = maps.layers[layer].index_axis(ndarray::Axis(0), head);
+            print!(
+                "{}",
+                viz::terminal_heatmap(
+                    w,
+                    &maps.query_tokens,
+                    &maps.key_tokens,
+                    ColorMode::detect()
+                )?
+            );
+        }
+    }
+    Ok(())
 }

@@ -14,6 +14,7 @@ mod embed;
 mod experiment_args;
 mod explain;
 mod json_input;
+mod model_args;
 mod model_dir;
 mod sdpa;
 mod train;

@@ -12,16 +12,19 @@ use attend::viz::{self, AttentionMaps, ColorMode};
 
 use crate::experiment_args::{self, ExperimentArgs};
 use crate::explain::attention_maps;
+use crate::model_args::ModelArgs;
 use attend::{Error, Result};
 
 /// Flags of `attend view`.
 #[derive(clap::Args)]
 pub struct Args {
     /// Attention maps as JSON: {"title", "query_tokens", "key_tokens", "layers": [layer][head][query][key]}.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["input", "sentence", "tokens"])]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["input", "sentence", "tokens", "model"])]
     pub input_json: Option<PathBuf>,
     #[command(flatten)]
     experiment: ExperimentArgs,
+    #[command(flatten)]
+    model: ModelArgs,
     /// Write a self-contained HTML attention view (head view, model view) to this file.
     #[arg(long, value_name = "FILE.html")]
     pub html: Option<PathBuf>,
@@ -42,9 +45,10 @@ pub struct Args {
 
 /// Runs `attend view`.
 pub fn run(args: Args) -> Result<()> {
-    let maps = match &args.input_json {
-        Some(path) => AttentionMaps::read_json(path)?,
-        None => attention_maps(&experiment::run(&experiment_args::experiment(
+    let maps = match (&args.input_json, args.model.run()?) {
+        (Some(path), _) => AttentionMaps::read_json(path)?,
+        (None, Some(run)) => run.maps()?,
+        (None, None) => attention_maps(&experiment::run(&experiment_args::experiment(
             &args.experiment,
         )?)?)?,
     };

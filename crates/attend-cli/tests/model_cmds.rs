@@ -168,3 +168,102 @@ fn all_heads_feed_the_html_view() {
     assert_eq!(code, 2);
     assert!(err.contains("--layer"), "{err}");
 }
+
+#[test]
+fn explain_walks_through_a_real_head_and_matches_transformers() {
+    let dir = model_dir();
+    let reference: Value = serde_json::from_str(include_str!(
+        "../../attend/tests/data/minilm-reference.json"
+    ))
+    .unwrap();
+    let case = &reference["attention"][0];
+    let text = case["text"].as_str().unwrap();
+    let d = dir.to_str().unwrap();
+    let (code, out, err) = attend(&[
+        "explain", "--model", d, "--layer", "4", "--head", "11", "--format", "json", text,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let doc: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(doc["tokens"], case["tokens"]);
+    for key in ["x", "q", "k", "v", "scores", "scaled", "weights", "context"] {
+        assert!(doc[key].is_array(), "explain --model JSON lacks {key}");
+    }
+    // transformers' eager attention for layer 4, head 11: within 1e-5.
+    let want = &case["weights"][4][11];
+    for (g, w) in doc["weights"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(want.as_array().unwrap())
+    {
+        for (g, w) in g.as_array().unwrap().iter().zip(w.as_array().unwrap()) {
+            let (g, w) = (g.as_f64().unwrap(), w.as_f64().unwrap());
+            assert!((g - w).abs() <= 1e-5, "weight {g} vs transformers {w}");
+        }
+    }
+    let (code, out, err) = attend(&[
+        "explain", "--model", d, "--layer", "4", "--head", "11", text,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("Step 7. weights = softmax(scaled)") && out.contains("[CLS]"),
+        "{out}"
+    );
+
+    for (args, want) in [
+        (vec!["explain", "--model", d, "--layer", "0", "x"], "--head"),
+        (
+            vec!["explain", "--model", d, "--layer", "9", "--head", "0", "x"],
+            "layer 9 is out of range",
+        ),
+        (
+            vec!["explain", "--model", d, "--input", "[[1]]", "x"],
+            "--input",
+        ),
+        (
+            vec![
+                "explain",
+                "--model",
+                "/nonexistent/model",
+                "--layer",
+                "0",
+                "--head",
+                "0",
+                "x",
+            ],
+            "/nonexistent/model",
+        ),
+    ] {
+        let (code, out, err) = attend(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(
+            out.is_empty() && err.lines().count() == 1 && err.contains(want),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn view_draws_a_real_model_directly() {
+    let dir = model_dir();
+    let tmp = std::env::temp_dir().join(format!("attend-view-model-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let (html, png) = (tmp.join("view.html"), tmp.join("layer.png"));
+    let (code, _, err) = attend(&[
+        "view",
+        "--model",
+        dir.to_str().unwrap(),
+        "--html",
+        html.to_str().unwrap(),
+        "--heatmap",
+        png.to_str().unwrap(),
+        "--layer",
+        "5",
+        "The cat sat on the mat.",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("[CLS]") && page.contains("mat"));
+    assert!(std::fs::read(&png).unwrap().starts_with(b"\x89PNG"));
+    std::fs::remove_dir_all(&tmp).ok();
+}

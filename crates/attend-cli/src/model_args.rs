@@ -1,0 +1,60 @@
+//! `--model DIR "sentence"`: a real encoder as the source of attention, shared by
+//! `explain` and `view`.
+
+use std::path::{Path, PathBuf};
+
+use attend::models::{SentenceEncoder, SentenceTrace};
+use attend::viz::AttentionMaps;
+use attend::Error;
+
+/// The flags that pick a real model and the text it reads.
+#[derive(clap::Args, Debug)]
+pub struct ModelArgs {
+    /// A BERT-style checkpoint directory (config.json, model.safetensors,
+    /// tokenizer.json), e.g. the one `scripts/fetch-model` prints.
+    #[arg(long, value_name = "DIR", requires = "text",
+          conflicts_with_all = ["input", "sentence", "tokens", "digits"])]
+    pub model: Option<PathBuf>,
+    /// The sentence the model reads (with --model).
+    #[arg(value_name = "SENTENCE", requires = "model")]
+    pub text: Option<String>,
+}
+
+/// A model's trace of one text.
+pub struct ModelRun {
+    /// Every intermediate.
+    pub trace: SentenceTrace,
+    /// "model name — text", for titles.
+    pub title: String,
+}
+
+impl ModelArgs {
+    /// Runs the model when `--model` was given; warnings go to stderr.
+    pub fn run(&self) -> Result<Option<ModelRun>, Error> {
+        let (Some(dir), Some(text)) = (&self.model, &self.text) else {
+            return Ok(None);
+        };
+        let trace = SentenceEncoder::load(dir)?.trace(text)?;
+        for w in &trace.warnings {
+            eprintln!("warning: {w}");
+        }
+        Ok(Some(ModelRun {
+            trace,
+            title: format!("{} — {text}", model_name(dir)),
+        }))
+    }
+}
+
+impl ModelRun {
+    /// Every layer and head, for the pictures and the HTML view.
+    pub fn maps(&self) -> Result<AttentionMaps, Error> {
+        self.trace.attention_maps(&self.title)
+    }
+}
+
+/// The directory's last component, as a readable model name.
+pub fn model_name(dir: &Path) -> String {
+    dir.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| dir.display().to_string())
+}
