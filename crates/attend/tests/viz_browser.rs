@@ -217,39 +217,50 @@ fn head_view_draws_selects_focuses_and_has_no_console_errors() {
     assert!(errors.is_empty(), "console errors: {errors:#?}");
 }
 
-/// The notebook-004 example (3 heads of golden PyTorch weights), focused on "is":
-/// the README's head-view picture. Saved under target/tmp/viz/ and, when
-/// `ATTEND_SCREENSHOT_DIR` is set (relative to the workspace root), there too:
+/// The README's head-view pictures: the notebook-004 example (3 heads of golden
+/// PyTorch weights) focused on "is", and all-MiniLM-L6-v2's layer 2, head 3 on a
+/// real sentence (`attend attention --all` wrote `docs/examples/minilm.json`)
+/// focused on "it". Saved under target/tmp/viz/ and, when `ATTEND_SCREENSHOT_DIR`
+/// is set (relative to the workspace root), there too:
 /// `ATTEND_SCREENSHOT_DIR=docs/img cargo test -p attend --test viz_browser`.
 #[test]
-fn notebook_004_head_view_screenshot() {
-    let Some(chromium) = chromium_or_skip("notebook 004") else {
+fn readme_head_view_screenshots() {
+    let Some(chromium) = chromium_or_skip("README screenshots") else {
         return;
     };
     let _one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
     let root = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
-    let maps = AttentionMaps::read_json(&root.join("docs/examples/notebook004.json")).unwrap();
-    let page = write_page(&maps, "notebook004.html");
-    let mut b = Browser::launch(&chromium, 760, 560);
-    b.navigate(&format!("file://{}", page.display()));
-    select(&mut b, "head", "2");
-    let (x, y) = b.centre_of("#qcol .tok[data-index=\"1\"]");
-    b.mouse_move(x, y);
-    assert_eq!(body(&mut b, "focus"), "q1");
-    b.eval("window.scrollTo(0, 0)");
-    let r = b.call(
-        "Page.captureScreenshot",
-        serde_json::json!({ "format": "png" }),
-    );
-    let png = browser::decode_base64(r["data"].as_str().unwrap());
-    let saved = save("notebook004-head-view.png", &png);
-    if let Some(dir) = std::env::var_os("ATTEND_SCREENSHOT_DIR") {
-        let dir = root.join(dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::copy(&saved, dir.join("notebook004-head-view.png")).unwrap();
+    // (example, layer, head, query token to hover, window size)
+    for (name, layer, head, token, (w, h)) in [
+        ("notebook004", "0", "2", 1, (760, 560)),
+        ("minilm", "2", "3", 10, (1010, 820)),
+    ] {
+        let maps =
+            AttentionMaps::read_json(&root.join(format!("docs/examples/{name}.json"))).unwrap();
+        let page = write_page(&maps, &format!("{name}.html"));
+        let mut b = Browser::launch(&chromium, w, h);
+        b.navigate(&format!("file://{}", page.display()));
+        select(&mut b, "layer", layer);
+        select(&mut b, "head", head);
+        let (x, y) = b.centre_of(&format!("#qcol .tok[data-index=\"{token}\"]"));
+        b.mouse_move(x, y);
+        assert_eq!(body(&mut b, "focus"), format!("q{token}"), "{name}");
+        b.eval("window.scrollTo(0, 0)");
+        let r = b.call(
+            "Page.captureScreenshot",
+            serde_json::json!({ "format": "png" }),
+        );
+        let png = browser::decode_base64(r["data"].as_str().unwrap());
+        let file = format!("{name}-head-view.png");
+        let saved = save(&file, &png);
+        if let Some(dir) = std::env::var_os("ATTEND_SCREENSHOT_DIR") {
+            let dir = root.join(dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::copy(&saved, dir.join(&file)).unwrap();
+        }
+        let errors = b.errors();
+        assert!(errors.is_empty(), "{name}: console errors: {errors:#?}");
     }
-    let errors = b.errors();
-    assert!(errors.is_empty(), "console errors: {errors:#?}");
 }
 
 #[test]
