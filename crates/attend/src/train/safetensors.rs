@@ -1,9 +1,6 @@
 //! Saving and loading a [`Reverser`] as safetensors.
 //!
-//! The format is eight bytes of little-endian header length, a JSON header naming
-//! every tensor's dtype, shape and byte range, then the raw little-endian data; it is
-//! small enough to write here with `serde_json` rather than add a dependency (the
-//! BERT loader's `io::safetensors` reads these files too). Tensors, all `F32`:
+//! Reading and writing go through [`crate::io::safetensors`]. Tensors, all `F32`:
 //!
 //! | name | shape |
 //! |---|---|
@@ -18,10 +15,10 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use ndarray::{Array1, Array2, ArrayD, IxDyn};
-use serde_json::{json, Map, Value};
+use ndarray::ArrayD;
 
 use super::Reverser;
+use crate::io::safetensors::{self, SafeTensors};
 use crate::nn::{Embedding, Linear, MultiHeadAttention};
 use crate::{Error, Result};
 
@@ -81,133 +78,59 @@ fn tensors(m: &Reverser) -> Vec<(String, ArrayD<f32>)> {
 
 /// Writes `model` to `path` as safetensors.
 pub fn save(model: &Reverser, path: impl AsRef<Path>) -> Result<()> {
-    let path = path.as_ref();
-    let mut header = Map::new();
-    header.insert(
-        "__metadata__".into(),
-        json!({"format": FORMAT, "heads": model.attention.heads.to_string()}),
-    );
-    let mut data = Vec::new();
-    for (name, t) in tensors(model) {
-        let start = data.len();
-        for x in t.iter() {
-            data.extend_from_slice(&x.to_le_bytes());
-        }
-        header.insert(
-            name,
-            json!({"dtype": "F32", "shape": t.shape(), "data_offsets": [start, data.len()]}),
-        );
-    }
-    let mut text = Value::Object(header).to_string().into_bytes();
-    while !text.len().is_multiple_of(8) {
-        text.push(b' ');
-    }
-    let mut bytes = (text.len() as u64).to_le_bytes().to_vec();
-    bytes.extend_from_slice(&text);
-    bytes.extend_from_slice(&data);
-    std::fs::write(path, bytes).map_err(|e| Error::io(path, e))
+    let tensors = tensors(model);
+    let views: Vec<(&str, _)> = tensors
+        .iter()
+        .map(|(n, t)| (n.as_str(), t.view()))
+        .collect();
+    let metadata = BTreeMap::from([
+        ("format".to_owned(), FORMAT.to_owned()),
+        ("heads".to_owned(), model.attention.heads.to_string()),
+    ]);
+    safetensors::write(path, &views, Some(&metadata))
 }
 
 /// Reads a model written by [`save`]: the attention module, the embeddings and the
 /// head, checked to fit together.
 pub fn load(path: impl AsRef<Path>) -> Result<Reverser> {
     let path = path.as_ref();
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let file = SafeTensors::open(path)?;
     let bad = |msg: &str| Error::format(format!("{}: {msg}", path.display()));
-    if bytes.len() < 8 {
-        return Err(bad("too short for a safetensors file"));
-    }
-    let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
-    let header: Value = bytes
-        .get(8..8 + n)
-        .and_then(|h| serde_json::from_slice(h).ok())
-        .ok_or_else(|| bad("unreadable safetensors header"))?;
-    let header = header
-        .as_object()
-        .ok_or_else(|| bad("header is not an object"))?;
-    let meta = header.get("__metadata__");
-    if meta.and_then(|m| m["format"].as_str()) != Some(FORMAT) {
+    if file.metadata().get("format").map(String::as_str) != Some(FORMAT) {
         return Err(bad(&format!(
             "not an {FORMAT} file (metadata format differs)"
         )));
     }
-    let heads: usize = meta
-        .and_then(|m| m["heads"].as_str())
+    let heads: usize = file
+        .metadata()
+        .get("heads")
         .and_then(|h| h.parse().ok())
         .ok_or_else(|| bad("metadata lacks heads"))?;
-    let body = &bytes[8 + n..];
-    let mut found: BTreeMap<String, ArrayD<f32>> = BTreeMap::new();
-    for (name, info) in header.iter().filter(|(k, _)| *k != "__metadata__") {
-        if info["dtype"] != "F32" {
-            return Err(bad(&format!(
-                "tensor {name} is {}, expected F32",
-                info["dtype"]
-            )));
-        }
-        let shape: Vec<usize> = info["shape"]
-            .as_array()
-            .ok_or_else(|| bad("shape"))?
-            .iter()
-            .filter_map(|d| d.as_u64().map(|d| d as usize))
-            .collect();
-        let off = &info["data_offsets"];
-        let (s, e) = (
-            off[0].as_u64().unwrap_or(u64::MAX) as usize,
-            off[1].as_u64().unwrap_or(0) as usize,
-        );
-        let raw = body
-            .get(s..e)
-            .filter(|r| r.len() == 4 * shape.iter().product::<usize>())
-            .ok_or_else(|| bad(&format!("tensor {name}: data offsets do not fit its shape")))?;
-        let v: Vec<f32> = raw
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
-            .collect();
-        found.insert(
-            name.clone(),
-            ArrayD::from_shape_vec(IxDyn(&shape), v).expect("checked size"),
-        );
-    }
-    let mut take2 = |name: &str| -> Result<Array2<f32>> {
-        found
-            .remove(name)
-            .ok_or_else(|| bad(&format!("missing tensor {name}")))?
-            .into_dimensionality()
-            .map_err(|_| bad(&format!("{name} must be 2-D")))
+    let linear = |name: &str| -> Result<Linear> {
+        Linear::new(
+            file.tensor2(&format!("{name}.weight"))?,
+            Some(file.tensor1(&format!("{name}.bias"))?),
+        )
     };
-    let tokens = take2("tokens.weight")?;
-    let positions = take2("positions.weight")?;
-    let mut ws = Vec::new();
-    for name in ["q_proj", "k_proj", "v_proj", "out_proj"] {
-        ws.push(take2(&format!("attention.{name}.weight"))?);
-    }
-    let head_w = take2("head.weight")?;
-    let mut take1 = |name: &str| -> Result<Array1<f32>> {
-        found
-            .remove(name)
-            .ok_or_else(|| bad(&format!("missing tensor {name}")))?
-            .into_dimensionality()
-            .map_err(|_| bad(&format!("{name} must be 1-D")))
-    };
-    let mut bs = Vec::new();
-    for name in ["q_proj", "k_proj", "v_proj", "out_proj"] {
-        bs.push(take1(&format!("attention.{name}.bias"))?);
-    }
-    let head_b = take1("head.bias")?;
-    let mut lin = ws.into_iter().zip(bs).map(|(w, b)| Linear::new(w, Some(b)));
-    let (q, k, v, o) = (
-        lin.next().expect("4")?,
-        lin.next().expect("4")?,
-        lin.next().expect("4")?,
-        lin.next().expect("4")?,
-    );
-    let attention = MultiHeadAttention::new(q, k, v, Some(o), heads, heads)?;
-    let head = Linear::new(head_w, Some(head_b))?;
-    for (what, w) in [("tokens.weight", &tokens), ("positions.weight", &positions)] {
-        if w.ncols() != attention.d_in() || head.in_features() != attention.d_in() {
+    let attention = MultiHeadAttention::new(
+        linear("attention.q_proj")?,
+        linear("attention.k_proj")?,
+        linear("attention.v_proj")?,
+        Some(linear("attention.out_proj")?),
+        heads,
+        heads,
+    )?;
+    let head = linear("head")?;
+    let tokens = file.tensor2("tokens.weight")?;
+    let positions = file.tensor2("positions.weight")?;
+    for (what, width) in [
+        ("tokens.weight", tokens.ncols()),
+        ("positions.weight", positions.ncols()),
+        ("head.weight", head.in_features()),
+    ] {
+        if width != attention.d_in() {
             return Err(bad(&format!(
-                "{what} {:?} does not fit the attention width {}",
-                w.shape(),
+                "{what} has width {width}, which does not fit the attention width {}",
                 attention.d_in()
             )));
         }
