@@ -2,13 +2,13 @@
 //! (DESIGN.md's error rule), with and without a sliding window, at the kernel and
 //! at the module level; bad appends are clear errors.
 
-mod decode_support;
+mod kernel_support;
 
 use attend::attention::{AttentionOptions, Causal, Problem};
 use attend::decode::{DecodeConfig, Isa};
 use attend::kv_cache::{KvCache, LayerCache};
 use attend::nn::{merge_heads, Linear, MultiHeadAttention};
-use decode_support::{check, naive_f32, Rng};
+use kernel_support::{check, naive_f32, Rng};
 use ndarray::{s, Array3, Array4};
 
 /// Decodes `q`'s positions chunk by chunk (sizes from `steps`, cycled) through a

@@ -1,11 +1,11 @@
 //! The split-KV decode kernel against the f64 reference, under DESIGN.md's error
 //! rule, on every instruction set this CPU has.
 
-mod decode_support;
+mod kernel_support;
 
 use attend::attention::{AttentionOptions, Causal};
 use attend::decode::{decode_attention, DecodeConfig, Isa};
-use decode_support::{check, Rng};
+use kernel_support::{check, Rng};
 use ndarray::{Array2, Array4};
 
 struct Case {

@@ -1,11 +1,11 @@
 //! Attention over key shards, merged by log-sum-exp, equals attention over all
 //! the keys; bad shard lists are clear errors.
 
-mod decode_support;
+mod kernel_support;
 
 use attend::attention::{AttentionOptions, Causal};
 use attend::decode::{attention_partial, attention_partial_at, merge_partials, Partial};
-use decode_support::{check, Rng};
+use kernel_support::{check, Rng};
 use ndarray::{s, Array3, Array4};
 
 /// Cut points splitting `len` keys into `n` non-empty-ish random shards.

@@ -1,14 +1,14 @@
 //! Targeted cases for the fused kernel: determinism across thread counts, NaN
 //! isolation, huge scores, fully masked rows, dispatch.
 
-mod fused_support;
+mod kernel_support;
 
 use attend::attention::{
     attention, attention_with, attention_with_lse, AttentionOptions, Causal, Config, Kernel,
     Problem, SoftmaxAxis,
 };
 use attend::kernels::{reference, Isa};
-use fused_support::{check, Rng};
+use kernel_support::{check, Rng};
 use ndarray::{Array2, Array4, ArrayD, IxDyn};
 
 fn fused(isa: Isa, threads: usize) -> Config {
@@ -281,7 +281,7 @@ fn error_ratio_survey() {
             };
             let p = Problem::new(q.view(), k.view(), v.view(), &opts).unwrap();
             let want = reference::run(&p).output;
-            let naive = fused_support::naive_f32(&p).0;
+            let naive = kernel_support::naive_f32(&p).0;
             let got = attention_with(q.view(), k.view(), v.view(), &opts, &Config::default())
                 .unwrap()
                 .0;

@@ -2,11 +2,11 @@
 //! error rule, over random shapes, masks, alignments, grouped-query and layouts,
 //! on every instruction set this CPU has (the portable fallback included).
 
-mod fused_support;
+mod kernel_support;
 
 use attend::attention::{attention_with, AttentionOptions, Causal, Config, Kernel};
 use attend::kernels::Isa;
-use fused_support::{check, Rng};
+use kernel_support::{check, Rng};
 use ndarray::{s, Array4, ArrayD, ArrayView4, IxDyn};
 use proptest::prelude::*;
 

@@ -1,4 +1,4 @@
-//! Shared helpers of the fused-kernel tests: random inputs, the naive f32 yardstick
+//! Shared helpers of the kernel tests (fused, decode): random inputs, the naive f32 yardstick
 //! and DESIGN.md's error rule.
 #![allow(dead_code)]
 
