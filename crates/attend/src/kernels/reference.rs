@@ -51,8 +51,8 @@ pub fn run(p: &Problem<'_>) -> AttentionTrace {
                 trace.lse[[b, h, i]] = log_sum_exp(scaled.row(i).iter().copied()) as f32;
             }
             let weights = match p.softmax_axis {
-                SoftmaxAxis::Keys => softmax_rows(&scaled),
-                SoftmaxAxis::Queries => softmax_rows(&scaled.t().to_owned()).t().to_owned(),
+                SoftmaxAxis::Keys => softmax_rows(scaled.clone()),
+                SoftmaxAxis::Queries => softmax_rows(scaled.t().to_owned()).reversed_axes(),
             };
             for i in 0..d.q_len {
                 for j in 0..d.kv_len {
@@ -72,7 +72,7 @@ pub fn run(p: &Problem<'_>) -> AttentionTrace {
 }
 
 /// `log Σ exp(x)`, −∞ for an empty or all −∞ sequence.
-fn log_sum_exp(xs: impl Iterator<Item = f64> + Clone) -> f64 {
+pub(crate) fn log_sum_exp(xs: impl Iterator<Item = f64> + Clone) -> f64 {
     let max = xs.clone().fold(f64::NEG_INFINITY, f64::max);
     if max == f64::NEG_INFINITY {
         return f64::NEG_INFINITY;
@@ -81,9 +81,8 @@ fn log_sum_exp(xs: impl Iterator<Item = f64> + Clone) -> f64 {
 }
 
 /// Row-wise softmax; a row that is entirely −∞ (fully masked) becomes zeros.
-fn softmax_rows(x: &Array2<f64>) -> Array2<f64> {
-    let mut out = x.clone();
-    for mut row in out.rows_mut() {
+pub(crate) fn softmax_rows(mut x: Array2<f64>) -> Array2<f64> {
+    for mut row in x.rows_mut() {
         let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         if max == f64::NEG_INFINITY {
             row.fill(0.0);
@@ -93,5 +92,5 @@ fn softmax_rows(x: &Array2<f64>) -> Array2<f64> {
         let sum = row.sum();
         row.mapv_inplace(|e| e / sum);
     }
-    out
+    x
 }

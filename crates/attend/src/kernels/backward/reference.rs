@@ -18,6 +18,7 @@ use ndarray::{Array2, Array3, Array4, ArrayView4};
 
 use super::Dropout;
 use crate::attention::{Problem, SoftmaxAxis};
+use crate::kernels::reference::{log_sum_exp, softmax_rows};
 
 /// Forward results in f64.
 pub(crate) struct Forward {
@@ -172,28 +173,4 @@ pub(crate) fn backward(
         }
     }
     Backward { dq, dk, dv }
-}
-
-/// `log Σ exp(x)`, −∞ for an empty or all −∞ sequence.
-fn log_sum_exp(xs: impl Iterator<Item = f64> + Clone) -> f64 {
-    let max = xs.clone().fold(f64::NEG_INFINITY, f64::max);
-    if max == f64::NEG_INFINITY {
-        return f64::NEG_INFINITY;
-    }
-    max + xs.map(|x| (x - max).exp()).sum::<f64>().ln()
-}
-
-/// Row-wise softmax; a row that is entirely −∞ (fully masked) becomes zeros.
-fn softmax_rows(mut x: Array2<f64>) -> Array2<f64> {
-    for mut row in x.rows_mut() {
-        let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        if max == f64::NEG_INFINITY {
-            row.fill(0.0);
-            continue;
-        }
-        row.mapv_inplace(|s| (s - max).exp());
-        let sum = row.sum();
-        row.mapv_inplace(|e| e / sum);
-    }
-    x
 }
