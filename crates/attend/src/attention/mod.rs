@@ -138,13 +138,7 @@ pub fn attention_with(
     config: &Config,
 ) -> Result<(Array4<f32>, Array3<f32>)> {
     let problem = Problem::new(q, k, v, opts)?;
-    let isa = config.isa.unwrap_or_else(Isa::detect);
-    if !isa.is_available() {
-        return Err(Error::value(format!(
-            "isa {} is not available on this CPU",
-            isa.name()
-        )));
-    }
+    let isa = Isa::resolve(config.isa)?;
     let short = problem.dims().q_len <= DECODE_MAX_QUERIES;
     let which = match config.kernel {
         Kernel::Reference => Kernel::Reference,
@@ -175,15 +169,5 @@ pub fn attention_with(
             (trace.output, trace.lse)
         }
     };
-    match config.threads {
-        None => Ok(run()),
-        Some(0) => Err(Error::value("threads must be at least 1, got 0")),
-        Some(n) => {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(n)
-                .build()
-                .map_err(|e| Error::value(format!("threads: cannot start {n} threads: {e}")))?;
-            Ok(pool.install(run))
-        }
-    }
+    crate::kernels::with_threads(config.threads, run)
 }

@@ -145,23 +145,9 @@ fn run_shard(
             "softmax_axis: decoding and partial attention need softmax over keys (Queries does not split over key shards)",
         ));
     }
-    let isa = config.isa.unwrap_or_else(Isa::detect);
-    if !isa.is_available() {
-        return Err(Error::value(format!(
-            "isa {} is not available on this CPU",
-            isa.name()
-        )));
-    }
+    let isa = Isa::resolve(config.isa)?;
     let run = || kernel::run(&problem, span, isa);
-    let (output, lse) = match config.threads {
-        None => run(),
-        Some(0) => return Err(Error::value("threads must be at least 1, got 0")),
-        Some(n) => rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build()
-            .map_err(|e| Error::value(format!("threads: cannot start {n} threads: {e}")))?
-            .install(run),
-    };
+    let (output, lse) = crate::kernels::with_threads(config.threads, run)?;
     Ok(Partial { output, lse })
 }
 

@@ -9,3 +9,23 @@ pub mod reference;
 pub(crate) mod simd;
 
 pub use simd::Isa;
+
+use crate::{Error, Result};
+
+/// Runs `f` on a pool of `threads` workers, or on the current pool.
+pub(crate) fn with_threads<R: Send>(
+    threads: Option<usize>,
+    f: impl FnOnce() -> R + Send,
+) -> Result<R> {
+    match threads {
+        None => Ok(f()),
+        Some(0) => Err(Error::value("threads must be at least 1, got 0")),
+        Some(n) => {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .map_err(|e| Error::value(format!("threads: cannot start {n} threads: {e}")))?;
+            Ok(pool.install(f))
+        }
+    }
+}

@@ -189,13 +189,7 @@ pub fn attention_backward_with(
             [d.batch, d.heads, d.q_len]
         )));
     }
-    let isa = config.isa.unwrap_or_else(crate::kernels::Isa::detect);
-    if !isa.is_available() {
-        return Err(Error::value(format!(
-            "isa {} is not available on this CPU",
-            isa.name()
-        )));
-    }
+    let isa = crate::kernels::Isa::resolve(config.isa)?;
     let supported = fused::supports(&p);
     let use_fused = match config.kernel {
         BackwardKernel::Reference => false,
@@ -226,7 +220,7 @@ pub fn attention_backward_with(
             }
         }
     };
-    with_threads(config.threads, run)
+    crate::kernels::with_threads(config.threads, run)
 }
 
 /// Attention as training computes it: [`attention_with_lse`](crate::attention::attention_with_lse)
@@ -251,24 +245,6 @@ pub fn attention_train(
             Ok((f.out.mapv(|x| x as f32), f.lse.mapv(|x| x as f32)))
         }
         _ => crate::attention::attention_with_lse(q, k, v, opts),
-    }
-}
-
-/// Runs `f` on a pool of `threads` workers, or on the current pool.
-pub(crate) fn with_threads<R: Send>(
-    threads: Option<usize>,
-    f: impl FnOnce() -> R + Send,
-) -> Result<R> {
-    match threads {
-        None => Ok(f()),
-        Some(0) => Err(Error::value("threads must be at least 1, got 0")),
-        Some(n) => {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(n)
-                .build()
-                .map_err(|e| Error::value(format!("cannot start {n} threads: {e}")))?;
-            Ok(pool.install(f))
-        }
     }
 }
 

@@ -43,6 +43,19 @@ impl Isa {
         Isa::Portable
     }
 
+    /// The requested instruction set, or the best this CPU has; an error if the CPU
+    /// cannot run the requested one.
+    pub fn resolve(requested: Option<Isa>) -> crate::Result<Isa> {
+        let isa = requested.unwrap_or_else(Isa::detect);
+        if !isa.is_available() {
+            return Err(crate::Error::value(format!(
+                "isa {} is not available on this CPU",
+                isa.name()
+            )));
+        }
+        Ok(isa)
+    }
+
     /// Whether this CPU can run kernels built for `self`.
     pub fn is_available(self) -> bool {
         match self {
