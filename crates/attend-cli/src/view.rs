@@ -18,7 +18,7 @@ use attend::{Error, Result};
 /// Flags of `attend view`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Attention maps as JSON: {"title", "query_tokens", "key_tokens", "layers": [layer][head][query][key]}.
+    /// Attention maps as JSON: {"title", "query_tokens", "key_tokens", "layers": `[layer][head][query][key]`}.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["input", "sentence", "tokens", "model"])]
     pub input_json: Option<PathBuf>,
     #[command(flatten)]

@@ -1,4 +1,4 @@
-//! Attention kernels. [`reference`] is the oracle every other kernel is judged by;
+//! Attention kernels. [`mod@reference`] is the oracle every other kernel is judged by;
 //! [`fused`] is the fast forward, built on the per-ISA vectors in `simd`;
 //! [`decode`] is the split-KV kernel for short queries against long key caches.
 

@@ -1,7 +1,7 @@
 //! Attention backward: `dQ`, `dK`, `dV` from `dO`, plus the training forward
 //! (attention with dropout on the weights).
 //!
-//! Two kernels compute the same thing: [`reference`] (f64, materialises every
+//! Two kernels compute the same thing: `reference` (f64, materialises every
 //! probability, any softmax axis) and [`fused`] (FlashAttention-2 style: recomputes
 //! the probabilities block by block from the saved log-sum-exp, never holds an
 //! `L × S` matrix, parallel over key blocks so that even one head keeps every core

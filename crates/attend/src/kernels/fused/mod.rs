@@ -15,12 +15,12 @@
 //!
 //! * `Qᵀ` is packed once, `[E][W]`;
 //! * for each tile of `BK` keys, `Sᵀ[j][·] = Σ_e K[j, e] · Qᵀ[e][·]`: broadcast one
-//!   key element, multiply a row of queries ([`qk_rows`], `MR` keys × `NQ` vectors
+//!   key element, multiply a row of queries (`qk_rows`, `MR` keys × `NQ` vectors
 //!   in registers), then `scale · dot + mask` rounded once. `K` is read in place
 //!   through its strides, never copied;
 //! * the online-softmax update works down the columns of `Sᵀ`, so the running
-//!   max and sum per query are plain lane-wise vector operations ([`softmax_tile`]);
-//! * `Oᵀ[c][·] = α·Oᵀ[c][·] + Σ_j V[j, c] · Pᵀ[j][·]` ([`pv_cols`]), again with `V`
+//!   max and sum per query are plain lane-wise vector operations (`softmax_tile`);
+//! * `Oᵀ[c][·] = α·Oᵀ[c][·] + Σ_j V[j, c] · Pᵀ[j][·]` (`pv_cols`), again with `V`
 //!   broadcast from its own strides.
 //!
 //! Tiles that causality or the window hide from every query of the unit are never
