@@ -105,8 +105,18 @@ pub fn run(args: Args) -> Result<(), Error> {
             args.format
         )));
     }
-    if args.threads == 0 {
-        return Err(Error::value("--threads must be at least 1"));
+    for (flag, value) in [
+        ("--threads", Some(args.threads)),
+        ("--batch", Some(args.batch)),
+        ("--heads", Some(args.heads)),
+        ("--kv-heads", args.kv_heads),
+        ("--seq", Some(args.seq)),
+        ("--kv-len", args.kv_len),
+        ("--head-dim", Some(args.head_dim)),
+    ] {
+        if value == Some(0) {
+            return Err(Error::value(format!("{flag} must be at least 1")));
+        }
     }
     let isa = match &args.isa {
         Some(s) => parse_isa(s)?,

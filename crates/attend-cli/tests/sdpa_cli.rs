@@ -196,3 +196,24 @@ fn bench_prints_one_json_line() {
     assert!(j["gflops"].as_f64().unwrap() > 0.0);
     assert_eq!(j["kv_heads"], 1);
 }
+
+#[test]
+fn bench_refuses_empty_shapes() {
+    for flag in [
+        "--seq",
+        "--heads",
+        "--kv-heads",
+        "--kv-len",
+        "--head-dim",
+        "--batch",
+        "--threads",
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_attend"))
+            .args(["bench", flag, "0"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag} 0: {err}");
+        assert_eq!(err.trim_end(), format!("error: {flag} must be at least 1"));
+    }
+}
