@@ -90,15 +90,7 @@ impl MultiHeadAttention {
         opts: &AttentionOptions<'o>,
         dropout: Option<Dropout>,
     ) -> Result<(Array3<f32>, MultiHeadAttentionCache<'o>)> {
-        if x.dim().2 != self.d_in() {
-            return Err(Error::shape(format!(
-                "input x {:?} has width {} but the projections expect {} (w_q {:?})",
-                x.shape(),
-                x.dim().2,
-                self.d_in(),
-                self.q_proj.weight.shape()
-            )));
-        }
+        self.check_input(x)?;
         forward(&self.weights(), x, opts, dropout)
     }
 

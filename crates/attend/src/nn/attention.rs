@@ -158,11 +158,8 @@ impl MultiHeadAttention {
         })
     }
 
-    /// Projects `x` and splits heads: `q [B, H, T, dh]`, `k`, `v [B, Hkv, T, ·]`.
-    pub fn project(
-        &self,
-        x: ArrayView3<'_, f32>,
-    ) -> Result<(Array4<f32>, Array4<f32>, Array4<f32>)> {
+    /// Checks that `x [B, T, d_in]` has the width the projections take.
+    pub(crate) fn check_input(&self, x: ArrayView3<'_, f32>) -> Result<()> {
         if x.dim().2 != self.d_in() {
             return Err(Error::shape(format!(
                 "input x {:?} has width {} but the projections expect {} (w_q {:?})",
@@ -172,6 +169,15 @@ impl MultiHeadAttention {
                 self.q_proj.weight.shape()
             )));
         }
+        Ok(())
+    }
+
+    /// Projects `x` and splits heads: `q [B, H, T, dh]`, `k`, `v [B, Hkv, T, ·]`.
+    pub fn project(
+        &self,
+        x: ArrayView3<'_, f32>,
+    ) -> Result<(Array4<f32>, Array4<f32>, Array4<f32>)> {
+        self.check_input(x)?;
         Ok((
             split_heads(self.q_proj.forward(x)?.view(), self.heads),
             split_heads(self.k_proj.forward(x)?.view(), self.kv_heads),
