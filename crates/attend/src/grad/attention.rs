@@ -5,10 +5,10 @@
 use ndarray::{Array2, Array3, Array4, ArrayView1, ArrayView2, ArrayView3};
 
 use super::linear::{self, LinearGrads};
-use super::{merge_heads, split_heads, Scalar};
+use super::Scalar;
 use crate::attention::AttentionOptions;
 use crate::kernels::backward::Dropout;
-use crate::nn::{Linear, MultiHeadAttention};
+use crate::nn::{merge_heads, split_heads, Linear, MultiHeadAttention};
 use crate::{Error, Result};
 
 /// What [`MultiHeadAttention::backward`] needs from the forward pass. It borrows

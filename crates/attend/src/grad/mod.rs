@@ -155,27 +155,5 @@ fn masks_only<'a>(
     Problem::new(shape(q), shape(k), shape(v), opts)
 }
 
-/// `[B, T, H · D]` → `[B, H, T, D]`, any float type.
-pub(crate) fn split_heads<T: Scalar>(y: ArrayView3<'_, T>, heads: usize) -> Array4<T> {
-    let (b, t, width) = y.dim();
-    let d = width / heads;
-    let v = y
-        .into_shape_with_order((b, t, heads, d))
-        .expect("a standard-layout [B, T, H·D] splits");
-    v.permuted_axes([0, 2, 1, 3])
-        .as_standard_layout()
-        .into_owned()
-}
-
-/// `[B, H, T, D]` → `[B, T, H · D]`, any float type.
-pub(crate) fn merge_heads<T: Scalar>(o: ArrayView4<'_, T>) -> Array3<T> {
-    let (b, h, t, d) = o.dim();
-    o.permuted_axes([0, 2, 1, 3])
-        .as_standard_layout()
-        .into_owned()
-        .into_shape_with_order((b, t, h * d))
-        .expect("standard layout reshapes")
-}
-
 #[cfg(test)]
 mod tests;

@@ -193,25 +193,22 @@ impl MultiHeadAttention {
     }
 }
 
-/// `[B, T, H · D]` → `[B, H, T, D]`.
-pub fn split_heads(y: ArrayView3<'_, f32>, heads: usize) -> Array4<f32> {
+/// `[B, T, H · D]` → `[B, H, T, D]`, any element type and any input layout.
+pub fn split_heads<A: Clone>(y: ArrayView3<'_, A>, heads: usize) -> Array4<A> {
     let (b, t, width) = y.dim();
-    let d = width / heads;
-    let mut out = Array4::zeros((b, heads, t, d));
-    for h in 0..heads {
-        out.slice_mut(ndarray::s![.., h, .., ..])
-            .assign(&y.slice(ndarray::s![.., .., h * d..(h + 1) * d]));
-    }
-    out
+    y.to_shape((b, t, heads, width / heads))
+        .expect("[B, T, H·D] holds B·T·H·D elements")
+        .permuted_axes([0, 2, 1, 3])
+        .as_standard_layout()
+        .into_owned()
 }
 
-/// `[B, H, T, D]` → `[B, T, H · D]` (heads concatenated).
-pub fn merge_heads(o: ArrayView4<'_, f32>) -> Array3<f32> {
+/// `[B, H, T, D]` → `[B, T, H · D]` (heads concatenated), any element type.
+pub fn merge_heads<A: Clone>(o: ArrayView4<'_, A>) -> Array3<A> {
     let (b, h, t, d) = o.dim();
-    let mut out = Array3::zeros((b, t, h * d));
-    for hi in 0..h {
-        out.slice_mut(ndarray::s![.., .., hi * d..(hi + 1) * d])
-            .assign(&o.slice(ndarray::s![.., hi, .., ..]));
-    }
-    out
+    o.permuted_axes([0, 2, 1, 3])
+        .as_standard_layout()
+        .into_owned()
+        .into_shape_with_order((b, t, h * d))
+        .expect("a standard-layout array reshapes")
 }
