@@ -3,8 +3,10 @@
 //!
 //! `gbps` counts the K and V bytes read once per call, as
 //! `shared/bench/torch_sdpa.py --decode` does; `read_gbps` is a streaming sum over
-//! a buffer much larger than the CPU caches, on the same threads, so
-//! `gbps / read_gbps` says how close decoding comes to the memory's limit.
+//! a buffer much larger than the CPU caches, on the same threads. Decode calls and
+//! reads of the buffer alternate, and `fraction_of_read` is the median over those
+//! pairs of the decode's bandwidth over the read's: how close decoding comes to the
+//! memory's limit at the same moment.
 
 use std::time::Instant;
 
@@ -32,21 +34,29 @@ pub struct DecodeArgs {
     pub threads: usize,
     /// Instruction set.
     pub isa: Isa,
-    /// Minimum timed seconds in all (split over 10 alternating rounds).
+    /// Minimum timed seconds in all (decode samples alternating with reads).
     pub min_time: f64,
 }
 
-/// Median seconds of `f` over at least 3 runs and `min_time` seconds.
-fn median_seconds(min_time: f64, mut f: impl FnMut()) -> f64 {
-    let mut times = Vec::new();
-    let end = Instant::now() + std::time::Duration::from_secs_f64(min_time);
-    while times.len() < 3 || Instant::now() < end {
-        let t = Instant::now();
+/// Pairs of measurements at the least, whatever `min_time` says.
+const MIN_PAIRS: usize = 5;
+
+/// A decode sample lasts at least this long (tiny problems repeat the call), so
+/// that the clock's resolution does not matter.
+const MIN_SAMPLE_SECONDS: f64 = 1e-3;
+
+/// Seconds per call of `f`, timed over `reps` calls.
+fn seconds_per_call(reps: usize, mut f: impl FnMut()) -> f64 {
+    let t = Instant::now();
+    for _ in 0..reps {
         f();
-        times.push(t.elapsed().as_secs_f64());
     }
-    times.sort_by(f64::total_cmp);
-    times[times.len() / 2]
+    t.elapsed().as_secs_f64() / reps as f64
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
 }
 
 /// Runs the decode benchmark and returns its JSON record.
@@ -92,39 +102,35 @@ pub fn run(a: &DecodeArgs) -> Result<serde_json::Value, Error> {
     // Bandwidth buffer: well beyond the last-level cache, and at least the cache size.
     let bw_len = (256usize << 20).max(kv_bytes as usize) / 4;
     let buf: Vec<f32> = (0..bw_len).map(|i| (i % 7) as f32).collect();
+    let read_bytes = (bw_len * 4) as f64;
     let (mut t_decode, mut t_read, mut fraction) = (Vec::new(), Vec::new(), Vec::new());
     pool.install(|| -> Result<(), Error> {
+        let mut decode = || {
+            let _ =
+                std::hint::black_box(decode_attention(q.view(), k.view(), v.view(), &opts, &cfg));
+        };
         decode_attention(q.view(), k.view(), v.view(), &opts, &cfg)?;
-        // Alternate short measurements of both, so that both see the same machine
-        // load; the fraction of the read bandwidth is taken round by round.
-        let rounds = 10;
-        let per = a.min_time / rounds as f64 / 2.0;
-        for _ in 0..rounds {
-            let td = median_seconds(per, || {
-                let _ = std::hint::black_box(decode_attention(
-                    q.view(),
-                    k.view(),
-                    v.view(),
-                    &opts,
-                    &cfg,
-                ));
-            });
-            let tr = median_seconds(per, || {
+        let once = seconds_per_call(1, &mut decode);
+        let reps = (MIN_SAMPLE_SECONDS / once.max(1e-9)).ceil().max(1.0) as usize;
+        // Alternate one decode sample and one read of the buffer: the load that
+        // other tenants put on this shared machine's memory changes from one second
+        // to the next, and each pair sees the same load, so the fraction of the
+        // read bandwidth is taken pair by pair.
+        let end = Instant::now() + std::time::Duration::from_secs_f64(a.min_time);
+        while t_decode.len() < MIN_PAIRS || Instant::now() < end {
+            let td = seconds_per_call(reps, &mut decode);
+            let tr = seconds_per_call(1, || {
                 std::hint::black_box(parallel_sum(&buf));
             });
             t_decode.push(td);
             t_read.push(tr);
-            fraction.push(tr / (bw_len * 4) as f64 * kv_bytes / td);
+            fraction.push((kv_bytes / td) / (read_bytes / tr));
         }
         Ok(())
     })?;
-    let med = |t: &mut Vec<f64>| {
-        t.sort_by(f64::total_cmp);
-        t[t.len() / 2]
-    };
-    let (sec, read_sec) = (med(&mut t_decode), med(&mut t_read));
+    let (sec, read_sec) = (median(t_decode), median(t_read));
     let gbps = kv_bytes / sec / 1e9;
-    let read_gbps = (bw_len * 4) as f64 / read_sec / 1e9;
+    let read_gbps = read_bytes / read_sec / 1e9;
     Ok(serde_json::json!({
         "what": "decode",
         "isa": isa.name(),
@@ -139,7 +145,7 @@ pub fn run(a: &DecodeArgs) -> Result<serde_json::Value, Error> {
         "ms": sec * 1e3,
         "gbps": gbps,
         "read_gbps": read_gbps,
-        "fraction_of_read": med(&mut fraction),
+        "fraction_of_read": median(fraction),
     }))
 }
 

@@ -405,28 +405,22 @@ unsafe fn dots16<S: DecodeSimd>(q: *const f32, k: *const f32, ks: isize, e: usiz
     let full = e / LANES;
     let tail = e % LANES;
     let mut acc = [S::splat(0.0); BLOCK];
-    // Two halves of eight keys: eight independent FMA chains each, and row
-    // pointers that stay in registers (sixteen would not).
-    for half in 0..2 {
-        let mut rows = [k; 8];
-        for (j, r) in rows.iter_mut().enumerate() {
-            *r = k.offset((half * 8 + j) as isize * ks);
+    for c in 0..full {
+        let qv = S::load(q.add(c * LANES));
+        for (j, a) in acc.iter_mut().enumerate() {
+            *a = S::fma(qv, S::load(k.offset(j as isize * ks).add(c * LANES)), *a);
         }
-        let mut a = [S::splat(0.0); 8];
-        for c in 0..full {
-            let qv = S::load(q.add(c * LANES));
-            for j in 0..8 {
-                a[j] = S::fma(qv, S::load(rows[j].add(c * LANES)), a[j]);
-            }
+    }
+    if tail > 0 {
+        let at = full * LANES;
+        let qv = S::load(q.add(at));
+        for (j, a) in acc.iter_mut().enumerate() {
+            *a = S::fma(
+                qv,
+                S::load_part(k.offset(j as isize * ks).add(at), tail),
+                *a,
+            );
         }
-        if tail > 0 {
-            let at = full * LANES;
-            let qv = S::load(q.add(at));
-            for j in 0..8 {
-                a[j] = S::fma(qv, S::load_part(rows[j].add(at), tail), a[j]);
-            }
-        }
-        acc[half * 8..half * 8 + 8].copy_from_slice(&a);
     }
     S::store(out, S::sum16(&acc));
 }
