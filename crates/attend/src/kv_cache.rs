@@ -23,7 +23,7 @@
 
 use ndarray::{s, Array3, Array4, ArrayView4};
 
-use crate::attention::{AttentionOptions, Causal};
+use crate::attention::{attention_with, AttentionOptions, Causal, Config, Kernel};
 use crate::decode::{attention_partial_with, merge_partials, DecodeConfig, Partial};
 use crate::{Error, Result};
 
@@ -325,13 +325,16 @@ impl LayerCache {
         let mut segs = self.segments();
         Ok(match segs.pop() {
             Some((_, k, v)) => (k, v),
-            None => (
-                ArrayView4::from_shape((self.batch, self.kv_heads, 0, self.head_dim), &[])
-                    .expect("empty"),
-                ArrayView4::from_shape((self.batch, self.kv_heads, 0, self.value_dim), &[])
-                    .expect("empty"),
-            ),
+            None => self.no_keys(),
         })
+    }
+
+    /// Keys and values of no position, `[B, Hkv, 0, ·]`.
+    fn no_keys(&self) -> (ArrayView4<'_, f32>, ArrayView4<'_, f32>) {
+        let view = |width| {
+            ArrayView4::from_shape((self.batch, self.kv_heads, 0, width), &[]).expect("empty")
+        };
+        (view(self.head_dim), view(self.value_dim))
     }
 
     /// Causal attention of the queries `q [B, H, L, E]` of the last `L` appended
@@ -340,6 +343,11 @@ impl LayerCache {
     ///
     /// Returns the output `[B, H, L, Ev]` and the log-sum-exp `[B, H, L]`; equal to
     /// recomputing causal attention over the whole sequence, up to rounding.
+    ///
+    /// Steps of up to [`DECODE_MAX_QUERIES`](crate::attention::DECODE_MAX_QUERIES) queries run the split-KV decode kernel;
+    /// longer ones (a prompt's prefill) the fused forward kernel, unless a sliding
+    /// window's ring has wrapped, whose two pieces are attended by the decode kernel
+    /// and merged.
     pub fn attend(
         &self,
         q: ArrayView4<'_, f32>,
@@ -371,23 +379,24 @@ impl LayerCache {
         };
         let total = self.retained();
         let segs = self.segments();
-        if segs.is_empty() {
-            // No key at all (L = 0 here): let validation speak about q.
-            let (k, v) = (
-                Array4::<f32>::zeros((self.batch, self.kv_heads, 0, self.head_dim)),
-                Array4::<f32>::zeros((self.batch, self.kv_heads, 0, self.value_dim)),
-            );
-            let part = attention_partial_with(q, k.view(), v.view(), &opts, 0, 0, config)?;
-            return Ok((part.output, part.lse));
+        if segs.len() <= 1 {
+            // Every retained key in one piece (or none, and validation speaks about
+            // q): the general entry point picks the kernel by the number of queries.
+            let (k, v) = match segs.into_iter().next() {
+                Some((_, k, v)) => (k, v),
+                None => self.no_keys(),
+            };
+            let config = Config {
+                kernel: Kernel::Auto,
+                isa: config.isa,
+                threads: config.threads,
+            };
+            return attention_with(q, k, v, &opts, &config);
         }
         let parts: Vec<Partial> = segs
             .into_iter()
             .map(|(start, k, v)| attention_partial_with(q, k, v, &opts, start, total, config))
             .collect::<Result<_>>()?;
-        if parts.len() == 1 {
-            let p = parts.into_iter().next().expect("one part");
-            return Ok((p.output, p.lse));
-        }
         let m = merge_partials(&parts)?;
         Ok((m.output, m.lse))
     }

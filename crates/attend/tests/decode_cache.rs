@@ -76,12 +76,14 @@ fn steps_of_one_token_equal_full_causal_attention() {
 #[test]
 fn chunks_of_several_tokens_equal_full_causal_attention() {
     let mut rng = Rng::new(2);
-    let (b, h, hkv, t, e, ev) = (1, 6, 3, 200, 40, 40);
+    let (b, h, hkv, t, e, ev) = (1, 6, 3, 260, 40, 40);
     let q = rng.array((b, h, t, e));
     let k = rng.array((b, hkv, t, e));
     let v = rng.array((b, hkv, t, ev));
     let mut cache = LayerCache::new(b, hkv, e, ev);
-    let steps = [7, 1, 16, 3, 1, 1, 12];
+    // A 40-token prefill first (more than the decode kernel's 16 queries: the fused
+    // kernel's path), then short steps and another long one.
+    let steps = [40, 7, 1, 16, 3, 1, 1, 12, 17];
     let got = decode_all(&mut cache, &q, &k, &v, &steps, &DecodeConfig::default());
     let opts = AttentionOptions {
         causal: Some(Causal::BottomRight),
@@ -102,6 +104,9 @@ fn sliding_window_ring_equals_windowed_full_attention() {
         (20, vec![1]),
         (20, vec![3, 1, 6, 2]),
         (64, vec![5]),
+        // Long steps: the fused kernel while the ring is in one piece, the decode
+        // kernel's merged pieces once it has wrapped.
+        (20, vec![30, 1, 25]),
     ] {
         let mut cache = LayerCache::with_window(b, hkv, e, ev, window).unwrap();
         let config = DecodeConfig {
