@@ -244,9 +244,18 @@ impl Ctx<'_, '_> {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `run` checked that the CPU has avx512f.
             Isa::Avx512 => unsafe { self.chunk_avx512(b, kvh, j0, j1, part) },
-            // SAFETY: the portable vectors need no CPU feature. (AVX2 runs them too.)
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `run` checked that the CPU has avx2 and fma.
+            Isa::Avx2 => unsafe { self.chunk_avx2(b, kvh, j0, j1, part) },
+            // SAFETY: the portable vectors need no CPU feature.
             _ => unsafe { self.chunk_with::<Portable>(b, kvh, j0, j1, part) },
         }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn chunk_avx2(&self, b: usize, kvh: usize, j0: usize, j1: usize, part: &mut [f32]) {
+        self.chunk_with::<crate::kernels::simd::avx2::Avx2>(b, kvh, j0, j1, part)
     }
 
     #[cfg(target_arch = "x86_64")]

@@ -1,7 +1,6 @@
 //! What decoding needs of the vectors beyond the fused kernel's [`Simd`]: partial
 //! loads and stores for widths that are not a multiple of 16, and horizontal sums
-//! and maxima. Implemented for the portable and AVX-512 vectors; on AVX2 the
-//! decode kernel runs the portable code.
+//! and maxima. Implemented for the portable, AVX2 and AVX-512 vectors.
 
 use crate::kernels::simd::portable::Portable;
 use crate::kernels::simd::{Simd, LANES};
@@ -140,6 +139,85 @@ mod avx512 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::DecodeSimd;
+    use crate::kernels::simd::avx2::{Avx2, V2};
+
+    /// Lanes `< n` of the half whose first lane is `first`, as a load/store mask.
+    #[inline(always)]
+    unsafe fn lanes(n: usize, first: i32) -> __m256i {
+        let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32 - first), idx)
+    }
+
+    /// Sums of the lanes of eight vectors, lane `j` for `h[j]` (a `hadd` tree).
+    #[inline(always)]
+    unsafe fn sum8(h: [__m256; 8]) -> __m256 {
+        let t0 = _mm256_hadd_ps(h[0], h[1]);
+        let t1 = _mm256_hadd_ps(h[2], h[3]);
+        let t2 = _mm256_hadd_ps(h[4], h[5]);
+        let t3 = _mm256_hadd_ps(h[6], h[7]);
+        // Per 128-bit lane: the partial sums of h0..h3 and of h4..h7.
+        let u0 = _mm256_hadd_ps(t0, t1);
+        let u1 = _mm256_hadd_ps(t2, t3);
+        _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(u0, u1),
+            _mm256_permute2f128_ps::<0x31>(u0, u1),
+        )
+    }
+
+    // SAFETY: callers check `avx2` and `fma` at run time before using this type.
+    unsafe impl DecodeSimd for Avx2 {
+        #[inline(always)]
+        unsafe fn load_part(p: *const f32, n: usize) -> V2 {
+            // Masked-off lanes are not read, so `p` needs only `n` valid floats.
+            V2(
+                _mm256_maskload_ps(p, lanes(n, 0)),
+                _mm256_maskload_ps(p.add(8), lanes(n, 8)),
+            )
+        }
+        #[inline(always)]
+        unsafe fn store_part(p: *mut f32, v: V2, n: usize) {
+            _mm256_maskstore_ps(p, lanes(n, 0), v.0);
+            _mm256_maskstore_ps(p.add(8), lanes(n, 8), v.1);
+        }
+        #[inline(always)]
+        unsafe fn sum(a: V2) -> f32 {
+            // Pairwise halves, like the portable tree.
+            let s8 = _mm256_add_ps(a.0, a.1);
+            let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
+            let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+            let s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
+            _mm_cvtss_f32(s1)
+        }
+        #[inline(always)]
+        unsafe fn sum16(a: &[V2; 16]) -> V2 {
+            let halves = |j0: usize| {
+                let mut h = [_mm256_setzero_ps(); 8];
+                for (x, v) in h.iter_mut().zip(&a[j0..j0 + 8]) {
+                    *x = _mm256_add_ps(v.0, v.1);
+                }
+                sum8(h)
+            };
+            V2(halves(0), halves(8))
+        }
+        #[inline(always)]
+        unsafe fn max_lane(a: V2) -> f32 {
+            let unordered = _mm256_cmp_ps::<_CMP_UNORD_Q>(a.0, a.1);
+            if _mm256_movemask_ps(unordered) != 0 {
+                return f32::NAN;
+            }
+            let m8 = _mm256_max_ps(a.0, a.1);
+            let m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps::<1>(m8));
+            let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,6 +261,15 @@ mod tests {
             }
             // SAFETY: the CPU has avx512f.
             unsafe { avx512() }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if Isa::Avx2.is_available() {
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn avx2() {
+                check::<crate::kernels::simd::avx2::Avx2>()
+            }
+            // SAFETY: the CPU has avx2 and fma.
+            unsafe { avx2() }
         }
     }
 }

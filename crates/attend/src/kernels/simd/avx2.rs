@@ -10,7 +10,7 @@ pub(crate) struct Avx2;
 
 /// Sixteen lanes as two halves.
 #[derive(Clone, Copy)]
-pub(crate) struct V2(__m256, __m256);
+pub(crate) struct V2(pub(crate) __m256, pub(crate) __m256);
 
 #[inline(always)]
 unsafe fn exp2_half(x: __m256) -> __m256 {
