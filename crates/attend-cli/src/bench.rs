@@ -8,7 +8,7 @@ use attend::attention::{attention_with, AttentionOptions, Causal, Config, Kernel
 use attend::kernels::backward::{attention_backward_with, BackwardConfig, BackwardKernel};
 use attend::kernels::Isa;
 use attend::Error;
-use ndarray::Array4;
+use ndarray::{Array2, Array4};
 
 /// Flags of `attend bench`.
 #[derive(clap::Args)]
@@ -34,6 +34,10 @@ pub struct Args {
     /// Top-left causal mask (PyTorch's is_causal).
     #[arg(long)]
     causal: bool,
+    /// A per-score mask `[L, S]`, broadcast over batch and heads: `bool` (every
+    /// tenth score dropped) or `additive` (a bias on every score).
+    #[arg(long, value_parser = ["bool", "additive"], conflicts_with = "decode")]
+    mask: Option<String>,
     /// Worker threads.
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -156,8 +160,12 @@ pub fn run(args: Args) -> Result<(), Error> {
     let q = random((b, h, l, e), 1);
     let k = random((b, hkv, s, e), 2);
     let v = random((b, hkv, s, e), 3);
+    let keep = Array2::from_shape_fn((l, s), |(i, j)| (7 * i + 13 * j) % 10 != 0);
+    let bias = Array2::from_shape_fn((l, s), |(i, j)| ((i + j) % 5) as f32 * -0.25);
     let opts = AttentionOptions {
         causal: args.causal.then_some(Causal::TopLeft),
+        mask: (args.mask.as_deref() == Some("bool")).then(|| keep.view().into_dyn()),
+        bias: (args.mask.as_deref() == Some("additive")).then(|| bias.view().into_dyn()),
         ..Default::default()
     };
     let config = Config {
@@ -219,14 +227,15 @@ pub fn run(args: Args) -> Result<(), Error> {
         let j = serde_json::json!({
             "what": "sdpa", "impl": "attend", "isa": isa.name(), "threads": args.threads,
             "dtype": "f32", "batch": b, "heads": h, "kv_heads": hkv, "q_len": l, "kv_len": s,
-            "head_dim": e, "causal": args.causal, "backward": args.backward, "ms": median * 1e3, "gflops": gflops,
+            "head_dim": e, "causal": args.causal, "mask": args.mask, "backward": args.backward, "ms": median * 1e3, "gflops": gflops,
         });
         println!("{j}");
     } else {
         println!(
-            "attend {} B={b} H={h} Hkv={hkv} L={l} S={s} E={e} causal={} threads={}: {:.3} ms, {:.1} GFLOP/s",
+            "attend {} B={b} H={h} Hkv={hkv} L={l} S={s} E={e} causal={} mask={} threads={}: {:.3} ms, {:.1} GFLOP/s",
             isa.name(),
             args.causal,
+            args.mask.as_deref().unwrap_or("none"),
             args.threads,
             median * 1e3,
             gflops

@@ -203,6 +203,50 @@ fn fully_masked_rows_are_exactly_zero() {
 }
 
 #[test]
+fn masks_broadcast_over_batch_heads_or_queries_match_the_reference() {
+    // L > 64: two query blocks of 64 lanes, the last one padded.
+    let (b, h, l, s) = (2, 4, 70, 90);
+    let [q, k, v] = qkv(6, b, h, 2, l, s, 32, 24);
+    let mut rng = Rng::new(10);
+    let keep_2d = ArrayD::from_shape_fn(IxDyn(&[l, s]), |_| rng.below(6) != 0);
+    let keep_per_batch = ArrayD::from_shape_fn(IxDyn(&[b, 1, 1, s]), |_| rng.below(5) != 0);
+    let bias_per_head = ArrayD::from_shape_fn(IxDyn(&[1, h, l, s]), |_| rng.normal());
+    let padding = Array2::from_shape_fn((b, s), |_| rng.below(7) == 0);
+    let cases = [
+        AttentionOptions {
+            mask: Some(keep_2d.view()),
+            key_padding: Some(padding.view()),
+            ..Default::default()
+        },
+        AttentionOptions {
+            bias: Some(bias_per_head.view()),
+            causal: Some(Causal::TopLeft),
+            window: Some((30, 0)),
+            ..Default::default()
+        },
+        AttentionOptions {
+            mask: Some(keep_per_batch.view()),
+            bias: Some(bias_per_head.view()),
+            causal: Some(Causal::BottomRight),
+            ..Default::default()
+        },
+    ];
+    for (n, opts) in cases.iter().enumerate() {
+        for isa in Isa::available() {
+            let got = attention_with(q.view(), k.view(), v.view(), opts, &fused(isa, 2)).unwrap();
+            check(
+                q.view(),
+                k.view(),
+                v.view(),
+                opts,
+                &got,
+                &format!("case {n} on {isa:?}"),
+            );
+        }
+    }
+}
+
+#[test]
 fn long_rows_many_tiles_gqa_and_wide_heads() {
     let [q, k, v] = qkv(5, 1, 2, 1, 100, 200, 256, 96);
     for opts in [

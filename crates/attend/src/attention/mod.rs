@@ -18,8 +18,10 @@
 //! # Ok::<(), attend::Error>(())
 //! ```
 
+mod mask_tiles;
 mod problem;
 
+pub use mask_tiles::MaskTiles;
 pub use problem::Problem;
 
 use ndarray::{Array3, Array4, ArrayView2, ArrayView4, ArrayViewD};

@@ -3,7 +3,7 @@
 //! Every kernel takes a [`Problem`], so validation and mask semantics live in
 //! exactly one place.
 
-use ndarray::{s, ArrayView2, ArrayView4, ArrayViewD, IxDyn};
+use ndarray::{ArrayView2, ArrayView4, ArrayViewD, IxDyn};
 
 use super::{AttentionOptions, Causal, SoftmaxAxis};
 use crate::{Error, Result};
@@ -233,64 +233,6 @@ impl Problem<'_> {
         // By monotonicity, the last query has the largest `lo` and the first the
         // smallest `hi`.
         self.key_range(i1 - 1).0 <= j0 && self.key_range(i0).1 >= j1
-    }
-
-    /// Writes, for queries `i0..i0 + ni` and keys `j0..j0 + nj` of batch `b` and
-    /// query head `h`, the additive term of each score, transposed:
-    /// `out[jj * stride + ii]` is `factor · bias` when every mask keeps score
-    /// `(i0 + ii, j0 + jj)` and −∞ when one drops it. Returns whether any score
-    /// is kept.
-    #[allow(clippy::too_many_arguments)]
-    pub fn tile_bias(
-        &self,
-        (b, h): (usize, usize),
-        (i0, ni): (usize, usize),
-        (j0, nj): (usize, usize),
-        factor: f32,
-        out: &mut [f32],
-        stride: usize,
-    ) -> bool {
-        assert!(ni <= stride && out.len() >= nj.saturating_sub(1) * stride + ni);
-        for ii in 0..ni {
-            let (lo, hi) = self.key_range(i0 + ii);
-            for jj in 0..nj {
-                let j = j0 + jj;
-                out[jj * stride + ii] = if lo <= j && j < hi {
-                    0.0
-                } else {
-                    f32::NEG_INFINITY
-                };
-            }
-        }
-        if let Some(m) = &self.mask {
-            let tile = m.slice(s![b, h, i0..i0 + ni, j0..j0 + nj]);
-            for ((ii, jj), &keep) in tile.indexed_iter() {
-                if !keep {
-                    out[jj * stride + ii] = f32::NEG_INFINITY;
-                }
-            }
-        }
-        if let Some(pad) = &self.key_padding {
-            for jj in 0..nj {
-                if pad[[b, j0 + jj]] {
-                    out[jj * stride..jj * stride + ni].fill(f32::NEG_INFINITY);
-                }
-            }
-        }
-        if let Some(bias) = &self.bias {
-            let tile = bias.slice(s![b, h, i0..i0 + ni, j0..j0 + nj]);
-            for ((ii, jj), &x) in tile.indexed_iter() {
-                let o = &mut out[jj * stride + ii];
-                if *o == 0.0 {
-                    *o = factor * x;
-                }
-            }
-        }
-        (0..nj).any(|jj| {
-            out[jj * stride..jj * stride + ni]
-                .iter()
-                .any(|&x| x != f32::NEG_INFINITY)
-        })
     }
 }
 

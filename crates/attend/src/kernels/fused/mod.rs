@@ -32,7 +32,7 @@ use ndarray::{Array3, Array4};
 use rayon::prelude::*;
 
 use super::simd::{portable::Portable, Isa, Simd, LANES};
-use crate::attention::{Problem, SoftmaxAxis};
+use crate::attention::{MaskTiles, Problem, SoftmaxAxis};
 
 /// Keys per tile.
 const BK: usize = 64;
@@ -73,6 +73,7 @@ pub fn run(p: &Problem<'_>, isa: Isa) -> (Array4<f32>, Array3<f32>) {
         group: d.heads / d.kv_heads,
         scale: p.scale,
         mr: mr_for(isa, nq),
+        masks: p.mask_tiles(),
     };
 
     let mut units = Vec::new();
@@ -108,6 +109,8 @@ struct Plan {
     scale: f32,
     /// Register block: keys per [`qk_rows`] call and value columns per [`pv_cols`].
     mr: usize,
+    /// The per-score masks, combined and transposed once.
+    masks: MaskTiles,
 }
 
 /// One block of queries of one head, and the part of the output it writes.
@@ -273,18 +276,28 @@ unsafe fn unit<S: Simd, const NQ: usize>(
         let j0 = (t * BK).max(jlo);
         let j1 = ((t + 1) * BK).min(jhi);
         t += 1;
+        if j0 >= j1 {
+            continue; // no key visible to any query of the block
+        }
         let nk = j1 - j0;
-        let masked = elementwise || !p.tile_in_band(i0, i0 + rows, j0, j1);
-        let mb: *const f32 = if masked {
-            if !p.tile_bias((b, h), (i0, rows), (j0, nk), 1.0, &mut scr.mb, w) {
+        // The additive mask term of the tile, `[nk][w]` rows `mbs` floats apart:
+        // read in place inside the causal/window band, else cut into a copy.
+        let (mb, mbs): (*const f32, usize) = if !p.tile_in_band(i0, i0 + rows, j0, j1) {
+            if !plan
+                .masks
+                .tile(p, (b, h), (i0, rows), (j0, nk), &mut scr.mb, w)
+            {
                 continue; // every score of the tile is masked
             }
             for jj in 0..nk {
                 scr.mb[jj * w + rows..(jj + 1) * w].fill(0.0);
             }
-            scr.mb.as_ptr()
+            (scr.mb.as_ptr(), w)
+        } else if elementwise {
+            let (rows_from, stride) = plan.masks.rows((b, h), i0, j0, (nk, w));
+            (rows_from.as_ptr(), stride)
         } else {
-            std::ptr::null()
+            (std::ptr::null(), 0)
         };
 
         // Sᵀ = K Qᵀ (+ mask), MR keys at a time.
@@ -293,10 +306,10 @@ unsafe fn unit<S: Simd, const NQ: usize>(
             let n = mr.min(nk - r0);
             let kp = k_ptr.offset((j0 + r0) as isize * krs);
             let sp = scr.s.as_mut_ptr().add(r0 * w);
-            let mbp = if mb.is_null() { mb } else { mb.add(r0 * w) };
+            let mbp = if mb.is_null() { mb } else { mb.add(r0 * mbs) };
             with_block!(
                 n,
-                qk_rows::<S, NQ>(scr.qt.as_ptr(), e, kp, krs, kcs, plan.scale, sp, mbp)
+                qk_rows::<S, NQ>(scr.qt.as_ptr(), e, kp, krs, kcs, plan.scale, sp, mbp, mbs)
             );
             r0 += n;
         }
@@ -350,7 +363,8 @@ fn head_ptr(a: &ndarray::ArrayView4<'_, f32>, b: usize, h: usize) -> (*const f32
     (base, st[2], st[3])
 }
 
-/// `s[r][·] = Σ_c k[r, c] · qt[c][·] (+ mb[r][·])` for `MR` keys, rows of `16·NQ`.
+/// `s[r][·] = Σ_c k[r, c] · qt[c][·] (+ mb[r][·])` for `MR` keys, rows of `16·NQ`
+/// (the mask's rows `mbs` floats apart).
 ///
 /// # Safety
 /// `k` must be valid for `MR` rows × `e` columns with the given strides; `qt`, `s`
@@ -366,6 +380,7 @@ unsafe fn qk_rows<S: Simd, const NQ: usize, const MR: usize>(
     scale: f32,
     s: *mut f32,
     mb: *const f32,
+    mbs: usize,
 ) {
     let w = NQ * LANES;
     let zero = S::splat(0.0);
@@ -403,7 +418,7 @@ unsafe fn qk_rows<S: Simd, const NQ: usize, const MR: usize>(
                     let add = if mb.is_null() {
                         zero
                     } else {
-                        S::load(mb.add(off))
+                        S::load(mb.add(r * mbs + v * LANES))
                     };
                     x = S::fma(x, S::splat(scale), add);
                 }

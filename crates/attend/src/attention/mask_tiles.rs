@@ -1,0 +1,244 @@
+//! The per-score masks of a problem, combined and transposed once per call for the
+//! tiled kernels.
+//!
+//! The fused forward holds a tile of scores transposed, one key per row and one query
+//! per lane (`Sᵀ[jj][ii]`). Reading a boolean mask, an additive mask and key padding
+//! score by score into that layout cost more than computing the score itself (the
+//! masked forward ran at about half the unmasked speed). [`MaskTiles`] instead
+//! combines them into one additive term, already transposed, once per call and per
+//! distinct `(batch, head)` slice — a mask broadcast over heads is combined once, not
+//! once per head — so that each tile is a row-by-row copy, with causality and the
+//! window cut in only where they cross the tile.
+
+use ndarray::s;
+use rayon::prelude::*;
+
+use super::Problem;
+
+/// Keys per block of the one-off transposition (and per parallel task).
+const TRANSPOSE_BLOCK: usize = 64;
+
+/// Rows of the combined masks are padded to a multiple of this many queries: the
+/// widest query block of the fused kernel.
+const ROW_ALIGN: usize = 64;
+
+/// Queries per step of the transposition: one cache line of each output row.
+const TRANSPOSE_ROWS: usize = 16;
+
+/// The additive term of every score, transposed: `−∞` where the boolean mask or key
+/// padding drops the score, the additive mask's value (or 0) where it is kept.
+///
+/// Stored as `[Bm, Hm, S, Lp]`, where `Bm` is 1 when no mask varies over the batch
+/// (else `B`), `Hm` likewise for heads, and `Lp` is `L` rounded up to a multiple of
+/// 64 (zeros past `L`, so that a kernel may read whole vectors of
+/// queries): `4 · Bm · Hm · S · Lp` bytes, and nothing for a problem without
+/// per-score masks.
+#[derive(Debug)]
+pub struct MaskTiles {
+    /// Empty when the problem has no per-score mask.
+    data: Vec<f32>,
+    per_batch: bool,
+    per_head: bool,
+    heads: usize,
+    q_len: usize,
+    kv_len: usize,
+    /// Row length `Lp`.
+    row: usize,
+}
+
+impl Problem<'_> {
+    /// The combined, transposed per-score masks (causality and windows are applied
+    /// tile by tile: see [`MaskTiles::tile`]).
+    pub fn mask_tiles(&self) -> MaskTiles {
+        let d = self.dims();
+        let (l, s) = (d.q_len, d.kv_len);
+        if !self.has_elementwise_masks() {
+            return MaskTiles {
+                data: Vec::new(),
+                per_batch: false,
+                per_head: false,
+                heads: 1,
+                q_len: l,
+                kv_len: s,
+                row: 0,
+            };
+        }
+        // Axis 0 or 1 matters only if some mask has a non-zero stride along it.
+        let varies = |axis: usize| {
+            let dim = [d.batch, d.heads][axis];
+            dim > 1
+                && (self.mask.is_some_and(|m| m.strides()[axis] != 0)
+                    || self.bias.is_some_and(|m| m.strides()[axis] != 0)
+                    || (axis == 0 && self.key_padding.is_some_and(|p| p.strides()[0] != 0)))
+        };
+        let (per_batch, per_head) = (varies(0), varies(1));
+        let nh = if per_head { d.heads } else { 1 };
+        let slices = if per_batch { d.batch } else { 1 } * nh;
+        let row = l.div_ceil(ROW_ALIGN) * ROW_ALIGN;
+        let mut data = vec![0.0f32; slices * s * row];
+        // Parallel over slices and blocks of keys: each block is `TRANSPOSE_BLOCK`
+        // rows of the transposed result.
+        data.par_chunks_mut(s * row)
+            .enumerate()
+            .flat_map(|(slice, out)| {
+                out.par_chunks_mut(TRANSPOSE_BLOCK * row)
+                    .enumerate()
+                    .map(move |(jb, out)| (slice, jb, out))
+            })
+            .for_each(|(slice, jb, out)| {
+                let nj = out.len() / row;
+                let at = (slice / nh, slice % nh);
+                self.transpose_block(at, jb * TRANSPOSE_BLOCK, nj, out, row);
+            });
+        MaskTiles {
+            data,
+            per_batch,
+            per_head,
+            heads: nh,
+            q_len: l,
+            kv_len: s,
+            row,
+        }
+    }
+
+    /// Writes keys `j0..j0 + nj` (at most [`TRANSPOSE_BLOCK`]) of every query of
+    /// `(b, h)` into `out[jj * row + i]`, [`TRANSPOSE_ROWS`] queries at a time through
+    /// a small buffer: rows `L` floats apart share one set of the L1 cache, so
+    /// writing them straight from the source rows would evict each other.
+    fn transpose_block(
+        &self,
+        (b, h): (usize, usize),
+        j0: usize,
+        nj: usize,
+        out: &mut [f32],
+        row: usize,
+    ) {
+        let l = self.dims().q_len;
+        let cols = s![b, h, .., j0..j0 + nj];
+        let bias = self.bias.map(|m| m.slice_move(cols));
+        let mask = self.mask.map(|m| m.slice_move(cols));
+        let mut buf = [[0.0f32; TRANSPOSE_BLOCK]; TRANSPOSE_ROWS];
+        for i0 in (0..l).step_by(TRANSPOSE_ROWS) {
+            let ni = TRANSPOSE_ROWS.min(l - i0);
+            let rows = s![i0..i0 + ni, ..];
+            for line in &mut buf[..ni] {
+                line.fill(0.0);
+            }
+            if let Some(bias) = &bias {
+                for (line, src) in buf.iter_mut().zip(bias.slice(rows).outer_iter()) {
+                    match src.as_slice() {
+                        Some(src) => line[..nj].copy_from_slice(src),
+                        None => line.iter_mut().zip(src).for_each(|(x, &y)| *x = y),
+                    }
+                }
+            }
+            if let Some(mask) = &mask {
+                let drop = |x: &mut f32, keep: bool| {
+                    if !keep {
+                        *x = f32::NEG_INFINITY;
+                    }
+                };
+                for (line, src) in buf.iter_mut().zip(mask.slice(rows).outer_iter()) {
+                    match src.as_slice() {
+                        Some(src) => line.iter_mut().zip(src).for_each(|(x, &k)| drop(x, k)),
+                        None => line.iter_mut().zip(src).for_each(|(x, &k)| drop(x, k)),
+                    }
+                }
+            }
+            for jj in 0..nj {
+                for (ii, o) in out[jj * row + i0..][..ni].iter_mut().enumerate() {
+                    *o = buf[ii][jj];
+                }
+            }
+        }
+        if let Some(pad) = self.key_padding {
+            for (jj, &dropped) in pad.slice_move(s![b, j0..j0 + nj]).iter().enumerate() {
+                if dropped {
+                    out[jj * row..jj * row + l].fill(f32::NEG_INFINITY);
+                }
+            }
+        }
+    }
+}
+
+impl MaskTiles {
+    /// The combined masks from query `i0` and key `j0` of `(b, h)` on, and the
+    /// distance between the rows of consecutive keys: `nj` rows of `width` queries
+    /// are in the slice (queries past `L` read as 0).
+    ///
+    /// # Panics
+    /// For a problem without per-score masks, or a block beyond the problem's.
+    pub fn rows(
+        &self,
+        (b, h): (usize, usize),
+        i0: usize,
+        j0: usize,
+        (nj, width): (usize, usize),
+    ) -> (&[f32], usize) {
+        assert!(
+            !self.data.is_empty(),
+            "rows: the problem has no per-score masks"
+        );
+        assert!(i0 + width <= self.row && j0 + nj <= self.kv_len && nj > 0);
+        let slice =
+            if self.per_batch { b } else { 0 } * self.heads + if self.per_head { h } else { 0 };
+        let start = (slice * self.kv_len + j0) * self.row + i0;
+        (
+            &self.data[start..start + (nj - 1) * self.row + width],
+            self.row,
+        )
+    }
+
+    /// Writes, for queries `i0..i0 + ni` and keys `j0..j0 + nj` of batch `b` and
+    /// query head `h`, the additive term of each score, transposed:
+    /// `out[jj * stride + ii]` is the additive mask's value (or 0) when every mask,
+    /// causality and the window keep score `(i0 + ii, j0 + jj)`, and −∞ when one
+    /// drops it. Returns whether any score is kept.
+    #[allow(clippy::too_many_arguments)]
+    pub fn tile(
+        &self,
+        p: &Problem<'_>,
+        (b, h): (usize, usize),
+        (i0, ni): (usize, usize),
+        (j0, nj): (usize, usize),
+        out: &mut [f32],
+        stride: usize,
+    ) -> bool {
+        assert!(ni <= stride && out.len() >= nj.saturating_sub(1) * stride + ni);
+        assert!(i0 + ni <= self.q_len && j0 + nj <= self.kv_len);
+        if self.data.is_empty() {
+            for jj in 0..nj {
+                out[jj * stride..jj * stride + ni].fill(0.0);
+            }
+        } else {
+            let (src, row) = self.rows((b, h), i0, j0, (nj, ni));
+            for jj in 0..nj {
+                out[jj * stride..jj * stride + ni].copy_from_slice(&src[jj * row..][..ni]);
+            }
+        }
+        if !p.tile_in_band(i0, i0 + ni, j0, j0 + nj) {
+            // Causality or the window cuts through the tile: each query's visible
+            // keys, as offsets into the tile.
+            let ranges: Vec<(usize, usize)> = (i0..i0 + ni)
+                .map(|i| {
+                    let (lo, hi) = p.key_range(i);
+                    let lo = lo.clamp(j0, j0 + nj) - j0;
+                    (lo, (hi.clamp(j0, j0 + nj) - j0).max(lo))
+                })
+                .collect();
+            for jj in 0..nj {
+                let row = &mut out[jj * stride..jj * stride + ni];
+                for (x, &(lo, hi)) in row.iter_mut().zip(&ranges) {
+                    if jj < lo || jj >= hi {
+                        *x = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        }
+        (0..nj).any(|jj| {
+            out[jj * stride..jj * stride + ni]
+                .iter()
+                .any(|&x| x != f32::NEG_INFINITY)
+        })
+    }
+}
