@@ -198,6 +198,32 @@ fn bench_prints_one_json_line() {
 }
 
 #[test]
+fn bench_times_each_mask_kind_and_names_it() {
+    for mask in ["bool", "additive"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_attend"))
+            .args(["bench", "--heads", "2", "--seq", "80", "--head-dim", "16"])
+            .args(["--mask", mask, "--min-runs", "1", "--min-time", "0"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{mask}");
+        let j: serde_json::Value =
+            serde_json::from_str(String::from_utf8(out.stdout).unwrap().trim()).unwrap();
+        assert_eq!(j["mask"], mask);
+        assert!(j["ms"].as_f64().unwrap() > 0.0);
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_attend"))
+        .args(["bench", "--mask", "diagonal"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        err.trim_end(),
+        "error: invalid value 'diagonal' for '--mask <MASK>' [possible values: bool, additive]"
+    );
+}
+
+#[test]
 fn bench_refuses_empty_shapes() {
     for flag in [
         "--seq",
