@@ -28,7 +28,7 @@
 
 use std::borrow::Cow;
 
-use ndarray::{Array4, ArrayView3, ArrayView4, Zip};
+use ndarray::{Array4, ArrayView1, ArrayView3, ArrayView4, Axis, Zip};
 use rayon::prelude::*;
 
 use super::{AttentionGrads, Dropout};
@@ -329,6 +329,15 @@ unsafe fn task<L: Simd>(ctx: &Ctx<'_, '_>, b: usize, kvh: usize, c: usize) {
                     BC,
                     false,
                 );
+                // The tile's per-score masks as 2-D views, sliced once: a 4-D
+                // index per score would cost more than the score.
+                let tile = ndarray::s![b, h, i0..i0 + nr, k0..k0 + nk];
+                let mask = p.mask.filter(|_| !full).map(|m| m.slice_move(tile));
+                let bias = p.bias.filter(|_| !full).map(|m| m.slice_move(tile));
+                let pad = p
+                    .key_padding
+                    .map(|m| m.slice_move(ndarray::s![b, k0..k0 + nk]));
+                let mut terms = [0.0f32; BC];
                 for r in 0..nr {
                     let i = i0 + r;
                     let l = ctx.lse[bh * d.q_len + i];
@@ -345,14 +354,22 @@ unsafe fn task<L: Simd>(ctx: &Ctx<'_, '_>, b: usize, kvh: usize, c: usize) {
                     } else {
                         // Per-score rules: logits, −∞ where masked, then exp.
                         let (lo, hi) = p.key_range(i);
-                        for jj in 0..BC {
-                            let j = k0 + jj;
-                            let x = srow.add(jj);
-                            *x = if jj < nk && lo <= j && j < hi && p.keeps(b, h, i, j) {
-                                *x * ctx.scale + p.bias_at(b, h, i, j) - l
-                            } else {
-                                f32::NEG_INFINITY
-                            };
+                        let (lo, hi) = (lo.clamp(k0, k0 + nk) - k0, hi.clamp(k0, k0 + nk) - k0);
+                        let term = &mut terms[..nk];
+                        mask_terms(
+                            mask.map(|m| m.index_axis_move(Axis(0), r)),
+                            bias.map(|m| m.index_axis_move(Axis(0), r)),
+                            pad,
+                            term,
+                        );
+                        let srow_n = std::slice::from_raw_parts_mut(srow, nk);
+                        for (jj, (x, &t)) in srow_n.iter_mut().zip(term.iter()).enumerate() {
+                            let logit = *x * ctx.scale + t - l;
+                            let visible = (lo <= jj) & (jj < hi);
+                            *x = if visible { logit } else { f32::NEG_INFINITY };
+                        }
+                        for jj in nk..BC {
+                            *srow.add(jj) = f32::NEG_INFINITY;
                         }
                         exp_row::<L>(srow, 1.0, 0.0);
                     }
@@ -551,5 +568,40 @@ unsafe fn tile<L: Simd, const MR: usize, const NV: usize>(
         for (v, x) in row.iter().enumerate() {
             L::store(c.add(r * ldc + v * W), *x);
         }
+    }
+}
+
+/// The additive term of one row of scores from the per-score masks: the additive
+/// mask's value (or 0), −∞ where the boolean mask or key padding drops the key.
+/// Contiguous rows are read as slices, which the compiler vectorises.
+fn mask_terms(
+    keep: Option<ArrayView1<'_, bool>>,
+    add: Option<ArrayView1<'_, f32>>,
+    pad: Option<ArrayView1<'_, bool>>,
+    out: &mut [f32],
+) {
+    match add {
+        Some(a) => match a.as_slice() {
+            Some(a) => out.copy_from_slice(a),
+            None => out.iter_mut().zip(a).for_each(|(t, &x)| *t = x),
+        },
+        None => out.fill(0.0),
+    }
+    let drop = |out: &mut [f32], m: ArrayView1<'_, bool>, dropped_if: bool| {
+        let cut = |t: &mut f32, &d: &bool| {
+            if d == dropped_if {
+                *t = f32::NEG_INFINITY;
+            }
+        };
+        match m.as_slice() {
+            Some(m) => out.iter_mut().zip(m).for_each(|(t, d)| cut(t, d)),
+            None => out.iter_mut().zip(m).for_each(|(t, d)| cut(t, d)),
+        }
+    };
+    if let Some(m) = keep {
+        drop(out, m, false);
+    }
+    if let Some(m) = pad {
+        drop(out, m, true);
     }
 }
