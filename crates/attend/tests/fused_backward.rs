@@ -460,3 +460,62 @@ fn a_dout_of_the_wrong_shape_is_an_error() {
         "{msg}"
     );
 }
+
+#[test]
+fn training_forward_with_dropout_meets_the_error_rule() {
+    use attend::grad::Scalar;
+    use attend::kernels::backward::attention_train;
+    let mut gen = TorchGenerator::new(21);
+    let (b, h, hkv, l, s, e, ev) = (2, 4, 2, 70, 90, 32, 24);
+    let q = randn(&mut gen, [b, h, l, e]);
+    let k = randn(&mut gen, [b, hkv, s, e]);
+    let v = randn(&mut gen, [b, hkv, s, ev]);
+    let keep: ArrayD<bool> = ArrayD::from_shape_fn(ndarray::IxDyn(&[l, s]), |ix| {
+        (3 * ix[0] + 7 * ix[1]) % 9 != 0
+    });
+    let cases = [
+        AttentionOptions::default(),
+        AttentionOptions {
+            causal: Some(Causal::BottomRight),
+            mask: Some(keep.view()),
+            ..Default::default()
+        },
+    ];
+    let dropout = Dropout::new(0.3, 5).unwrap();
+    for (n, opts) in cases.iter().enumerate() {
+        let got = attention_train(q.view(), k.view(), v.view(), opts, Some(&dropout)).unwrap();
+        let (want, want_lse) = <f64 as Scalar>::attention_forward(
+            q.mapv(f64::from).view(),
+            k.mapv(f64::from).view(),
+            v.mapv(f64::from).view(),
+            opts,
+            Some(&dropout),
+        )
+        .unwrap();
+        let p = Problem::new(q.view(), k.view(), v.view(), opts).unwrap();
+        let naive = forward_f32(&p, Some(&dropout)).0;
+        let want = want.mapv(|x| x as f32);
+        let scale = want.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        let floor = 4.0 * f32::EPSILON * (1.0 + scale);
+        let (ef, en) = (max_err(&got.0, &want), max_err(&naive, &want));
+        assert!(
+            ef <= 2.0 * en + floor,
+            "case {n}: dropout forward error {ef} vs naive f32 {en} (floor {floor})"
+        );
+        // The log-sum-exp is that of the weights before dropout; values of a few
+        // units carry f32 rounding near 1e-6, and 1e-5 is the golden tolerance.
+        let lse_err = got
+            .1
+            .iter()
+            .zip(&want_lse)
+            .map(|(x, y)| (*x as f64 - y).abs())
+            .fold(0.0, f64::max);
+        assert!(lse_err <= 1e-5, "case {n}: lse error {lse_err}");
+        // Some weights were dropped: the output differs from the plain forward's.
+        let plain = attention_with_lse(q.view(), k.view(), v.view(), opts).unwrap();
+        assert!(
+            max_err(&got.0, &plain.0) > 1e-2,
+            "case {n}: dropout had no effect"
+        );
+    }
+}

@@ -376,8 +376,9 @@ unsafe fn task<L: Simd>(ctx: &Ctx<'_, '_>, b: usize, kvh: usize, c: usize) {
                     match ctx.dropout {
                         None => ds_row::<L>(srow, dprow, dsum, ctx.scale),
                         Some(dr) => {
+                            let row = dr.row(b, h, i);
                             for jj in 0..nk {
-                                let z = dr.factor(b, h, i, k0 + jj);
+                                let z = dr.factor_in_row(row, k0 + jj);
                                 let pr = *srow.add(jj);
                                 *dprow.add(jj) = pr * (*dprow.add(jj) * z - dsum) * ctx.scale;
                                 *srow.add(jj) = pr * z;

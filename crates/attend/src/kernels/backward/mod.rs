@@ -88,14 +88,27 @@ impl Dropout {
     /// `0` if weight `(b, h, i, j)` is dropped, else `1/(1 − p)`.
     #[inline]
     pub fn factor(&self, b: usize, h: usize, i: usize, j: usize) -> f32 {
+        self.factor_in_row(self.row(b, h, i), j)
+    }
+
+    /// The hash of a row `(b, h, i)` of weights, for [`factor_in_row`](Self::factor_in_row):
+    /// a kernel that walks a row hashes its prefix once.
+    #[inline]
+    pub fn row(&self, b: usize, h: usize, i: usize) -> u64 {
+        let mut x = self.seed ^ 0x9E37_79B9_7F4A_7C15;
+        for part in [b, h, i] {
+            x = splitmix(x ^ part as u64);
+        }
+        x
+    }
+
+    /// [`factor`](Self::factor) of weight `j` of the row hashed by [`row`](Self::row).
+    #[inline]
+    pub fn factor_in_row(&self, row: u64, j: usize) -> f32 {
         if self.threshold == 0 {
             return 1.0;
         }
-        let mut x = self.seed ^ 0x9E37_79B9_7F4A_7C15;
-        for part in [b, h, i, j] {
-            x = splitmix(x ^ part as u64);
-        }
-        if ((x >> 40) as u32) < self.threshold {
+        if ((splitmix(row ^ j as u64) >> 40) as u32) < self.threshold {
             0.0
         } else {
             self.scale
@@ -224,7 +237,9 @@ pub fn attention_backward_with(
 }
 
 /// Attention as training computes it: [`attention_with_lse`](crate::attention::attention_with_lse)
-/// with dropout on the weights. Without dropout it is exactly that function.
+/// with dropout on the weights. Without dropout it is exactly that function; with
+/// it, the fused forward applies each tile's dropout factors before the values are
+/// summed (the log-sum-exp is that of the weights before dropout).
 pub fn attention_train(
     q: ArrayView4<'_, f32>,
     k: ArrayView4<'_, f32>,
@@ -235,6 +250,11 @@ pub fn attention_train(
     match dropout {
         Some(dr) if dr.p() > 0.0 => {
             let p = Problem::new(q, k, v, opts)?;
+            if crate::kernels::fused::supports(&p) {
+                let isa = crate::kernels::Isa::resolve(None)?;
+                let run = || crate::kernels::fused::run_with_dropout(&p, isa, Some(dr));
+                return crate::kernels::with_threads(None, run);
+            }
             let f = reference::forward(
                 &p,
                 p.q.mapv(f64::from).view(),

@@ -33,6 +33,7 @@ use rayon::prelude::*;
 
 use super::simd::{portable::Portable, Isa, Simd, LANES};
 use crate::attention::{MaskTiles, Problem, SoftmaxAxis};
+use crate::kernels::backward::Dropout;
 
 /// Keys per tile.
 const BK: usize = 64;
@@ -53,6 +54,20 @@ pub fn supports(p: &Problem<'_>) -> bool {
 /// If `!supports(p)` or `isa` is not available on this CPU (both are checked by
 /// [`crate::attention::attention_with`]).
 pub fn run(p: &Problem<'_>, isa: Isa) -> (Array4<f32>, Array3<f32>) {
+    run_with_dropout(p, isa, None)
+}
+
+/// [`run`] with dropout on the attention weights (training's forward): the output
+/// is `Σ_j softmax_j · z_j · v_j` with `z` the [`Dropout`] factors, the log-sum-exp
+/// that of the weights before dropout, as the backward expects.
+///
+/// # Panics
+/// As [`run`].
+pub fn run_with_dropout(
+    p: &Problem<'_>,
+    isa: Isa,
+    dropout: Option<&Dropout>,
+) -> (Array4<f32>, Array3<f32>) {
     assert!(supports(p), "fused kernel does not support this problem");
     assert!(isa.is_available(), "{isa:?} is not available on this CPU");
     let d = p.dims();
@@ -74,6 +89,7 @@ pub fn run(p: &Problem<'_>, isa: Isa) -> (Array4<f32>, Array3<f32>) {
         scale: p.scale,
         mr: mr_for(isa, nq),
         masks: p.mask_tiles(),
+        dropout: dropout.copied(),
     };
 
     let mut units = Vec::new();
@@ -111,6 +127,7 @@ struct Plan {
     mr: usize,
     /// The per-score masks, combined and transposed once.
     masks: MaskTiles,
+    dropout: Option<Dropout>,
 }
 
 /// One block of queries of one head, and the part of the output it writes.
@@ -321,6 +338,16 @@ unsafe fn unit<S: Simd, const NQ: usize>(
             scr.l.as_mut_ptr(),
             scr.alpha.as_mut_ptr(),
         );
+        if let Some(dr) = &plan.dropout {
+            // The running sum `l` above is over the weights before dropout; only
+            // the values' weights are dropped (and the kept ones scaled).
+            for ii in 0..rows {
+                let row = dr.row(b, h, i0 + ii);
+                for jj in 0..nk {
+                    scr.s[jj * w + ii] *= dr.factor_in_row(row, j0 + jj);
+                }
+            }
+        }
 
         // Oᵀ = α Oᵀ + Vᵀ Pᵀ, MR value columns at a time.
         let mut c0 = 0;
