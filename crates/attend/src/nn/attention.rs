@@ -129,8 +129,16 @@ impl MultiHeadAttention {
         x: ArrayView3<'_, f32>,
         opts: &AttentionOptions<'_>,
     ) -> Result<Array3<f32>> {
-        let (q, k, v) = self.project(x)?;
-        let ctx = attention(q.view(), k.view(), v.view(), opts)?;
+        self.check_input(x)?;
+        let q = self.q_proj.forward(x)?;
+        let k = self.k_proj.forward(x)?;
+        let v = self.v_proj.forward(x)?;
+        let ctx = attention(
+            heads_view(&q, self.heads),
+            heads_view(&k, self.kv_heads),
+            heads_view(&v, self.kv_heads),
+            opts,
+        )?;
         self.finish(merge_heads(ctx.view()))
     }
 
@@ -191,6 +199,16 @@ impl MultiHeadAttention {
             None => Ok(context),
         }
     }
+}
+
+/// A projection `[B, T, H · D]` viewed as `[B, H, T, D]` without a copy: the
+/// attention kernels take any strides.
+fn heads_view(y: &Array3<f32>, heads: usize) -> ArrayView4<'_, f32> {
+    let (b, t, width) = y.dim();
+    y.view()
+        .into_shape_with_order((b, t, heads, width / heads))
+        .expect("a fresh projection is in standard layout")
+        .permuted_axes([0, 2, 1, 3])
 }
 
 /// `[B, T, H · D]` → `[B, H, T, D]`, any element type and any input layout.
