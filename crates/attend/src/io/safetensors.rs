@@ -1,4 +1,5 @@
-//! Reading and writing [safetensors] files of `f32` tensors.
+//! Reading and writing [safetensors] files of `f32` tensors. `F16` and `BF16`
+//! tensors (how many checkpoints are shipped) are read too, widened exactly to `f32`.
 //!
 //! The format is an 8-byte little-endian header length `N`, `N` bytes of JSON
 //! (`{"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, ...,
@@ -46,6 +47,25 @@ pub struct SafeTensors {
     data_start: usize,
     tensors: BTreeMap<String, TensorInfo>,
     metadata: BTreeMap<String, String>,
+}
+
+/// An IEEE half-precision value, widened exactly.
+fn f16_to_f32(h: u16) -> f32 {
+    let sign = ((h >> 15) as u32) << 31;
+    let exp = ((h >> 10) & 0x1f) as u32;
+    let man = (h & 0x3ff) as u32;
+    let bits = match (exp, man) {
+        (0, 0) => sign,
+        // Subnormal: man · 2^−24, normal in f32; shift the leading one into place.
+        (0, m) => {
+            let shift = m.leading_zeros() - 21; // to bring bit 10 to the top
+            sign | ((113 - shift) << 23) | (((m << shift) & 0x3ff) << 13)
+        }
+        (0x1f, 0) => sign | 0x7f80_0000,
+        (0x1f, m) => sign | 0x7fc0_0000 | (m << 13),
+        (e, m) => sign | ((e + 112) << 23) | (m << 13),
+    };
+    f32::from_bits(bits)
 }
 
 /// Bytes per element of the dtypes the format defines.
@@ -147,23 +167,32 @@ impl SafeTensors {
         &self.metadata
     }
 
-    /// The `f32` tensor `name`, in its stored shape.
+    /// The tensor `name` as `f32`, in its stored shape: `F32` as stored, `F16` and
+    /// `BF16` widened (exactly: every value of both is an `f32`).
     pub fn tensor(&self, name: &str) -> Result<ArrayD<f32>> {
         let info = self.tensors.get(name).ok_or_else(|| {
             Error::format(format!("{}: has no tensor named {name:?}", self.origin))
         })?;
-        if info.dtype != "F32" {
-            return Err(Error::format(format!(
-                "{}: tensor {name:?} has dtype {}; only F32 is supported",
-                self.origin, info.dtype
-            )));
-        }
         let (begin, end) = info.data_offsets;
         let raw = &self.bytes[self.data_start + begin..self.data_start + end];
-        let values: Vec<f32> = raw
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
-            .collect();
+        let half = |c: &[u8]| u16::from_le_bytes(c.try_into().expect("2 bytes"));
+        let values: Vec<f32> = match info.dtype.as_str() {
+            "F32" => raw
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+                .collect(),
+            "F16" => raw.chunks_exact(2).map(|c| f16_to_f32(half(c))).collect(),
+            "BF16" => raw
+                .chunks_exact(2)
+                .map(|c| f32::from_bits((half(c) as u32) << 16))
+                .collect(),
+            other => {
+                return Err(Error::format(format!(
+                    "{}: tensor {name:?} has dtype {other}; only F32, F16 and BF16 are supported",
+                    self.origin
+                )))
+            }
+        };
         Ok(ArrayD::from_shape_vec(IxDyn(&info.shape), values).expect("size checked on open"))
     }
 
@@ -401,7 +430,65 @@ mod tests {
             b.extend_from_slice(&[0u8; 16]);
             SafeTensors::from_bytes(b, "x").unwrap()
         };
-        assert!(ok.tensor("a").unwrap_err().to_string().contains("only F32"));
+        assert!(ok
+            .tensor("a")
+            .unwrap_err()
+            .to_string()
+            .contains("has dtype I64; only F32, F16 and BF16 are supported"));
+    }
+
+    /// A file of one tensor `a` of `dtype` with the given little-endian halves.
+    fn halves(dtype: &str, values: &[u16]) -> SafeTensors {
+        let json = format!(
+            r#"{{"a": {{"dtype": "{dtype}", "shape": [{}], "data_offsets": [0, {}]}}}}"#,
+            values.len(),
+            2 * values.len()
+        );
+        let mut b = (json.len() as u64).to_le_bytes().to_vec();
+        b.extend_from_slice(json.as_bytes());
+        for v in values {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        SafeTensors::from_bytes(b, "x").unwrap()
+    }
+
+    #[test]
+    fn every_f16_value_widens_exactly() {
+        let all: Vec<u16> = (0..=u16::MAX).collect();
+        let got = halves("F16", &all).tensor("a").unwrap();
+        for (&h, &x) in all.iter().zip(got.iter()) {
+            // The definition: (−1)^s · 2^(e − 15) · (1 + m/1024), subnormals
+            // 2^−14 · m/1024, e = 31 infinities and NaNs; in f64, then compared.
+            let (s, e, m) = (h >> 15, (h >> 10) & 0x1f, h & 0x3ff);
+            let sign = if s == 1 { -1.0 } else { 1.0 };
+            let want = match e {
+                0 => sign * 2f64.powi(-14) * (m as f64 / 1024.0),
+                31 if m == 0 => sign * f64::INFINITY,
+                31 => f64::NAN,
+                _ => sign * 2f64.powi(e as i32 - 15) * (1.0 + m as f64 / 1024.0),
+            };
+            if want.is_nan() {
+                assert!(x.is_nan(), "{h:#06x}");
+            } else {
+                assert_eq!(x as f64, want, "{h:#06x}");
+                assert_eq!(x.is_sign_negative(), s == 1, "{h:#06x} sign");
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_values_widen_exactly() {
+        let got = halves("BF16", &[0x3f80, 0xc020, 0x4049, 0x0001, 0xff80])
+            .tensor("a")
+            .unwrap();
+        let want = [
+            1.0,
+            -2.5,
+            3.140625,
+            f32::from_bits(0x0001_0000),
+            f32::NEG_INFINITY,
+        ];
+        assert_eq!(got.as_slice().unwrap(), &want);
     }
 
     #[test]

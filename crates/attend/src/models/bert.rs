@@ -562,6 +562,17 @@ mod tests {
 
     /// A two-layer BERT of width 8 with arbitrary weights, in memory.
     fn tiny() -> BertModel {
+        let (config, tensors) = tiny_weights(|x| x);
+        let views: Vec<_> = tensors
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.view()))
+            .collect();
+        let file = SafeTensors::from_bytes(serialize(&views, None).unwrap(), "tiny").unwrap();
+        BertModel::from_safetensors(config, &file).unwrap()
+    }
+
+    /// The configuration and named weights of [`tiny`], each value passed through `f`.
+    fn tiny_weights(f: impl Fn(f32) -> f32) -> (BertConfig, Vec<(String, ArrayD<f32>)>) {
         let config = BertConfig::from_json(
             r#"{"vocab_size": 11, "hidden_size": 8, "num_hidden_layers": 2,
                 "num_attention_heads": 2, "intermediate_size": 12, "hidden_act": "gelu",
@@ -575,7 +586,7 @@ mod tests {
             let v: Vec<f32> = (0..n)
                 .map(|_| {
                     seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
-                    ((seed >> 8) % 1000) as f32 / 1000.0 - 0.5
+                    f(((seed >> 8) % 1000) as f32 / 1000.0 - 0.5)
                 })
                 .collect();
             tensors.push((
@@ -606,12 +617,39 @@ mod tests {
                 add(&format!("{p}.{ln}.bias"), &[8]);
             }
         }
+        (config, tensors)
+    }
+
+    #[test]
+    fn a_bf16_checkpoint_gives_the_same_model_as_its_f32_values() {
+        // Weights rounded to BF16's precision, stored once as F32 and once as BF16.
+        let to_bf16 = |x: f32| f32::from_bits(x.to_bits() & 0xffff_0000);
+        let (config, tensors) = tiny_weights(to_bf16);
         let views: Vec<_> = tensors
             .iter()
             .map(|(n, t)| (n.as_str(), t.view()))
             .collect();
-        let file = SafeTensors::from_bytes(serialize(&views, None).unwrap(), "tiny").unwrap();
-        BertModel::from_safetensors(config, &file).unwrap()
+        let f32_file = SafeTensors::from_bytes(serialize(&views, None).unwrap(), "f32").unwrap();
+        let (mut header, mut data) = (serde_json::Map::new(), Vec::new());
+        for (name, t) in &tensors {
+            let begin = data.len();
+            for x in t.iter() {
+                data.extend_from_slice(&((x.to_bits() >> 16) as u16).to_le_bytes());
+            }
+            header.insert(
+                name.clone(),
+                serde_json::json!({"dtype": "BF16", "shape": t.shape(), "data_offsets": [begin, data.len()]}),
+            );
+        }
+        let json = serde_json::Value::Object(header).to_string();
+        let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(json.as_bytes());
+        bytes.extend_from_slice(&data);
+        let bf16_file = SafeTensors::from_bytes(bytes, "bf16").unwrap();
+        let a = BertModel::from_safetensors(config.clone(), &f32_file).unwrap();
+        let b = BertModel::from_safetensors(config, &bf16_file).unwrap();
+        let batch = TokenBatch::from_sequences(&[(vec![1, 5, 7, 2], vec![0, 0, 1, 1])], 0).unwrap();
+        assert_eq!(a.forward(&batch).unwrap(), b.forward(&batch).unwrap());
     }
 
     #[test]
