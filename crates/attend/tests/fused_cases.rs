@@ -212,7 +212,14 @@ fn masks_broadcast_over_batch_heads_or_queries_match_the_reference() {
     let keep_per_batch = ArrayD::from_shape_fn(IxDyn(&[b, 1, 1, s]), |_| rng.below(5) != 0);
     let bias_per_head = ArrayD::from_shape_fn(IxDyn(&[1, h, l, s]), |_| rng.normal());
     let padding = Array2::from_shape_fn((b, s), |_| rng.below(7) == 0);
+    // Padding as a batch of sentences has it: a tail of keys in one sequence only,
+    // so that some tiles are cut by it and others read no mask at all.
+    let tail = Array2::from_shape_fn((b, s), |(bb, j)| bb == 0 && j >= 60);
     let cases = [
+        AttentionOptions {
+            key_padding: Some(tail.view()),
+            ..Default::default()
+        },
         AttentionOptions {
             mask: Some(keep_2d.view()),
             key_padding: Some(padding.view()),

@@ -2,13 +2,14 @@
 //! tiled kernels.
 //!
 //! The fused forward holds a tile of scores transposed, one key per row and one query
-//! per lane (`Sᵀ[jj][ii]`). Reading a boolean mask, an additive mask and key padding
-//! score by score into that layout cost more than computing the score itself (the
-//! masked forward ran at about half the unmasked speed). [`MaskTiles`] instead
-//! combines them into one additive term, already transposed, once per call and per
-//! distinct `(batch, head)` slice — a mask broadcast over heads is combined once, not
-//! once per head — so that each tile is a row-by-row copy, with causality and the
-//! window cut in only where they cross the tile.
+//! per lane (`Sᵀ[jj][ii]`). Reading a boolean or additive mask score by score into
+//! that layout cost more than computing the score itself (the masked forward ran at
+//! about half the unmasked speed). [`MaskTiles`] instead combines them into one
+//! additive term, already transposed, once per call and per distinct `(batch, head)`
+//! slice — a mask broadcast over heads is combined once, not once per head — so that
+//! a tile reads it in place. Key padding (`[B, S]`) is not materialised: it drops
+//! whole key rows of a tile, applied with causality and the window to a copy, only in
+//! the tiles it or they cut through.
 
 use ndarray::s;
 use rayon::prelude::*;
@@ -25,17 +26,17 @@ const ROW_ALIGN: usize = 64;
 /// Queries per step of the transposition: one cache line of each output row.
 const TRANSPOSE_ROWS: usize = 16;
 
-/// The additive term of every score, transposed: `−∞` where the boolean mask or key
-/// padding drops the score, the additive mask's value (or 0) where it is kept.
+/// The additive term of every score from the boolean and additive masks, transposed:
+/// `−∞` where the boolean mask drops the score, the additive mask's value (or 0)
+/// where it is kept.
 ///
-/// Stored as `[Bm, Hm, S, Lp]`, where `Bm` is 1 when no mask varies over the batch
-/// (else `B`), `Hm` likewise for heads, and `Lp` is `L` rounded up to a multiple of
-/// 64 (zeros past `L`, so that a kernel may read whole vectors of
-/// queries): `4 · Bm · Hm · S · Lp` bytes, and nothing for a problem without
-/// per-score masks.
+/// Stored as `[Bm, Hm, S, Lp]`, where `Bm` is 1 when neither mask varies over the
+/// batch (else `B`), `Hm` likewise for heads, and `Lp` is `L` rounded up to a
+/// multiple of 64 (zeros past `L`, so that a kernel may read whole vectors of
+/// queries): `4 · Bm · Hm · S · Lp` bytes, and nothing without either mask.
 #[derive(Debug)]
 pub struct MaskTiles {
-    /// Empty when the problem has no per-score mask.
+    /// Empty when the problem has neither a boolean nor an additive mask.
     data: Vec<f32>,
     per_batch: bool,
     per_head: bool,
@@ -47,12 +48,12 @@ pub struct MaskTiles {
 }
 
 impl Problem<'_> {
-    /// The combined, transposed per-score masks (causality and windows are applied
-    /// tile by tile: see [`MaskTiles::tile`]).
+    /// The combined, transposed boolean and additive masks (key padding, causality
+    /// and windows are applied tile by tile: see [`MaskTiles::tile`]).
     pub fn mask_tiles(&self) -> MaskTiles {
         let d = self.dims();
         let (l, s) = (d.q_len, d.kv_len);
-        if !self.has_elementwise_masks() {
+        if self.mask.is_none() && self.bias.is_none() {
             return MaskTiles {
                 data: Vec::new(),
                 per_batch: false,
@@ -68,8 +69,7 @@ impl Problem<'_> {
             let dim = [d.batch, d.heads][axis];
             dim > 1
                 && (self.mask.is_some_and(|m| m.strides()[axis] != 0)
-                    || self.bias.is_some_and(|m| m.strides()[axis] != 0)
-                    || (axis == 0 && self.key_padding.is_some_and(|p| p.strides()[0] != 0)))
+                    || self.bias.is_some_and(|m| m.strides()[axis] != 0))
         };
         let (per_batch, per_head) = (varies(0), varies(1));
         let nh = if per_head { d.heads } else { 1 };
@@ -151,23 +151,37 @@ impl Problem<'_> {
                 }
             }
         }
-        if let Some(pad) = self.key_padding {
-            for (jj, &dropped) in pad.slice_move(s![b, j0..j0 + nj]).iter().enumerate() {
-                if dropped {
-                    out[jj * row..jj * row + l].fill(f32::NEG_INFINITY);
-                }
-            }
-        }
     }
 }
 
 impl MaskTiles {
+    /// Whether the problem has a boolean or additive mask, to be read with
+    /// [`rows`](Self::rows) in the tiles that need no copy.
+    pub fn has_masks(&self) -> bool {
+        !self.data.is_empty()
+    }
+
+    /// Whether the tile of queries `i0..i0 + ni` and keys `j0..j0 + nj` of batch `b`
+    /// needs a copy made by [`tile`](Self::tile): causality or the window cuts
+    /// through it, or key padding drops one of its keys.
+    pub fn needs_copy(
+        &self,
+        p: &Problem<'_>,
+        b: usize,
+        (i0, ni): (usize, usize),
+        (j0, nj): (usize, usize),
+    ) -> bool {
+        !p.tile_in_band(i0, i0 + ni, j0, j0 + nj)
+            || p.key_padding
+                .is_some_and(|pad| pad.slice(s![b, j0..j0 + nj]).iter().any(|&x| x))
+    }
+
     /// The combined masks from query `i0` and key `j0` of `(b, h)` on, and the
     /// distance between the rows of consecutive keys: `nj` rows of `width` queries
     /// are in the slice (queries past `L` read as 0).
     ///
     /// # Panics
-    /// For a problem without per-score masks, or a block beyond the problem's.
+    /// Without a boolean or additive mask, or for a block beyond the problem's.
     pub fn rows(
         &self,
         (b, h): (usize, usize),
@@ -177,7 +191,7 @@ impl MaskTiles {
     ) -> (&[f32], usize) {
         assert!(
             !self.data.is_empty(),
-            "rows: the problem has no per-score masks"
+            "rows: the problem has no boolean or additive mask"
         );
         assert!(i0 + width <= self.row && j0 + nj <= self.kv_len && nj > 0);
         let slice =
@@ -192,8 +206,8 @@ impl MaskTiles {
     /// Writes, for queries `i0..i0 + ni` and keys `j0..j0 + nj` of batch `b` and
     /// query head `h`, the additive term of each score, transposed:
     /// `out[jj * stride + ii]` is the additive mask's value (or 0) when every mask,
-    /// causality and the window keep score `(i0 + ii, j0 + jj)`, and −∞ when one
-    /// drops it. Returns whether any score is kept.
+    /// key padding, causality and the window keep score `(i0 + ii, j0 + jj)`, and
+    /// −∞ when one drops it. Returns whether any score is kept.
     #[allow(clippy::too_many_arguments)]
     pub fn tile(
         &self,
@@ -214,6 +228,13 @@ impl MaskTiles {
             let (src, row) = self.rows((b, h), i0, j0, (nj, ni));
             for jj in 0..nj {
                 out[jj * stride..jj * stride + ni].copy_from_slice(&src[jj * row..][..ni]);
+            }
+        }
+        if let Some(pad) = p.key_padding {
+            for (jj, &dropped) in pad.slice_move(s![b, j0..j0 + nj]).iter().enumerate() {
+                if dropped {
+                    out[jj * stride..jj * stride + ni].fill(f32::NEG_INFINITY);
+                }
             }
         }
         if !p.tile_in_band(i0, i0 + ni, j0, j0 + nj) {

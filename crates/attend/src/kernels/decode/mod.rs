@@ -143,7 +143,7 @@ pub fn run(p: &Problem<'_>, span: KeySpan, isa: Isa) -> (Array4<f32>, Array3<f32
         .collect();
     let jlo = ranges.iter().map(|r| r.0).min().unwrap_or(0);
     let jhi = ranges.iter().map(|r| r.1).max().unwrap_or(0);
-    let elementwise = p.mask.is_some() || p.bias.is_some() || p.key_padding.is_some();
+    let elementwise = p.has_elementwise_masks();
     let ch = chunk_len(e, ev, jhi.saturating_sub(jlo), d.batch * d.kv_heads);
     let chunks = if jhi > jlo {
         (jhi - jlo).div_ceil(ch)

@@ -286,7 +286,6 @@ unsafe fn unit<S: Simd, const NQ: usize>(
     let (k_ptr, krs, kcs) = head_ptr(&p.k, b, kvh);
     let (v_ptr, vrs, vcs) = head_ptr(&p.v, b, kvh);
     let (jlo, jhi) = p.block_key_range(i0, i0 + rows);
-    let elementwise = p.has_elementwise_masks();
     let mr = plan.mr;
     let mut t = jlo / BK;
     while t * BK < jhi {
@@ -298,8 +297,9 @@ unsafe fn unit<S: Simd, const NQ: usize>(
         }
         let nk = j1 - j0;
         // The additive mask term of the tile, `[nk][w]` rows `mbs` floats apart:
-        // read in place inside the causal/window band, else cut into a copy.
-        let (mb, mbs): (*const f32, usize) = if !p.tile_in_band(i0, i0 + rows, j0, j1) {
+        // read in place where neither the causal/window band nor key padding cuts
+        // through the tile, else a copy with the cuts made.
+        let (mb, mbs): (*const f32, usize) = if plan.masks.needs_copy(p, b, (i0, rows), (j0, nk)) {
             if !plan
                 .masks
                 .tile(p, (b, h), (i0, rows), (j0, nk), &mut scr.mb, w)
@@ -310,7 +310,7 @@ unsafe fn unit<S: Simd, const NQ: usize>(
                 scr.mb[jj * w + rows..(jj + 1) * w].fill(0.0);
             }
             (scr.mb.as_ptr(), w)
-        } else if elementwise {
+        } else if plan.masks.has_masks() {
             let (rows_from, stride) = plan.masks.rows((b, h), i0, j0, (nk, w));
             (rows_from.as_ptr(), stride)
         } else {
