@@ -3,13 +3,13 @@
 
 use std::path::Path;
 
-use ndarray::{s, Array2, Array3, ArrayView2, ArrayView4, Axis};
+use ndarray::{s, Array2, Array3, ArrayView2, Axis};
 
 use super::BertConfig;
 use crate::attention::{attention, AttentionOptions};
 use crate::io::safetensors::SafeTensors;
 use crate::nn::state_dict::load_linear;
-use crate::nn::{LayerNorm, Linear, ModuleTrace, MultiHeadAttention};
+use crate::nn::{heads_view, LayerNorm, Linear, ModuleTrace, MultiHeadAttention};
 use crate::{Error, Result};
 
 /// Token ids of a batch of sequences, right-padded to a common length `T`.
@@ -330,14 +330,6 @@ impl BertModel {
             }
             out
         };
-        // [B, T, H·dh] → [B, H, T, dh] view, no copy.
-        fn heads_view(x: &Array3<f32>, heads: usize) -> ArrayView4<'_, f32> {
-            let (b, t, d) = x.dim();
-            x.view()
-                .into_shape_with_order((b, t, heads, d / heads))
-                .expect("standard layout")
-                .permuted_axes([0, 2, 1, 3])
-        }
         let mut h = self.embed_rows(batch, &rows)?;
         clock.lap(&mut timings.other);
         for layer in &self.layers {

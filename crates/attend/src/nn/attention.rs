@@ -201,13 +201,20 @@ impl MultiHeadAttention {
     }
 }
 
-/// A projection `[B, T, H · D]` viewed as `[B, H, T, D]` without a copy: the
-/// attention kernels take any strides.
-fn heads_view(y: &Array3<f32>, heads: usize) -> ArrayView4<'_, f32> {
+/// A standard-layout `[B, T, H · D]` (a projection's output) viewed as
+/// `[B, H, T, D]` without a copy: the attention kernels take any strides.
+///
+/// # Panics
+/// If `y` is not in standard layout or its width is not a multiple of `heads`.
+pub fn heads_view(y: &Array3<f32>, heads: usize) -> ArrayView4<'_, f32> {
     let (b, t, width) = y.dim();
+    assert!(
+        heads > 0 && width.is_multiple_of(heads),
+        "heads_view: width {width} is not a multiple of {heads} heads"
+    );
     y.view()
         .into_shape_with_order((b, t, heads, width / heads))
-        .expect("a fresh projection is in standard layout")
+        .expect("heads_view needs a standard-layout array")
         .permuted_axes([0, 2, 1, 3])
 }
 

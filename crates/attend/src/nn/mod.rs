@@ -16,7 +16,7 @@ pub(crate) mod simd;
 pub mod state_dict;
 
 pub use activation::Activation;
-pub use attention::{merge_heads, split_heads, ModuleTrace, MultiHeadAttention};
+pub use attention::{heads_view, merge_heads, split_heads, ModuleTrace, MultiHeadAttention};
 pub use embedding::Embedding;
 pub use layer_norm::LayerNorm;
 pub use linear::Linear;
