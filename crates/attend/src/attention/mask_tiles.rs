@@ -11,7 +11,7 @@
 //! whole key rows of a tile, applied with causality and the window to a copy, only in
 //! the tiles it or they cut through.
 
-use ndarray::s;
+use ndarray::{s, ArrayView1};
 use rayon::prelude::*;
 
 use super::Problem;
@@ -103,8 +103,8 @@ impl Problem<'_> {
 
     /// Writes keys `j0..j0 + nj` (at most [`TRANSPOSE_BLOCK`]) of every query of
     /// `(b, h)` into `out[jj * row + i]`, [`TRANSPOSE_ROWS`] queries at a time through
-    /// a small buffer: rows `L` floats apart share one set of the L1 cache, so
-    /// writing them straight from the source rows would evict each other.
+    /// a small buffer: output rows `row` floats apart share one set of the L1 cache,
+    /// so writing them straight from the source rows would evict each other.
     fn transpose_block(
         &self,
         (b, h): (usize, usize),
@@ -126,23 +126,16 @@ impl Problem<'_> {
             }
             if let Some(bias) = &bias {
                 for (line, src) in buf.iter_mut().zip(bias.slice(rows).outer_iter()) {
-                    match src.as_slice() {
-                        Some(src) => line[..nj].copy_from_slice(src),
-                        None => line.iter_mut().zip(src).for_each(|(x, &y)| *x = y),
-                    }
+                    along(line, src, |x, y| *x = y);
                 }
             }
             if let Some(mask) = &mask {
-                let drop = |x: &mut f32, keep: bool| {
-                    if !keep {
-                        *x = f32::NEG_INFINITY;
-                    }
-                };
                 for (line, src) in buf.iter_mut().zip(mask.slice(rows).outer_iter()) {
-                    match src.as_slice() {
-                        Some(src) => line.iter_mut().zip(src).for_each(|(x, &k)| drop(x, k)),
-                        None => line.iter_mut().zip(src).for_each(|(x, &k)| drop(x, k)),
-                    }
+                    along(line, src, |x, keep| {
+                        if !keep {
+                            *x = f32::NEG_INFINITY;
+                        }
+                    });
                 }
             }
             for jj in 0..nj {
@@ -261,5 +254,16 @@ impl MaskTiles {
                 .iter()
                 .any(|&x| x != f32::NEG_INFINITY)
         })
+    }
+}
+
+/// Calls `f(out[j], row[j])` along a row of mask values (`out` may be longer): through
+/// a slice when the row is contiguous, which compiles to a tight loop, unlike
+/// ndarray's general iterator.
+#[inline]
+pub(crate) fn along<T: Copy>(out: &mut [f32], row: ArrayView1<'_, T>, f: impl Fn(&mut f32, T)) {
+    match row.as_slice() {
+        Some(r) => out.iter_mut().zip(r).for_each(|(o, &x)| f(o, x)),
+        None => out.iter_mut().zip(row).for_each(|(o, &x)| f(o, x)),
     }
 }

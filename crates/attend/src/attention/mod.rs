@@ -21,6 +21,7 @@
 mod mask_tiles;
 mod problem;
 
+pub(crate) use mask_tiles::along;
 pub use mask_tiles::MaskTiles;
 pub use problem::Problem;
 

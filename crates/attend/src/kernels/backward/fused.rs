@@ -32,7 +32,7 @@ use ndarray::{Array4, ArrayView1, ArrayView3, ArrayView4, Axis, Zip};
 use rayon::prelude::*;
 
 use super::{AttentionGrads, Dropout};
-use crate::attention::{Problem, SoftmaxAxis};
+use crate::attention::{along, Problem, SoftmaxAxis};
 use crate::kernels::simd::{portable::Portable, Isa, Simd, LANES};
 
 /// Queries per block.
@@ -582,27 +582,18 @@ fn mask_terms(
     out: &mut [f32],
 ) {
     match add {
-        Some(a) => match a.as_slice() {
-            Some(a) => out.copy_from_slice(a),
-            None => out.iter_mut().zip(a).for_each(|(t, &x)| *t = x),
-        },
+        Some(a) => along(out, a, |t, x| *t = x),
         None => out.fill(0.0),
     }
-    let drop = |out: &mut [f32], m: ArrayView1<'_, bool>, dropped_if: bool| {
-        let cut = |t: &mut f32, &d: &bool| {
-            if d == dropped_if {
-                *t = f32::NEG_INFINITY;
-            }
-        };
-        match m.as_slice() {
-            Some(m) => out.iter_mut().zip(m).for_each(|(t, d)| cut(t, d)),
-            None => out.iter_mut().zip(m).for_each(|(t, d)| cut(t, d)),
+    let cut = |t: &mut f32, dropped: bool| {
+        if dropped {
+            *t = f32::NEG_INFINITY;
         }
     };
     if let Some(m) = keep {
-        drop(out, m, false);
+        along(out, m, |t, kept| cut(t, !kept));
     }
     if let Some(m) = pad {
-        drop(out, m, true);
+        along(out, m, cut);
     }
 }
