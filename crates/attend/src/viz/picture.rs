@@ -515,13 +515,52 @@ impl Canvas {
     }
 }
 
+/// The 8×8 bitmap of `ch`: ASCII, Latin-1, Greek, box drawing, block elements and
+/// Hiragana from `font8x8`; `?` for anything else, and for the code points of those
+/// blocks that the font leaves blank.
 fn glyph_bits(ch: char) -> [u8; 8] {
-    use font8x8::legacy::{BASIC_LEGACY, LATIN_LEGACY};
+    use font8x8::legacy::{
+        BASIC_LEGACY, BLOCK_LEGACY, BOX_LEGACY, GREEK_LEGACY, HIRAGANA_LEGACY, LATIN_LEGACY,
+    };
+    let unknown = BASIC_LEGACY[b'?' as usize];
     let u = ch as u32;
+    let at = |block: &[[u8; 8]], first: u32| {
+        let bits = block[(u - first) as usize];
+        if bits == [0; 8] {
+            unknown
+        } else {
+            bits
+        }
+    };
     match u {
         0x20..=0x7e => BASIC_LEGACY[u as usize],
         0xa0..=0xff => LATIN_LEGACY[(u - 0xa0) as usize],
+        0x390..=0x3c9 => at(&GREEK_LEGACY, 0x390),
+        0x2500..=0x257f => at(&BOX_LEGACY, 0x2500),
+        0x2580..=0x259f => at(&BLOCK_LEGACY, 0x2580),
+        0x3040..=0x309f => at(&HIRAGANA_LEGACY, 0x3040),
         0x2192 => BASIC_LEGACY[b'>' as usize],
-        _ => BASIC_LEGACY[b'?' as usize],
+        _ => unknown,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glyph_bits;
+
+    #[test]
+    fn greek_box_and_hiragana_have_glyphs_and_the_rest_is_a_question_mark() {
+        let question = glyph_bits('?');
+        for ch in ['α', 'Ω', 'λ', '─', '█', 'あ', 'é', 'A'] {
+            let bits = glyph_bits(ch);
+            assert_ne!(bits, question, "{ch}");
+            assert_ne!(bits, [0; 8], "{ch}");
+        }
+        assert_ne!(glyph_bits('α'), glyph_bits('β'));
+        // Outside the font, and a code point inside a block that the font leaves blank.
+        for ch in ['漢', '😀', '\u{3040}'] {
+            assert_eq!(glyph_bits(ch), question, "{ch:?}");
+        }
+        assert_eq!(glyph_bits(' '), [0; 8]);
     }
 }
