@@ -322,19 +322,26 @@ impl LayerCache {
                 "keys_values: a sliding-window cache is a ring buffer; use segments()",
             ));
         }
-        let mut segs = self.segments();
-        Ok(match segs.pop() {
-            Some((_, k, v)) => (k, v),
-            None => self.no_keys(),
-        })
+        Ok(self
+            .one_piece()
+            .expect("a cache without a window is never a wrapped ring"))
     }
 
-    /// Keys and values of no position, `[B, Hkv, 0, ·]`.
-    fn no_keys(&self) -> (ArrayView4<'_, f32>, ArrayView4<'_, f32>) {
-        let view = |width| {
-            ArrayView4::from_shape((self.batch, self.kv_heads, 0, width), &[]).expect("empty")
-        };
-        (view(self.head_dim), view(self.value_dim))
+    /// The retained keys and values as single views (`[B, Hkv, 0, ·]` when there
+    /// are none), or `None` when a window's ring has wrapped into two pieces.
+    fn one_piece(&self) -> Option<(ArrayView4<'_, f32>, ArrayView4<'_, f32>)> {
+        let mut segs = self.segments();
+        match segs.len() {
+            0 => {
+                let view = |width| {
+                    ArrayView4::from_shape((self.batch, self.kv_heads, 0, width), &[])
+                        .expect("empty")
+                };
+                Some((view(self.head_dim), view(self.value_dim)))
+            }
+            1 => segs.pop().map(|(_, k, v)| (k, v)),
+            _ => None,
+        }
     }
 
     /// Causal attention of the queries `q [B, H, L, E]` of the last `L` appended
@@ -377,15 +384,9 @@ impl LayerCache {
             window: self.window.map(|w| (w - 1, 0)),
             ..Default::default()
         };
-        let total = self.retained();
-        let segs = self.segments();
-        if segs.len() <= 1 {
+        if let Some((k, v)) = self.one_piece() {
             // Every retained key in one piece (or none, and validation speaks about
             // q): the general entry point picks the kernel by the number of queries.
-            let (k, v) = match segs.into_iter().next() {
-                Some((_, k, v)) => (k, v),
-                None => self.no_keys(),
-            };
             let config = Config {
                 kernel: Kernel::Auto,
                 isa: config.isa,
@@ -393,7 +394,9 @@ impl LayerCache {
             };
             return attention_with(q, k, v, &opts, &config);
         }
-        let parts: Vec<Partial> = segs
+        let total = self.retained();
+        let parts: Vec<Partial> = self
+            .segments()
             .into_iter()
             .map(|(start, k, v)| attention_partial_with(q, k, v, &opts, start, total, config))
             .collect::<Result<_>>()?;

@@ -287,6 +287,11 @@ unsafe fn unit<S: Simd, const NQ: usize>(
     let (v_ptr, vrs, vcs) = head_ptr(&p.v, b, kvh);
     let (jlo, jhi) = p.block_key_range(i0, i0 + rows);
     let mr = plan.mr;
+    // Each query row's dropout hash prefix, taken once for all key tiles.
+    let drop_rows: Vec<u64> = plan
+        .dropout
+        .map(|dr| (i0..i0 + rows).map(|i| dr.row(b, h, i)).collect())
+        .unwrap_or_default();
     let mut t = jlo / BK;
     while t * BK < jhi {
         let j0 = (t * BK).max(jlo);
@@ -341,8 +346,7 @@ unsafe fn unit<S: Simd, const NQ: usize>(
         if let Some(dr) = &plan.dropout {
             // The running sum `l` above is over the weights before dropout; only
             // the values' weights are dropped (and the kept ones scaled).
-            for ii in 0..rows {
-                let row = dr.row(b, h, i0 + ii);
+            for (ii, &row) in drop_rows.iter().enumerate() {
                 for jj in 0..nk {
                     scr.s[jj * w + ii] *= dr.factor_in_row(row, j0 + jj);
                 }
