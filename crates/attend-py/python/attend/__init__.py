@@ -1,0 +1,27 @@
+"""attend: self-attention, faithful to PyTorch and fast on CPU.
+
+The one-line swaps::
+
+    import attend
+    out = attend.scaled_dot_product_attention(q, k, v, attn_mask=mask)   # F.scaled_dot_product_attention
+
+    import attend.transformers
+    attend.transformers.register()
+    model = AutoModel.from_pretrained(path, attn_implementation="attend")
+
+    vectors = attend.SentenceEncoder(model_dir).encode(sentences)       # SentenceTransformer.encode
+"""
+
+from ._attend import __version__, isa
+from ._encoder import SentenceEncoder
+from ._sdpa import scaled_dot_product_attention
+from ._threads import get_num_threads, set_num_threads
+
+__all__ = [
+    "SentenceEncoder",
+    "__version__",
+    "get_num_threads",
+    "isa",
+    "scaled_dot_product_attention",
+    "set_num_threads",
+]

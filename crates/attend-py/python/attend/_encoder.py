@@ -1,0 +1,128 @@
+"""``attend.SentenceEncoder``: sentence-transformers' ``encode`` on attend's BERT."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Iterable, List, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _attend
+from ._threads import get_num_threads
+
+_log = logging.getLogger("attend")
+
+
+def _progress(total: int, enabled: bool):
+    """A progress bar over ``total`` sentences: tqdm's when installed, else none."""
+    if not enabled:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc="Batches", unit="sentence")
+
+
+class SentenceEncoder:
+    """A sentence-transformers checkpoint directory (e.g. all-MiniLM-L6-v2) run by
+    attend's BERT encoder: no torch needed.
+
+    Example::
+
+        enc = attend.SentenceEncoder("~/.cache/attend/all-minilm-l6-v2")
+        vectors = enc.encode(["A cat sat on the mat.", "Dogs bark."])   # (2, 384) float32
+    """
+
+    def __init__(self, model_dir: Union[str, os.PathLike]) -> None:
+        path = os.path.expanduser(os.fspath(model_dir))
+        self._inner = _attend.SentenceEncoder(path)
+        self.model_dir = path
+
+    @property
+    def dimension(self) -> int:
+        """The embedding width (384 for all-MiniLM-L6-v2)."""
+        return self._inner.dimension
+
+    def get_sentence_embedding_dimension(self) -> int:
+        """The embedding width, under sentence-transformers' name."""
+        return self._inner.dimension
+
+    @property
+    def max_seq_length(self) -> int:
+        """Texts longer than this many tokens are truncated, as sentence-transformers does."""
+        return self._inner.max_seq_length
+
+    def encode(
+        self,
+        sentences: Union[str, Sequence[str]],
+        batch_size: int = 32,
+        show_progress_bar: Optional[bool] = None,
+        normalize_embeddings: bool = False,
+        convert_to_numpy: bool = True,
+        convert_to_tensor: bool = False,
+        truncate_dim: Optional[int] = None,
+        prompt: Optional[str] = None,
+    ):
+        """Sentence embeddings, with ``SentenceTransformer.encode``'s arguments and results.
+
+        Args:
+            sentences: one text or a sequence of texts.
+            batch_size: texts per forward pass. Texts are sorted by length first, as
+                sentence-transformers sorts them, so that a batch pads little.
+            show_progress_bar: a tqdm bar over the texts (when tqdm is installed).
+            normalize_embeddings: scale each vector to unit length.
+            convert_to_numpy: return one ``np.ndarray`` (else a list of 1-D arrays).
+            convert_to_tensor: return one ``torch.Tensor`` (needs torch).
+            truncate_dim: keep the first ``truncate_dim`` dimensions (before normalising).
+            prompt: text put in front of every sentence.
+
+        Returns:
+            ``float32`` ``[n, d]`` (``[d]`` for a single string).
+        """
+        single = isinstance(sentences, str)
+        texts: List[str] = [sentences] if single else list(_strings(sentences))
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if truncate_dim is not None and not 1 <= truncate_dim:
+            raise ValueError(f"truncate_dim must be a positive int or None, got {truncate_dim!r}")
+        if prompt:
+            texts = [prompt + t for t in texts]
+
+        order = np.argsort([-len(t) for t in texts], kind="stable")
+        vectors = np.empty((len(texts), self.dimension), dtype=np.float32)
+        bar = _progress(len(texts), bool(show_progress_bar))
+        threads = get_num_threads()
+        for start in range(0, len(texts), batch_size):
+            idx = order[start : start + batch_size]
+            batch, warnings = self._inner.embed([texts[i] for i in idx], threads)
+            vectors[idx] = batch
+            for w in warnings:
+                _log.info(w)
+            if bar is not None:
+                bar.update(len(idx))
+        if bar is not None:
+            bar.close()
+
+        if truncate_dim is not None:
+            vectors = np.ascontiguousarray(vectors[:, :truncate_dim])
+        if normalize_embeddings:
+            norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+            vectors = vectors / np.maximum(norms, np.float32(1e-12))
+        if convert_to_tensor:
+            import torch
+
+            result = torch.from_numpy(vectors)
+            return result[0] if single else result
+        if not convert_to_numpy:
+            rows = list(vectors)
+            return rows[0] if single else rows
+        return vectors[0] if single else vectors
+
+
+def _strings(items: Iterable) -> Iterable[str]:
+    for i, t in enumerate(items):
+        if not isinstance(t, str):
+            raise TypeError(f"sentences[{i}] must be a str, got {type(t).__name__}")
+        yield t

@@ -1,0 +1,81 @@
+"""The torch side of ``scaled_dot_product_attention``: tensors in and out without
+copies, and a ``torch.autograd.Function`` running attend's fused backward."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+from ._sdpa import _Call
+
+
+def _check_tensor(name: str, t: torch.Tensor) -> None:
+    if t.device.type != "cpu":
+        raise ValueError(f"{name} must be on the CPU, got device {t.device}")
+    if t.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
+    if t.dtype != torch.float32:
+        raise TypeError(f"{name} must be torch.float32, got {t.dtype} (convert with .float())")
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    """A NumPy view of a CPU tensor's memory, strides included."""
+    return t.detach().numpy()
+
+
+def _mask_numpy(mask) -> Optional[np.ndarray]:
+    if mask is None:
+        return None
+    if isinstance(mask, np.ndarray):
+        return mask
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(mask).__name__}")
+    if mask.device.type != "cpu":
+        raise ValueError(f"attn_mask must be on the CPU, got device {mask.device}")
+    if mask.dtype not in (torch.bool, torch.float32):
+        raise TypeError(f"attn_mask must be torch.bool or torch.float32 (the query's dtype), got {mask.dtype}")
+    if mask.requires_grad and torch.is_grad_enabled():
+        raise ValueError(
+            "attend computes no gradient for attn_mask: pass attn_mask.detach() "
+            "(or use torch's scaled_dot_product_attention for a learned mask)"
+        )
+    return _numpy(mask)
+
+
+class _AttendSdpa(torch.autograd.Function):
+    """Forward and backward through attend's fused kernels."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, call: _Call):  # type: ignore[override]
+        out, lse = call.forward()
+        ctx.call = call
+        ctx.lse = lse
+        result = torch.from_numpy(out)
+        # The tensors are saved so that autograd notices in-place changes to them
+        # before the backward; the call reads the same memory through its views.
+        ctx.save_for_backward(query, key, value, result)
+        return result.view(call.out_shape)
+
+    @staticmethod
+    def backward(ctx, grad_out):  # type: ignore[override]
+        query, key, value, out = ctx.saved_tensors
+        call: _Call = ctx.call
+        dq, dk, dv = call.backward(out.numpy(), ctx.lse, _numpy(grad_out))
+        grads = []
+        for needed, g, like in zip(ctx.needs_input_grad[:3], (dq, dk, dv), (query, key, value)):
+            grads.append(torch.from_numpy(g).view(like.shape) if needed else None)
+        return (*grads, None)
+
+
+def sdpa_torch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        _check_tensor(name, t)
+    mask = _mask_numpy(attn_mask)
+    seed = int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64)) if dropout_p else 0
+    call = _Call(_numpy(query), _numpy(key), _numpy(value), mask, dropout_p, is_causal, scale, enable_gqa, seed)
+    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+        return _AttendSdpa.apply(query, key, value, call)
+    out, _ = call.forward()
+    return torch.from_numpy(out).view(call.out_shape)

@@ -1,0 +1,23 @@
+//! `attend._attend`: the compiled half of the `attend` Python package.
+//!
+//! A thin skin over the `attend` crate: every function here converts arrays,
+//! releases the GIL, runs the library on a cached thread pool and turns its errors
+//! into Python exceptions. The Python half (`python/attend/`) gives these functions
+//! PyTorch's and sentence-transformers' signatures; nothing is implemented twice.
+
+mod encoder;
+mod errors;
+mod pool;
+mod sdpa;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _attend(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_function(wrap_pyfunction!(sdpa::sdpa_forward, m)?)?;
+    m.add_function(wrap_pyfunction!(sdpa::sdpa_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(pool::isa, m)?)?;
+    m.add_class::<encoder::SentenceEncoder>()?;
+    Ok(())
+}
