@@ -21,5 +21,6 @@ pub mod rng;
 pub mod text;
 pub mod train;
 pub mod viz;
+pub mod walkthrough;
 
 pub use error::{Error, Result};

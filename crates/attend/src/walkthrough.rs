@@ -1,0 +1,139 @@
+//! The step-by-step walkthrough of `explain`: every intermediate with its name and
+//! a title, printed the way PyTorch prints tensors. The command line prints it; the
+//! Python package returns its steps as arrays and its text as `str()`.
+
+use ndarray::ArrayD;
+
+use crate::attention::SoftmaxAxis;
+use crate::experiment::{Experiment, Explanation};
+use crate::models::HeadTrace;
+use crate::print::format_tensor;
+
+/// One intermediate of a walkthrough.
+#[derive(Clone, Debug)]
+pub struct Step {
+    /// Its name in the JSON output and as a Python attribute (`q`, `weights`, …).
+    pub key: &'static str,
+    /// What it is, e.g. `scores = q kᵀ`.
+    pub title: String,
+    /// Its values.
+    pub value: ArrayD<f32>,
+}
+
+fn step(key: &'static str, title: impl Into<String>, value: ArrayD<f32>) -> Step {
+    Step {
+        key,
+        title: title.into(),
+        value,
+    }
+}
+
+/// The steps of a notebook experiment, from the input to the output.
+pub fn experiment_steps(ex: &Explanation, exp: &Experiment) -> Vec<Step> {
+    let t = &ex.trace;
+    let m = &ex.module;
+    let mut steps = Vec::new();
+    let x_title = match &ex.words {
+        Some(words) => format!("x: embeddings of {words:?}"),
+        None => "x: input".to_owned(),
+    };
+    steps.push(step("x", x_title, ex.x.clone().into_dyn()));
+    steps.push(step(
+        "w_q",
+        "W_q [out, in]   (q = x W_qᵀ)",
+        m.q_proj.weight.clone().into_dyn(),
+    ));
+    steps.push(step(
+        "w_k",
+        "W_k [out, in]",
+        m.k_proj.weight.clone().into_dyn(),
+    ));
+    steps.push(step(
+        "w_v",
+        "W_v [out, in]",
+        m.v_proj.weight.clone().into_dyn(),
+    ));
+    for (key, proj) in [("b_q", &m.q_proj), ("b_k", &m.k_proj), ("b_v", &m.v_proj)] {
+        if let Some(b) = &proj.bias {
+            steps.push(step(key, key, b.clone().into_dyn()));
+        }
+    }
+    steps.push(step(
+        "q",
+        "q = x W_qᵀ, split into heads [B, H, T, d_head]",
+        t.q.clone().into_dyn(),
+    ));
+    steps.push(step("k", "k = x W_kᵀ", t.k.clone().into_dyn()));
+    steps.push(step("v", "v = x W_vᵀ", t.v.clone().into_dyn()));
+    steps.push(step(
+        "scores",
+        "scores = q kᵀ",
+        t.attention.scores.clone().into_dyn(),
+    ));
+    let scale = exp.scale.unwrap_or(1.0 / (m.head_dim() as f32).sqrt());
+    steps.push(step(
+        "scaled",
+        format!("scaled = scores × {scale:.4} (masked entries -inf)"),
+        t.attention.scaled.clone().into_dyn(),
+    ));
+    let axis = match exp.softmax_axis {
+        SoftmaxAxis::Keys => "keys (each row sums to 1)",
+        SoftmaxAxis::Queries => "queries (each column sums to 1)",
+    };
+    steps.push(step(
+        "weights",
+        format!("weights = softmax(scaled) over {axis}"),
+        t.attention.weights.clone().into_dyn(),
+    ));
+    steps.push(step(
+        "context",
+        "context = weights v, heads concatenated",
+        t.context.clone().into_dyn(),
+    ));
+    if let (Some(o), Some(proj)) = (&t.output, &m.out_proj) {
+        steps.push(step("w_o", "W_o [out, in]", proj.weight.clone().into_dyn()));
+        steps.push(step(
+            "output",
+            "output = context W_oᵀ + b_o",
+            o.clone().into_dyn(),
+        ));
+    }
+    steps
+}
+
+/// The steps of one head of a real model: the layer's input to the head's context.
+pub fn head_steps(t: HeadTrace) -> Vec<Step> {
+    vec![
+        step(
+            "x",
+            "x: the layer's input (hidden states)",
+            t.input.into_dyn(),
+        ),
+        step("q", "q = x W_qᵀ + b_q, this head", t.q.into_dyn()),
+        step("k", "k = x W_kᵀ + b_k, this head", t.k.into_dyn()),
+        step("v", "v = x W_vᵀ + b_v, this head", t.v.into_dyn()),
+        step("scores", "scores = q kᵀ", t.scores.into_dyn()),
+        step("scaled", "scaled = scores / √d_head", t.scaled.into_dyn()),
+        step(
+            "weights",
+            "weights = softmax(scaled) over keys (each row sums to 1)",
+            t.weights.into_dyn(),
+        ),
+        step("context", "context = weights v", t.output.into_dyn()),
+    ]
+}
+
+/// `Step 1. title  shape [..]`, the tensor, a blank line; for every step.
+pub fn render(steps: &[Step]) -> String {
+    let mut out = String::new();
+    for (i, s) in steps.iter().enumerate() {
+        out.push_str(&format!(
+            "Step {}. {}  shape {:?}\n{}\n\n",
+            i + 1,
+            s.title,
+            s.value.shape(),
+            format_tensor(s.value.view())
+        ));
+    }
+    out
+}
