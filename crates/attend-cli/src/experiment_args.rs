@@ -145,13 +145,12 @@ pub fn experiment(args: &ExperimentArgs) -> Result<Experiment, Error> {
             heads: args.heads,
         },
         _ => {
-            let d_k = args.d_out.or(args.d_k);
-            let d_v = args.d_out.or(args.d_v).or(args.d_k);
-            let d_in = input_width(&input);
+            let d_in = input.width();
+            let (d_k, d_v) = attend::experiment::widths(d_in, args.d_out, args.d_k, args.d_v);
             Weights::Init(AttentionSpec {
                 d_in,
-                d_k: d_k.unwrap_or(d_in),
-                d_v: d_v.unwrap_or(d_in),
+                d_k,
+                d_v,
                 heads: args.heads,
                 bias: args.bias || matches!(args.init, InitArg::TorchMha),
                 out_proj: args.out_proj,
@@ -270,7 +269,7 @@ fn given_weight(flag: &str, text: &str, input: &Input) -> Result<Array2<f32>, Er
             "{flag} must be a matrix [d_in, width], got shape {shape:?}"
         ))
     })?;
-    let d_in = input_width(input);
+    let d_in = input.width();
     if w.nrows() != d_in {
         return Err(Error::shape(format!(
             "{flag} of shape {shape:?} must have d_in = {d_in} rows to match the input's width"
@@ -313,11 +312,4 @@ fn trained_experiment(path: &std::path::Path, digits: &str) -> Result<Experiment
         softmax_axis: SoftmaxAxis::Keys,
         scale: None,
     })
-}
-
-fn input_width(input: &Input) -> usize {
-    match input {
-        Input::Array(x) | Input::Labelled { x, .. } => x.dim().2,
-        Input::Sentence { embed_dim, .. } | Input::Tokens { embed_dim, .. } => *embed_dim,
-    }
 }

@@ -58,7 +58,7 @@ pub fn run(args: Args) -> Result<(), Error> {
                 "{}",
                 walkthrough::render(&walkthrough::experiment_steps(&ex, &exp))
             );
-            print!("{}", heatmaps(&maps, ColorMode::detect())?);
+            print!("{}", walkthrough::heatmaps(&maps, 0, ColorMode::detect())?);
         }
     }
     Ok(())
@@ -74,24 +74,6 @@ pub fn attention_maps(ex: &Explanation) -> Result<AttentionMaps, Error> {
         labels,
         "attend explain".to_owned(),
     )
-}
-
-/// Every head's weights as a terminal heatmap.
-fn heatmaps(maps: &AttentionMaps, style: ColorMode) -> Result<String, Error> {
-    let mut out = String::new();
-    for (h, w) in maps.layers[0].outer_iter().enumerate() {
-        out.push_str(&format!(
-            "Attention weights, head {h} (rows: queries, columns: keys)\n"
-        ));
-        out.push_str(&viz::terminal_heatmap(
-            w,
-            &maps.query_tokens,
-            &maps.key_tokens,
-            style,
-        )?);
-        out.push('\n');
-    }
-    Ok(out)
 }
 
 /// One head of a real model, step by step like the notebooks, or as JSON with the

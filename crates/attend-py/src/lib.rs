@@ -7,6 +7,7 @@
 
 mod encoder;
 mod errors;
+mod explain;
 mod pool;
 mod sdpa;
 
@@ -18,6 +19,9 @@ fn _attend(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sdpa::sdpa_forward, m)?)?;
     m.add_function(wrap_pyfunction!(sdpa::sdpa_backward, m)?)?;
     m.add_function(wrap_pyfunction!(pool::isa, m)?)?;
+    m.add_function(wrap_pyfunction!(explain::explain_experiment, m)?)?;
+    m.add_function(wrap_pyfunction!(explain::explain_model, m)?)?;
     m.add_class::<encoder::SentenceEncoder>()?;
+    m.add_class::<explain::Walkthrough>()?;
     Ok(())
 }

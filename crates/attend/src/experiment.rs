@@ -47,6 +47,16 @@ pub enum Input {
     },
 }
 
+impl Input {
+    /// The embedding width `d_in` this input gives.
+    pub fn width(&self) -> usize {
+        match self {
+            Input::Array(x) | Input::Labelled { x, .. } => x.dim().2,
+            Input::Sentence { embed_dim, .. } | Input::Tokens { embed_dim, .. } => *embed_dim,
+        }
+    }
+}
+
 /// Where the attention weights come from.
 #[derive(Clone, Debug)]
 pub enum Weights {
@@ -103,6 +113,20 @@ pub struct Explanation {
     pub module: MultiHeadAttention,
     /// Every intermediate.
     pub trace: ModuleTrace,
+}
+
+/// The total query/key and value widths `(d_k, d_v)` that `explain`'s width flags
+/// give: `d_out` sets both; else `d_k`, and `d_v` (which defaults to `d_k`); each
+/// defaults to the input width `d_in`.
+pub fn widths(
+    d_in: usize,
+    d_out: Option<usize>,
+    d_k: Option<usize>,
+    d_v: Option<usize>,
+) -> (usize, usize) {
+    let k = d_out.or(d_k);
+    let v = d_out.or(d_v).or(d_k);
+    (k.unwrap_or(d_in), v.unwrap_or(d_in))
 }
 
 /// Runs the experiment through the reference kernel.

@@ -8,6 +8,8 @@ use crate::attention::SoftmaxAxis;
 use crate::experiment::{Experiment, Explanation};
 use crate::models::HeadTrace;
 use crate::print::format_tensor;
+use crate::viz::{terminal_heatmap, AttentionMaps, ColorMode};
+use crate::Result;
 
 /// One intermediate of a walkthrough.
 #[derive(Clone, Debug)]
@@ -136,4 +138,23 @@ pub fn render(steps: &[Step]) -> String {
         ));
     }
     out
+}
+
+/// Every head's weights in `layer` as a terminal heatmap, one after another.
+pub fn heatmaps(maps: &AttentionMaps, layer: usize, style: ColorMode) -> Result<String> {
+    maps.check_layer(layer)?;
+    let mut out = String::new();
+    for (h, w) in maps.layers[layer].outer_iter().enumerate() {
+        out.push_str(&format!(
+            "Attention weights, head {h} (rows: queries, columns: keys)\n"
+        ));
+        out.push_str(&terminal_heatmap(
+            w,
+            &maps.query_tokens,
+            &maps.key_tokens,
+            style,
+        )?);
+        out.push('\n');
+    }
+    Ok(out)
 }

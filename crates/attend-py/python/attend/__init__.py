@@ -10,16 +10,21 @@ The one-line swaps::
     model = AutoModel.from_pretrained(path, attn_implementation="attend")
 
     vectors = attend.SentenceEncoder(model_dir).encode(sentences)       # SentenceTransformer.encode
+
+    attend.explain(sentence="Life is short, eat dessert first", embed_dim=16)  # the notebooks' walkthrough
 """
 
 from ._attend import __version__, isa
 from ._encoder import SentenceEncoder
+from ._explain import Explanation, explain
 from ._sdpa import scaled_dot_product_attention
 from ._threads import get_num_threads, set_num_threads
 
 __all__ = [
+    "Explanation",
     "SentenceEncoder",
     "__version__",
+    "explain",
     "get_num_threads",
     "isa",
     "scaled_dot_product_attention",

@@ -1,0 +1,309 @@
+//! `explain`: a notebook experiment, or one head of a real model, step by step.
+//!
+//! The keyword arguments are `attend explain`'s flags; the steps, their text and
+//! the pictures come from the library (`attend::walkthrough`, `attend::viz`), so
+//! Python shows exactly what the command line prints.
+
+use std::path::PathBuf;
+
+use attend::attention::SoftmaxAxis;
+use attend::experiment::{self, Experiment, Input, Weights, TORCH_DEFAULT_SEED};
+use attend::models::SentenceEncoder;
+use attend::nn::initialisers::{AttentionSpec, QkvLayout, WeightInit};
+use attend::viz::{html_view, render_svg, AttentionMaps, ColorMode};
+use attend::walkthrough::{self, Step};
+use attend::Error;
+use numpy::{IntoPyArray, PyArrayDyn, PyReadonlyArray2, PyReadonlyArrayDyn};
+use pyo3::prelude::*;
+
+use crate::pool;
+
+/// Everything an `explain` call computed: the steps, their text and the pictures.
+#[pyclass(module = "attend._attend", frozen)]
+pub struct Walkthrough {
+    steps: Vec<Step>,
+    text: String,
+    maps: AttentionMaps,
+    layer: usize,
+}
+
+#[pymethods]
+impl Walkthrough {
+    /// `[(key, title, array)]` in walkthrough order.
+    fn steps<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> Vec<(&'static str, String, Bound<'py, PyArrayDyn<f32>>)> {
+        self.steps
+            .iter()
+            .map(|s| (s.key, s.title.clone(), s.value.clone().into_pyarray(py)))
+            .collect()
+    }
+
+    /// The walkthrough and the heatmaps as plain text (what `attend explain` prints
+    /// when its output is not a terminal).
+    #[getter]
+    fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// The tokens (or positions) labelling the weights' rows and columns.
+    #[getter]
+    fn tokens(&self) -> Vec<String> {
+        self.maps.query_tokens.clone()
+    }
+
+    /// The heatmaps of the walked-through layer as one SVG picture.
+    fn svg(&self) -> PyResult<String> {
+        render_svg(&self.maps, self.layer).map_err(crate::errors::to_py)
+    }
+
+    /// The self-contained HTML attention view (head view, model view, heatmaps).
+    fn html(&self) -> PyResult<String> {
+        html_view(&self.maps).map_err(crate::errors::to_py)
+    }
+}
+
+fn weight_init(name: &str) -> attend::Result<WeightInit> {
+    Ok(match name {
+        "linear" => WeightInit::Linear,
+        "uniform-in-out" => WeightInit::UniformInOut,
+        "uniform-out-in" => WeightInit::UniformOutIn,
+        "torch-mha" => WeightInit::TorchMha,
+        other => {
+            return Err(Error::value(format!(
+                "init must be linear, uniform-in-out, uniform-out-in or torch-mha, got {other:?}"
+            )))
+        }
+    })
+}
+
+fn qkv_layout(name: &str) -> attend::Result<QkvLayout> {
+    Ok(match name {
+        "separate" => QkvLayout::Separate,
+        "fused" => QkvLayout::Fused,
+        "fused-interleaved" => QkvLayout::FusedInterleaved,
+        "per-head" => QkvLayout::PerHead,
+        other => {
+            return Err(Error::value(format!(
+                "qkv must be separate, fused, fused-interleaved or per-head, got {other:?}"
+            )))
+        }
+    })
+}
+
+fn softmax_axis(name: &str) -> attend::Result<SoftmaxAxis> {
+    match name {
+        "keys" => Ok(SoftmaxAxis::Keys),
+        "queries" => Ok(SoftmaxAxis::Queries),
+        other => Err(Error::value(format!(
+            "softmax_dim must be keys or queries, got {other:?}"
+        ))),
+    }
+}
+
+/// The source of `x`, from exactly one of `input`, `sentence` and `tokens`.
+fn input(
+    array: Option<PyReadonlyArrayDyn<'_, f32>>,
+    sentence: Option<String>,
+    tokens: Option<PyReadonlyArray2<'_, i64>>,
+    vocab_size: Option<usize>,
+    embed_dim: Option<usize>,
+    padding_idx: Option<i64>,
+) -> attend::Result<Input> {
+    let need_dim = || {
+        embed_dim
+            .filter(|&d| d > 0)
+            .ok_or_else(|| Error::value("embed_dim (at least 1) is needed with sentence or tokens"))
+    };
+    match (array, sentence, tokens) {
+        (Some(a), None, None) => {
+            let a = a.as_array();
+            let x = match a.ndim() {
+                2 => a.insert_axis(ndarray::Axis(0)).to_owned(),
+                3 => a.to_owned(),
+                _ => {
+                    return Err(Error::shape(format!(
+                        "input must be [T, d_in] or [B, T, d_in], got shape {:?}",
+                        a.shape()
+                    )))
+                }
+            };
+            let x = x.into_dimensionality().expect("rank 3 by construction");
+            Ok(Input::Array(x))
+        }
+        (None, Some(text), None) => Ok(Input::Sentence {
+            text,
+            embed_dim: need_dim()?,
+        }),
+        (None, None, Some(ids)) => {
+            let vocab_size = vocab_size.ok_or_else(|| Error::value("tokens needs vocab_size"))?;
+            let ids = ids.as_array();
+            if let Some(&bad) = ids
+                .iter()
+                .find(|&&id| id < 0 || id as u64 >= vocab_size as u64)
+            {
+                return Err(Error::value(format!(
+                    "tokens: id {bad} is out of range for vocab_size {vocab_size}"
+                )));
+            }
+            Ok(Input::Tokens {
+                ids: ids.mapv(|id| id as usize),
+                vocab_size,
+                embed_dim: need_dim()?,
+                padding_idx,
+            })
+        }
+        (None, None, None) => Err(Error::value(
+            "no input: give one of input, sentence, tokens, or model with text",
+        )),
+        _ => Err(Error::value("give only one of input, sentence and tokens")),
+    }
+}
+
+fn given(
+    name: &str,
+    w: PyReadonlyArray2<'_, f32>,
+    d_in: usize,
+) -> attend::Result<ndarray::Array2<f32>> {
+    let w = w.as_array();
+    if w.nrows() != d_in {
+        return Err(Error::shape(format!(
+            "{name} of shape {:?} must have d_in = {d_in} rows to match the input's width",
+            w.shape()
+        )));
+    }
+    Ok(w.to_owned())
+}
+
+/// A notebook experiment (see `attend explain --help`; the arguments are its flags).
+#[pyfunction]
+#[pyo3(signature = (*, input=None, sentence=None, tokens=None, vocab_size=None, embed_dim=None,
+    padding_idx=None, seed=None, reseed=None, skip_draws=0, init="linear", wq=None, wk=None,
+    wv=None, d_out=None, d_k=None, d_v=None, heads=1, qkv="separate", bias=false,
+    out_proj=false, causal=false, mask_padding=false, softmax_dim="keys", scale=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn explain_experiment(
+    py: Python<'_>,
+    input: Option<PyReadonlyArrayDyn<'_, f32>>,
+    sentence: Option<String>,
+    tokens: Option<PyReadonlyArray2<'_, i64>>,
+    vocab_size: Option<usize>,
+    embed_dim: Option<usize>,
+    padding_idx: Option<i64>,
+    seed: Option<u64>,
+    reseed: Option<u64>,
+    skip_draws: u64,
+    init: &str,
+    wq: Option<PyReadonlyArray2<'_, f32>>,
+    wk: Option<PyReadonlyArray2<'_, f32>>,
+    wv: Option<PyReadonlyArray2<'_, f32>>,
+    d_out: Option<usize>,
+    d_k: Option<usize>,
+    d_v: Option<usize>,
+    heads: usize,
+    qkv: &str,
+    bias: bool,
+    out_proj: bool,
+    causal: bool,
+    mask_padding: bool,
+    softmax_dim: &str,
+    scale: Option<f32>,
+) -> PyResult<Walkthrough> {
+    let err = crate::errors::to_py;
+    let input =
+        self::input(input, sentence, tokens, vocab_size, embed_dim, padding_idx).map_err(err)?;
+    let d_in = input.width();
+    let weights = match (wq, wk, wv) {
+        (Some(q), Some(k), Some(v)) => Weights::Given {
+            w_q: given("wq", q, d_in).map_err(err)?,
+            w_k: given("wk", k, d_in).map_err(err)?,
+            w_v: given("wv", v, d_in).map_err(err)?,
+            heads,
+        },
+        (None, None, None) => {
+            let (d_k, d_v) = experiment::widths(d_in, d_out, d_k, d_v);
+            let init = weight_init(init).map_err(err)?;
+            Weights::Init(AttentionSpec {
+                d_in,
+                d_k,
+                d_v,
+                heads,
+                bias: bias || init == WeightInit::TorchMha,
+                out_proj,
+                init,
+                layout: qkv_layout(qkv).map_err(err)?,
+            })
+        }
+        _ => {
+            return Err(err(Error::value(
+                "wq, wk and wv go together: give all three",
+            )))
+        }
+    };
+    let exp = Experiment {
+        input,
+        seed: seed.unwrap_or(TORCH_DEFAULT_SEED),
+        reseed,
+        skip_draws,
+        weights,
+        causal,
+        mask_padding,
+        softmax_axis: softmax_axis(softmax_dim).map_err(err)?,
+        scale,
+    };
+    pool::run(py, 1, || {
+        let ex = experiment::run(&exp)?;
+        let labels = ex.labels();
+        let maps = AttentionMaps::from_weights(
+            ex.trace.attention.weights.view(),
+            0,
+            labels.clone(),
+            labels,
+            "attend explain".to_owned(),
+        )?;
+        let steps = walkthrough::experiment_steps(&ex, &exp);
+        let text =
+            walkthrough::render(&steps) + &walkthrough::heatmaps(&maps, 0, ColorMode::Plain)?;
+        Ok(Walkthrough {
+            steps,
+            text,
+            maps,
+            layer: 0,
+        })
+    })
+}
+
+/// One head of a real model reading `text`, step by step.
+#[pyfunction]
+#[pyo3(signature = (model, text, *, layer, head))]
+pub fn explain_model(
+    py: Python<'_>,
+    model: PathBuf,
+    text: String,
+    layer: usize,
+    head: usize,
+) -> PyResult<Walkthrough> {
+    pool::run(py, 1, || {
+        let trace = SentenceEncoder::load(&model)?.trace(&text)?;
+        let name = model
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| model.display().to_string());
+        let title = format!("{name} — {text}");
+        let maps = trace.attention_maps(&title)?;
+        let steps = walkthrough::head_steps(trace.head(layer, head)?);
+        let mut out = format!(
+            "{title}, layer {layer}, head {head}\ntokens: {:?}\n\n",
+            trace.tokens
+        );
+        out.push_str(&walkthrough::render(&steps));
+        out.push_str(&walkthrough::heatmaps(&maps, layer, ColorMode::Plain)?);
+        Ok(Walkthrough {
+            steps,
+            text: out,
+            maps,
+            layer,
+        })
+    })
+}
