@@ -45,9 +45,11 @@ class SentenceEncoder:
         """The embedding width (384 for all-MiniLM-L6-v2)."""
         return self._inner.dimension
 
-    def get_sentence_embedding_dimension(self) -> int:
+    def get_embedding_dimension(self) -> int:
         """The embedding width, under sentence-transformers' name."""
         return self._inner.dimension
+
+    get_sentence_embedding_dimension = get_embedding_dimension
 
     @property
     def max_seq_length(self) -> int:
