@@ -357,6 +357,13 @@ def test_t5_position_bias_matches_eager(spy):
     # position_bias (zeros for cross-attention) folded into a float mask.
     assert len(spy.calls) == 6
     assert all(c["mask"] == torch.float32 and not c["is_causal"] for c in spy.calls)
+    # With grad enabled the learned bias requires grad, which attend cannot give: eval
+    # mode detaches it (same outputs), training mode refuses.
+    again = models["attend"](input_ids=ids, attention_mask=mask, decoder_input_ids=dec).last_hidden_state
+    check_rule("T5 decoder, grad enabled", again.detach(), out["ref"].last_hidden_state, out["eager"].last_hidden_state)
+    models["attend"].train()
+    with pytest.raises(ValueError, match="no gradient for a learned position_bias"):
+        models["attend"](input_ids=ids, attention_mask=mask, decoder_input_ids=dec)
 
 
 # ---------------------------------------------------------------------------------

@@ -109,7 +109,9 @@ def attend_attention_forward(
             when there are several queries and no mask (the mask already encodes it
             otherwise), as sdpa does.
         position_bias: an additive ``[B or 1, H, L, S]`` bias (T5-style), folded into
-            the mask as sdpa does.
+            the mask as sdpa does. attend computes no gradient for it: a learned bias
+            that requires grad is refused in training mode (``ValueError``) and
+            detached, with a warning, in eval mode.
         cache: a continuous-batching ``PagedAttentionCache``, updated here as sdpa does.
         **kwargs: the model's other attention kwargs. ``softcap``, ``s_aux`` and
             ``sinks`` are refused (``ValueError``) when set; ``output_attentions``
@@ -134,7 +136,8 @@ def attend_attention_forward(
             "(load the model with dtype=torch.float32)"
         )
 
-    # A paged cache is updated before anything else, as sdpa does.
+    # A paged cache is updated before anything else, as sdpa does. (transformers 5.23's
+    # continuous batching refuses custom implementations, so this is not reached yet.)
     if _PagedAttentionCache is not None and isinstance(cache, _PagedAttentionCache):
         key, value = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx, kwargs=kwargs)
 
@@ -155,10 +158,18 @@ def attend_attention_forward(
 
     if position_bias is not None:
         if position_bias.requires_grad and torch.is_grad_enabled():
-            raise ValueError(
-                f'attn_implementation="{NAME}" computes no gradient for a learned position_bias: '
-                'train this model with attn_implementation="sdpa" or "eager" (inference works)'
+            # attend computes no gradient for the mask, so none for a learned bias (T5's
+            # relative_attention_bias): refused in training, detached (and said) in eval.
+            if module.training:
+                raise ValueError(
+                    f'attn_implementation="{NAME}" computes no gradient for a learned position_bias: '
+                    'train this model with attn_implementation="sdpa" or "eager" (inference works)'
+                )
+            _logger.warning_once(
+                f'attn_implementation="{NAME}" computes no gradient for position_bias: '
+                "its parameters get none if you backpropagate through this eval-mode model"
             )
+            position_bias = position_bias.detach()
         attention_mask = _position_bias_mask(position_bias, attention_mask, is_causal, query, key)
         is_causal = False
 
