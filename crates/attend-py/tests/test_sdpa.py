@@ -280,3 +280,32 @@ def test_learned_mask_gradient_is_refused():
     bias = randn(4, 4, seed=41).requires_grad_()
     with pytest.raises(ValueError, match="no gradient for attn_mask"):
         attend.scaled_dot_product_attention(q, q, q, attn_mask=bias)
+
+
+def test_the_gil_is_released_while_the_kernels_run():
+    """While one thread is inside a long attention call, another runs Python code:
+    the longest pause of a loop in the main thread stays far below the call's time
+    (with the GIL held it would be the whole call)."""
+    import threading
+    import time
+
+    q = randn(1, 4, 2048, 64, seed=42)
+    attend.set_num_threads(1)  # leave a core to the main thread
+    try:
+        start = time.perf_counter()
+        attend.scaled_dot_product_attention(q, q, q)
+        call = time.perf_counter() - start
+        worker = threading.Thread(target=attend.scaled_dot_product_attention, args=(q, q, q))
+        # The first tick is taken before the start: a worker holding the GIL from
+        # its first instruction would block the loop before its first iteration.
+        ticks = [time.perf_counter()]
+        worker.start()
+        while worker.is_alive():
+            ticks.append(time.perf_counter())
+        ticks.append(time.perf_counter())
+        worker.join()
+    finally:
+        attend.set_num_threads(None)
+    longest = max(b - a for a, b in zip(ticks, ticks[1:]))
+    assert call > 0.05, f"the call took {call:.3f} s: too short to tell"
+    assert longest < call / 2, f"the main thread paused {longest:.3f} s during a {call:.3f} s call"
