@@ -309,3 +309,29 @@ def test_the_gil_is_released_while_the_kernels_run():
     longest = max(b - a for a, b in zip(ticks, ticks[1:]))
     assert call > 0.05, f"the call took {call:.3f} s: too short to tell"
     assert longest < call / 2, f"the main thread paused {longest:.3f} s during a {call:.3f} s call"
+
+
+EMPTY = [
+    ("no queries", (1, 1, 0, 8), (1, 1, 5, 8), (1, 1, 5, 8)),
+    ("no keys", (1, 1, 3, 8), (1, 1, 0, 8), (1, 1, 0, 8)),
+    ("no batch", (0, 1, 3, 8), (0, 1, 4, 8), (0, 1, 4, 8)),
+    ("zero width", (1, 1, 3, 0), (1, 1, 4, 0), (1, 1, 4, 4)),
+    ("zero value width", (1, 1, 3, 8), (1, 1, 4, 8), (1, 1, 4, 0)),
+]
+
+
+@pytest.mark.parametrize("name,qs,ks,vs", EMPTY, ids=[e[0] for e in EMPTY])
+def test_empty_axes_as_pytorch(name, qs, ks, vs):
+    q, k, v = randn(*qs, seed=43), randn(*ks, seed=44), randn(*vs, seed=45)
+    got = attend.scaled_dot_product_attention(q, k, v)
+    want = F.scaled_dot_product_attention(q, k, v)
+    assert got.shape == want.shape
+    assert max_err(got, want) <= 1e-6
+
+
+def test_inference_mode_tensors():
+    q = randn(1, 2, 4, 8, seed=46)
+    with torch.inference_mode():
+        t = q.clone()
+        got = attend.scaled_dot_product_attention(t, t, t)
+    assert max_err(got, F.scaled_dot_product_attention(q, q, q)) <= 1e-6
