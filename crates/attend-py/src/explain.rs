@@ -64,43 +64,40 @@ impl Walkthrough {
     }
 }
 
-fn weight_init(name: &str) -> attend::Result<WeightInit> {
-    Ok(match name {
-        "linear" => WeightInit::Linear,
-        "uniform-in-out" => WeightInit::UniformInOut,
-        "uniform-out-in" => WeightInit::UniformOutIn,
-        "torch-mha" => WeightInit::TorchMha,
-        other => {
-            return Err(Error::value(format!(
-                "init must be linear, uniform-in-out, uniform-out-in or torch-mha, got {other:?}"
-            )))
-        }
-    })
+/// The value named `name` among `choices`, for the arguments that the command line
+/// takes as `ValueEnum`s (same spellings).
+fn choose<T: Copy>(arg: &str, name: &str, choices: &[(&str, T)]) -> attend::Result<T> {
+    choices
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| *v)
+        .ok_or_else(|| {
+            let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
+            Error::value(format!(
+                "{arg} must be one of {}, got {name:?}",
+                names.join(", ")
+            ))
+        })
 }
 
-fn qkv_layout(name: &str) -> attend::Result<QkvLayout> {
-    Ok(match name {
-        "separate" => QkvLayout::Separate,
-        "fused" => QkvLayout::Fused,
-        "fused-interleaved" => QkvLayout::FusedInterleaved,
-        "per-head" => QkvLayout::PerHead,
-        other => {
-            return Err(Error::value(format!(
-                "qkv must be separate, fused, fused-interleaved or per-head, got {other:?}"
-            )))
-        }
-    })
-}
+const INITS: [(&str, WeightInit); 4] = [
+    ("linear", WeightInit::Linear),
+    ("uniform-in-out", WeightInit::UniformInOut),
+    ("uniform-out-in", WeightInit::UniformOutIn),
+    ("torch-mha", WeightInit::TorchMha),
+];
 
-fn softmax_axis(name: &str) -> attend::Result<SoftmaxAxis> {
-    match name {
-        "keys" => Ok(SoftmaxAxis::Keys),
-        "queries" => Ok(SoftmaxAxis::Queries),
-        other => Err(Error::value(format!(
-            "softmax_dim must be keys or queries, got {other:?}"
-        ))),
-    }
-}
+const LAYOUTS: [(&str, QkvLayout); 4] = [
+    ("separate", QkvLayout::Separate),
+    ("fused", QkvLayout::Fused),
+    ("fused-interleaved", QkvLayout::FusedInterleaved),
+    ("per-head", QkvLayout::PerHead),
+];
+
+const AXES: [(&str, SoftmaxAxis); 2] = [
+    ("keys", SoftmaxAxis::Keys),
+    ("queries", SoftmaxAxis::Queries),
+];
 
 /// The source of `x`, from exactly one of `input`, `sentence` and `tokens`.
 fn input(
@@ -223,7 +220,7 @@ pub fn explain_experiment(
         },
         (None, None, None) => {
             let (d_k, d_v) = experiment::widths(d_in, d_out, d_k, d_v);
-            let init = weight_init(init).map_err(err)?;
+            let init = choose("init", init, &INITS).map_err(err)?;
             Weights::Init(AttentionSpec {
                 d_in,
                 d_k,
@@ -232,7 +229,7 @@ pub fn explain_experiment(
                 bias: bias || init == WeightInit::TorchMha,
                 out_proj,
                 init,
-                layout: qkv_layout(qkv).map_err(err)?,
+                layout: choose("qkv", qkv, &LAYOUTS).map_err(err)?,
             })
         }
         _ => {
@@ -249,7 +246,7 @@ pub fn explain_experiment(
         weights,
         causal,
         mask_padding,
-        softmax_axis: softmax_axis(softmax_dim).map_err(err)?,
+        softmax_axis: choose("softmax_dim", softmax_dim, &AXES).map_err(err)?,
         scale,
     };
     pool::run(py, 1, || {

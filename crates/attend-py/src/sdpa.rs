@@ -1,9 +1,9 @@
 //! `scaled_dot_product_attention`'s forward and backward on NumPy views.
 //!
-//! The Python layer has already brought every array to the library's rank-4
-//! layout (`[B, H, L, E]`) as views, so strided inputs such as the
-//! `[B, T, H, D] → [B, H, T, D]` transpose arrive here without a copy and the
-//! kernels read them through their strides.
+//! The Python layer (`attend._sdpa._Call`) has already validated the call and
+//! brought every array to the library's rank-4 layout (`[B, H, L, E]`) as views, so
+//! strided inputs such as the `[B, T, H, D] → [B, H, T, D]` transpose arrive here
+//! without a copy and the kernels read them through their strides.
 
 use attend::attention::{AttentionOptions, Causal};
 use attend::kernels::backward::{
@@ -19,16 +19,35 @@ use crate::pool;
 /// A float32 array handed back to Python.
 type Out<'py, D> = Bound<'py, numpy::PyArray<f32, D>>;
 
-/// The masks and scalars of one call, as Python passes them.
-struct Options<'py> {
+/// One call, read from the attributes of the Python `_Call` object.
+///
+/// `mask` is boolean (true = attend) and `bias` additive, each broadcastable to
+/// `[B, H, L, S]`; `causal` is top-left aligned (PyTorch's `is_causal`); `seed`
+/// picks the dropout pattern, so the backward must see the forward's.
+#[derive(FromPyObject)]
+pub struct Call<'py> {
+    #[pyo3(attribute)]
+    q: PyReadonlyArray4<'py, f32>,
+    #[pyo3(attribute)]
+    k: PyReadonlyArray4<'py, f32>,
+    #[pyo3(attribute)]
+    v: PyReadonlyArray4<'py, f32>,
+    #[pyo3(attribute)]
     mask: Option<PyReadonlyArrayDyn<'py, bool>>,
+    #[pyo3(attribute)]
     bias: Option<PyReadonlyArrayDyn<'py, f32>>,
+    #[pyo3(attribute)]
     causal: bool,
+    #[pyo3(attribute)]
     scale: Option<f64>,
+    #[pyo3(attribute)]
+    dropout_p: f64,
+    #[pyo3(attribute)]
+    seed: u64,
 }
 
-impl Options<'_> {
-    fn attention(&self) -> AttentionOptions<'_> {
+impl Call<'_> {
+    fn options(&self) -> AttentionOptions<'_> {
         AttentionOptions {
             scale: self.scale.map(|s| s as f32),
             causal: self.causal.then_some(Causal::TopLeft),
@@ -37,85 +56,51 @@ impl Options<'_> {
             ..Default::default()
         }
     }
-}
 
-fn dropout(p: f64, seed: u64) -> PyResult<Option<Dropout>> {
-    if p == 0.0 {
-        return Ok(None);
+    fn dropout(&self) -> PyResult<Option<Dropout>> {
+        if self.dropout_p == 0.0 {
+            return Ok(None);
+        }
+        Dropout::new(self.dropout_p as f32, self.seed)
+            .map(Some)
+            .map_err(to_py)
     }
-    Dropout::new(p as f32, seed).map(Some).map_err(to_py)
 }
 
 /// Attention forward: `(out [B, H, L, Ev], lse [B, H, L])`.
-///
-/// `mask` is boolean (true = attend) and `bias` additive, each broadcastable to
-/// `[B, H, L, S]`; `causal` is top-left aligned (PyTorch's `is_causal`).
 #[pyfunction]
-#[pyo3(signature = (q, k, v, *, mask=None, bias=None, causal=false, scale=None, dropout_p=0.0, seed=0, threads=1))]
-#[allow(clippy::too_many_arguments)]
 pub fn sdpa_forward<'py>(
     py: Python<'py>,
-    q: PyReadonlyArray4<'py, f32>,
-    k: PyReadonlyArray4<'py, f32>,
-    v: PyReadonlyArray4<'py, f32>,
-    mask: Option<PyReadonlyArrayDyn<'py, bool>>,
-    bias: Option<PyReadonlyArrayDyn<'py, f32>>,
-    causal: bool,
-    scale: Option<f64>,
-    dropout_p: f64,
-    seed: u64,
+    call: Call<'py>,
     threads: usize,
 ) -> PyResult<(Out<'py, Ix4>, Out<'py, Ix3>)> {
-    let options = Options {
-        mask,
-        bias,
-        causal,
-        scale,
-    };
-    let dropout = dropout(dropout_p, seed)?;
-    let (q, k, v) = (q.as_array(), k.as_array(), v.as_array());
-    let opts = options.attention();
+    let dropout = call.dropout()?;
+    let (q, k, v) = (call.q.as_array(), call.k.as_array(), call.v.as_array());
+    let opts = call.options();
     let (out, lse) = pool::run(py, threads, || {
         attention_train(q, k, v, &opts, dropout.as_ref())
     })?;
     Ok((out.into_pyarray(py), lse.into_pyarray(py)))
 }
 
-/// Attention backward: `(dq, dk, dv)` shaped like `q`, `k`, `v`, from the forward's
-/// `out` and `lse` and the output gradient `dout`. The options and dropout seed must
-/// be the forward's.
+/// Attention backward: `(dq, dk, dv)` shaped like the call's `q`, `k`, `v`, from the
+/// forward's `out` and `lse` and the output gradient `dout`.
 #[pyfunction]
-#[pyo3(signature = (q, k, v, out, lse, dout, *, mask=None, bias=None, causal=false, scale=None, dropout_p=0.0, seed=0, threads=1))]
-#[allow(clippy::too_many_arguments)]
 pub fn sdpa_backward<'py>(
     py: Python<'py>,
-    q: PyReadonlyArray4<'py, f32>,
-    k: PyReadonlyArray4<'py, f32>,
-    v: PyReadonlyArray4<'py, f32>,
+    call: Call<'py>,
     out: PyReadonlyArray4<'py, f32>,
     lse: PyReadonlyArray3<'py, f32>,
     dout: PyReadonlyArray4<'py, f32>,
-    mask: Option<PyReadonlyArrayDyn<'py, bool>>,
-    bias: Option<PyReadonlyArrayDyn<'py, f32>>,
-    causal: bool,
-    scale: Option<f64>,
-    dropout_p: f64,
-    seed: u64,
     threads: usize,
 ) -> PyResult<(Out<'py, Ix4>, Out<'py, Ix4>, Out<'py, Ix4>)> {
-    let options = Options {
-        mask,
-        bias,
-        causal,
-        scale,
-    };
     let config = BackwardConfig {
-        dropout: dropout(dropout_p, seed)?,
+        dropout: call.dropout()?,
         ..Default::default()
     };
-    let (q, k, v) = (q.as_array(), k.as_array(), v.as_array());
+    let (q, k, v) = (call.q.as_array(), call.k.as_array(), call.v.as_array());
     let (out, lse, dout) = (out.as_array(), lse.as_array(), dout.as_array());
-    let opts = options.attention();
+    let opts = call.options();
     let grads = pool::run(py, threads, || {
         attention_backward_with(q, k, v, out, lse, dout, &opts, &config)
     })?;

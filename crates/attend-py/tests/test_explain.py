@@ -104,7 +104,7 @@ def test_a_real_models_head(model_dir):
 BAD = [
     (dict(), ValueError, "no input"),
     (dict(input=[[1, 2], [3]]), ValueError, "input"),
-    (dict(input=[[1.0, 2.0]], init="xavier"), ValueError, "init must be"),
+    (dict(input=[[1.0, 2.0]], init="xavier"), ValueError, "init must be one of linear"),
     (dict(tokens="1,2;3", vocab_size=5, embed_dim=4), ValueError, "tokens"),
     (dict(tokens=[[1, 9]], vocab_size=5, embed_dim=4), ValueError, "out of range"),
     (dict(sentence="a b", embed_dim=0), ValueError, "embed_dim"),

@@ -111,9 +111,9 @@ def test_no_copy_of_strided_inputs(monkeypatch):
     seen = []
     real = attend._attend.sdpa_forward
 
-    def spy(q, k, v, **kw):
-        seen.append((q, k, v))
-        return real(q, k, v, **kw)
+    def spy(call, threads):
+        seen.append((call.q, call.k, call.v))
+        return real(call, threads)
 
     monkeypatch.setattr(attend._attend, "sdpa_forward", spy)
     x = randn(2, 16, 3, 4, 8, seed=13)

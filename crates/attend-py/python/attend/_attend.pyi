@@ -1,38 +1,26 @@
-from typing import List, Optional, Tuple
+from typing import List, Optional, Protocol, Tuple
 
 import numpy as np
 
 __version__: str
 
 def isa() -> str: ...
-def sdpa_forward(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    *,
-    mask: Optional[np.ndarray] = ...,
-    bias: Optional[np.ndarray] = ...,
-    causal: bool = ...,
-    scale: Optional[float] = ...,
-    dropout_p: float = ...,
-    seed: int = ...,
-    threads: int = ...,
-) -> Tuple[np.ndarray, np.ndarray]: ...
+class _Call(Protocol):
+    """What the kernels read of a call: rank-4 views and the options."""
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    mask: Optional[np.ndarray]
+    bias: Optional[np.ndarray]
+    causal: bool
+    scale: Optional[float]
+    dropout_p: float
+    seed: int
+
+def sdpa_forward(call: _Call, threads: int) -> Tuple[np.ndarray, np.ndarray]: ...
 def sdpa_backward(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    out: np.ndarray,
-    lse: np.ndarray,
-    dout: np.ndarray,
-    *,
-    mask: Optional[np.ndarray] = ...,
-    bias: Optional[np.ndarray] = ...,
-    causal: bool = ...,
-    scale: Optional[float] = ...,
-    dropout_p: float = ...,
-    seed: int = ...,
-    threads: int = ...,
+    call: _Call, out: np.ndarray, lse: np.ndarray, dout: np.ndarray, threads: int
 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 
 class SentenceEncoder:

@@ -93,33 +93,18 @@ class _Call:
                 self.mask = m
             else:
                 self.bias = m
-        self.options = dict(
-            causal=bool(is_causal),
-            scale=None if scale is None else float(scale),
-            dropout_p=float(dropout_p),
-            seed=seed,
-        )
+        self.causal = bool(is_causal)
+        self.scale = None if scale is None else float(scale)
+        self.dropout_p = float(dropout_p)
+        self.seed = seed
 
     def forward(self) -> Tuple[np.ndarray, np.ndarray]:
         """``(out [B, H, L, Ev], lse [B, H, L])``."""
-        return _attend.sdpa_forward(
-            self.q, self.k, self.v, mask=self.mask, bias=self.bias, threads=get_num_threads(), **self.options
-        )
+        return _attend.sdpa_forward(self, get_num_threads())
 
     def backward(self, out: np.ndarray, lse: np.ndarray, dout: np.ndarray):
         """``(dq, dk, dv)`` in the rank-4 layout, from ``dout`` shaped like the output."""
-        return _attend.sdpa_backward(
-            self.q,
-            self.k,
-            self.v,
-            out,
-            lse,
-            _as_rank4(dout),
-            mask=self.mask,
-            bias=self.bias,
-            threads=get_num_threads(),
-            **self.options,
-        )
+        return _attend.sdpa_backward(self, out, lse, _as_rank4(dout), get_num_threads())
 
 
 def _mask_rank4(mask: np.ndarray, weights: Tuple[int, ...]) -> np.ndarray:
