@@ -19,8 +19,8 @@ pub(crate) fn with_threads<R: Send>(
 ) -> Result<R> {
     match threads {
         None => Ok(f()),
-        Some(0) => Err(Error::value("threads must be at least 1, got 0")),
         Some(n) => {
+            crate::limits::threads("threads", n)?;
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(n)
                 .build()
