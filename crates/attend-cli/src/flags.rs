@@ -23,7 +23,7 @@ fn integer<T: std::str::FromStr>(s: &str) -> Result<T, String> {
         .map_err(|_| format!("'{s}' is not a non-negative integer in range"))
 }
 
-fn at_most<T: PartialOrd + std::fmt::Display>(n: T, min: T, max: T) -> Result<T, String> {
+fn within<T: PartialOrd + std::fmt::Display>(n: T, min: T, max: T) -> Result<T, String> {
     if n < min || n > max {
         return Err(format!("must be between {min} and {max}, got {n}"));
     }
@@ -32,27 +32,30 @@ fn at_most<T: PartialOrd + std::fmt::Display>(n: T, min: T, max: T) -> Result<T,
 
 /// A size or count of at least 1.
 pub fn positive(s: &str) -> Result<usize, String> {
-    at_most(integer(s)?, 1, usize::MAX)
+    match integer(s)? {
+        0 => Err("must be at least 1, got 0".into()),
+        n => Ok(n),
+    }
 }
 
 /// A worker-thread count, 1 to [`MAX_THREADS`].
 pub fn threads(s: &str) -> Result<usize, String> {
-    at_most(integer(s)?, 1, MAX_THREADS)
+    within(integer(s)?, 1, MAX_THREADS)
 }
 
 /// A number of timed runs, 1 to a million.
 pub fn runs(s: &str) -> Result<usize, String> {
-    at_most(integer(s)?, 1, MAX_RUNS)
+    within(integer(s)?, 1, MAX_RUNS)
 }
 
 /// A number of optimiser steps, 1 to [`MAX_STEPS`].
 pub fn steps(s: &str) -> Result<usize, String> {
-    at_most(integer(s)?, 1, MAX_STEPS)
+    within(integer(s)?, 1, MAX_STEPS)
 }
 
 /// A number of generator draws to skip, 0 to [`MAX_SKIP_DRAWS`].
 pub fn skip_draws(s: &str) -> Result<u64, String> {
-    at_most(integer(s)?, 0, MAX_SKIP_DRAWS)
+    within(integer(s)?, 0, MAX_SKIP_DRAWS)
 }
 
 /// A duration in seconds: finite, 0 to an hour.

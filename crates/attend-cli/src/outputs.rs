@@ -41,6 +41,13 @@ impl Outputs {
             let name = target
                 .file_name()
                 .ok_or_else(|| Error::io(target, format!("{flag} does not name a file")))?;
+            // Refused now rather than after the work: the file could not be made.
+            if !key.0.is_dir() {
+                return Err(Error::io(
+                    target,
+                    format!("{flag}: the directory {} does not exist", key.0.display()),
+                ));
+            }
             // The temporary name ends in the target's own name, so that writers
             // that choose a format by extension (.svg, .png) see the right one.
             let temp = target.with_file_name(format!(
@@ -57,13 +64,28 @@ impl Outputs {
         Ok(Outputs { files })
     }
 
-    /// Where to write the output named by `flag` now (a temporary path), if it
-    /// was requested.
-    pub fn path(&self, flag: &str) -> Option<&Path> {
-        self.files
-            .iter()
-            .find(|o| o.flag == flag)
-            .map(|o| o.temp.as_path())
+    /// Writes the output named by `flag`, if it was requested, with `write` given
+    /// the temporary path; an error names the output's own path, not the
+    /// temporary one.
+    pub fn write(
+        &self,
+        flag: &str,
+        write: impl FnOnce(&Path) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        let Some(o) = self.files.iter().find(|o| o.flag == flag) else {
+            return Ok(());
+        };
+        let (temp, target) = (o.temp.display().to_string(), o.target.display().to_string());
+        let named = |m: String| m.replace(&temp, &target);
+        write(&o.temp).map_err(|e| match e {
+            Error::Io { path, message } => Error::Io {
+                path: named(path),
+                message: named(message),
+            },
+            Error::Shape(m) => Error::Shape(named(m)),
+            Error::Value(m) => Error::Value(named(m)),
+            Error::Format(m) => Error::Format(named(m)),
+        })
     }
 
     /// Moves every written output into place.
@@ -125,6 +147,11 @@ mod tests {
                 b.display()
             )
         );
+        let missing = dir.join("no-such-dir").join("x.npy");
+        let err = Outputs::new(&[("--out", Some(&missing))])
+            .err()
+            .expect("refused");
+        assert!(err.to_string().contains("--out: the directory"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -134,18 +161,29 @@ mod tests {
         let (a, b) = (dir.join("a.svg"), dir.join("b.txt"));
         std::fs::write(&b, "old").unwrap();
         let outputs = Outputs::new(&[("--a", Some(&a)), ("--b", Some(&b)), ("--c", None)]).unwrap();
-        assert!(outputs.path("--c").is_none());
-        let temp = outputs.path("--a").unwrap().to_path_buf();
-        assert!(temp.to_string_lossy().ends_with("a.svg"));
-        std::fs::write(&temp, "new a").unwrap();
-        std::fs::write(outputs.path("--b").unwrap(), "new b").unwrap();
+        let mut temp = None;
+        let write = |text: &'static str| {
+            move |p: &Path| std::fs::write(p, text).map_err(|e| Error::io(p, e))
+        };
+        outputs
+            .write("--a", |p| {
+                temp = Some(p.to_path_buf());
+                write("new a")(p)
+            })
+            .unwrap();
+        let temp = temp.unwrap();
+        assert!(temp.to_string_lossy().ends_with("a.svg") && temp.exists());
+        outputs.write("--b", write("new b")).unwrap();
+        outputs
+            .write("--c", |_| panic!("--c was not requested"))
+            .unwrap();
         drop(outputs); // the command failed
         assert!(!a.exists() && !temp.exists());
         assert_eq!(std::fs::read_to_string(&b).unwrap(), "old");
 
         let outputs = Outputs::new(&[("--a", Some(&a)), ("--b", Some(&b))]).unwrap();
-        std::fs::write(outputs.path("--a").unwrap(), "new a").unwrap();
-        std::fs::write(outputs.path("--b").unwrap(), "new b").unwrap();
+        outputs.write("--a", write("new a")).unwrap();
+        outputs.write("--b", write("new b")).unwrap();
         outputs.commit().unwrap();
         assert_eq!(std::fs::read_to_string(&a).unwrap(), "new a");
         assert_eq!(std::fs::read_to_string(&b).unwrap(), "new b");

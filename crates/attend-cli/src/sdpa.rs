@@ -153,16 +153,10 @@ pub fn run(args: Args) -> Result<(), Error> {
             &bconfig,
         )?;
         for (flag, grad) in [("--dq", g.dq), ("--dk", g.dk), ("--dv", g.dv)] {
-            if let Some(path) = outputs.path(flag) {
-                npy::write_f32(path, grad.into_dyn().view())?;
-            }
+            outputs.write(flag, |path| npy::write_f32(path, grad.into_dyn().view()))?;
         }
     }
-    if let Some(path) = outputs.path("--out") {
-        npy::write_f32(path, out.into_dyn().view())?;
-    }
-    if let Some(path) = outputs.path("--lse") {
-        npy::write_f32(path, lse.into_dyn().view())?;
-    }
+    outputs.write("--out", |path| npy::write_f32(path, out.into_dyn().view()))?;
+    outputs.write("--lse", |path| npy::write_f32(path, lse.into_dyn().view()))?;
     outputs.commit()
 }

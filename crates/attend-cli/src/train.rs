@@ -111,15 +111,15 @@ pub fn run(args: Args) -> Result<(), Error> {
         eprintln!();
     }
     let (digit, sequence) = evaluate(&model, EVAL_SEQUENCES, args.seed ^ 0xA11CE)?;
-    save(&model, outputs.path("--weights").expect("always requested"))?;
+    outputs.write("--weights", |path| save(&model, path))?;
     let title = format!(
         "attend train: reverse {} digits, held-out accuracy {:.1}%",
         args.len,
         digit * 100.0
     );
-    let curve = outputs.path("--curve").expect("always requested");
-    std::fs::write(curve, loss_curve_svg(&losses, &title))
-        .map_err(|e| Error::io(&args.curve, e))?;
+    outputs.write("--curve", |path| {
+        std::fs::write(path, loss_curve_svg(&losses, &title)).map_err(|e| Error::io(path, e))
+    })?;
     outputs.commit()?;
     println!(
         "trained {steps} steps in {train_secs:.1}s on {} threads; final loss {:.4}",

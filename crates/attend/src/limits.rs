@@ -144,7 +144,7 @@ mod tests {
     #[test]
     fn memory_beyond_the_machine_is_refused_with_the_bytes() {
         assert!(check_memory("--seq", 1024).is_ok());
-        let err = check_memory("--seq", 1 << 80).unwrap_err().to_string();
+        let err = check_memory("--seq", 1 << 70).unwrap_err().to_string();
         assert!(err.contains("--seq would need 1024.00 EiB"), "{err}");
     }
 
