@@ -12,6 +12,7 @@ use clap::ValueEnum;
 
 use crate::experiment_args::{experiment, ExperimentArgs};
 use crate::model_args::{ModelArgs, ModelRun};
+use crate::outputs::Outputs;
 
 /// Flags of `attend explain`.
 #[derive(clap::Args, Debug)]
@@ -42,15 +43,15 @@ enum Format {
 
 /// Runs `attend explain`.
 pub fn run(args: Args) -> Result<(), Error> {
+    let outputs = Outputs::new(&[("--heatmap", args.heatmap.as_deref())])?;
     if let Some(run) = args.model.run()? {
-        return explain_model(&args, &run);
+        return explain_model(&args, &run, outputs);
     }
     let exp = experiment(&args.experiment)?;
     let ex = experiment::run(&exp)?;
     let maps = attention_maps(&ex)?;
-    if let Some(path) = &args.heatmap {
-        viz::write_heatmap(&maps, 0, path)?;
-    }
+    outputs.write("--heatmap", |path| viz::write_heatmap(&maps, 0, path))?;
+    outputs.commit()?;
     match args.format {
         Format::Json => println!("{}", ex.to_json()),
         Format::Text => {
@@ -78,15 +79,14 @@ pub fn attention_maps(ex: &Explanation) -> Result<AttentionMaps, Error> {
 
 /// One head of a real model, step by step like the notebooks, or as JSON with the
 /// notebook keys (`x` is the layer's input).
-fn explain_model(args: &Args, run: &ModelRun) -> Result<(), Error> {
+fn explain_model(args: &Args, run: &ModelRun, outputs: Outputs) -> Result<(), Error> {
     let (Some(layer), Some(head)) = (args.layer, args.head) else {
         return Err(Error::value("--model needs --layer L and --head H"));
     };
     let t = run.trace.head(layer, head)?;
     let maps = run.maps()?;
-    if let Some(path) = &args.heatmap {
-        viz::write_heatmap(&maps, layer, path)?;
-    }
+    outputs.write("--heatmap", |path| viz::write_heatmap(&maps, layer, path))?;
+    outputs.commit()?;
     let steps = walkthrough::head_steps(t);
     match args.format {
         Format::Json => {
