@@ -127,7 +127,7 @@ mod tests {
         ) {
             match parse_array("--input", &text) {
                 Ok(a) => {
-                    prop_assert!(a.len() > 0 && a.iter().all(|x| x.is_finite()));
+                    prop_assert!(!a.is_empty() && a.iter().all(|x| x.is_finite()));
                 }
                 Err(e) => {
                     let msg = e.to_string();
