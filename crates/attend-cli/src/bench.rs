@@ -113,7 +113,7 @@ fn needed_bytes(args: &Args) -> u128 {
     let bytes = limits::array_bytes;
     if args.decode {
         // One query row; K and V, and a bandwidth probe buffer at least as large.
-        let kv = 2 * bytes(&[b, hkv, args.kv_len.unwrap_or(4096), e], 4);
+        let kv = bytes(&[b, hkv, args.kv_len.unwrap_or(4096), e], 4).saturating_mul(2);
         return bytes(&[b, h, e], 8).saturating_add(kv.saturating_mul(2));
     }
     let q_like = bytes(&[b, h, l, e], 4); // q, the output; dout and dq in backward

@@ -32,10 +32,10 @@ pub struct ExperimentArgs {
     #[arg(long, value_name = "DIGITS", requires = "trained")]
     digits: Option<String>,
     /// Rows of the embedding table for --tokens.
-    #[arg(long, value_name = "V")]
+    #[arg(long, value_name = "V", value_parser = flags::positive)]
     vocab_size: Option<usize>,
     /// Embedding width for --sentence and --tokens.
-    #[arg(long, value_name = "D")]
+    #[arg(long, value_name = "D", value_parser = flags::positive)]
     embed_dim: Option<usize>,
     /// `nn.Embedding`'s padding_idx (negative counts from the end).
     #[arg(

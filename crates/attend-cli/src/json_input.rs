@@ -81,3 +81,59 @@ fn flatten(
         ))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A JSON array with pieces spliced in where they break rank, raggedness,
+    /// number ranges or syntax.
+    fn mutated_array() -> impl Strategy<Value = String> {
+        let base = "[[1.5, -2, 3e2], [0, 4, 5]]";
+        let pieces = prop::sample::select(vec![
+            "[",
+            "]",
+            ",",
+            "1e39",
+            "-1e39",
+            "NaN",
+            "Infinity",
+            "\"a\"",
+            "null",
+            "[]",
+            "{}",
+            "18446744073709551616",
+            "1e-50",
+            "true",
+        ]);
+        prop::collection::vec((0..base.len(), pieces), 0..5).prop_map(move |edits| {
+            let mut s = base.to_string();
+            for (at, piece) in edits {
+                s.insert_str(at.min(s.len()), piece);
+            }
+            s
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 5_000, ..ProptestConfig::default() })]
+
+        // A value is a non-empty rectangular array of finite numbers of rank 1
+        // to 3; anything else is a one-line error naming the flag.
+        #[test]
+        fn arrays_are_finite_and_rectangular_or_refused(
+            text in prop_oneof![mutated_array(), ".{0,40}"]
+        ) {
+            match parse_array("--input", &text) {
+                Ok(a) => {
+                    prop_assert!(!a.is_empty() && a.iter().all(|x| x.is_finite()));
+                }
+                Err(e) => {
+                    let msg = e.to_string();
+                    prop_assert!(msg.starts_with("--input") && !msg.contains('\n'), "{}", msg);
+                }
+            }
+        }
+    }
+}

@@ -16,19 +16,19 @@ use crate::outputs::Outputs;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Digits per sequence.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = flags::positive)]
     len: usize,
     /// Model width.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = flags::positive)]
     d_model: usize,
     /// Attention heads.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = flags::positive)]
     heads: usize,
     /// Optimiser steps (1 to 10 million).
     #[arg(long, default_value_t = 600, value_parser = flags::steps)]
     steps: usize,
     /// Sequences per step.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = flags::positive)]
     batch: usize,
     /// AdamW learning rate (positive).
     #[arg(long, default_value_t = 3e-3, allow_hyphen_values = true)]

@@ -319,24 +319,33 @@ fn a_widest_window_equals_no_window() {
     let q = npy(&dir, "q.npy", &[1, 2, 5, 4]);
     let k = npy(&dir, "k.npy", &[1, 2, 7, 4]);
     let v = npy(&dir, "v.npy", &[1, 2, 7, 3]);
-    for (out, window) in [
-        ("plain.npy", None),
-        (
-            "wide.npy",
-            Some("18446744073709551615,18446744073709551615"),
-        ),
+    let dout = npy(&dir, "dout.npy", &[1, 2, 5, 3]);
+    for (name, window) in [
+        ("plain", None),
+        ("wide", Some("18446744073709551615,18446744073709551615")),
     ] {
-        let mut args = vec!["sdpa", "--q", &q, "--k", &k, "--v", &v, "--out", out];
+        let files: Vec<String> = ["out", "dq", "dk", "dv"]
+            .iter()
+            .map(|f| format!("{name}-{f}.npy"))
+            .collect();
+        let mut args = vec!["sdpa", "--q", &q, "--k", &k, "--v", &v, "--dout", &dout];
+        for (flag, file) in ["--out", "--dq", "--dk", "--dv"].iter().zip(&files) {
+            args.extend([*flag, file.as_str()]);
+        }
         if let Some(w) = window {
             args.extend(["--window", w]);
         }
         let (code, _, err) = attend_limited(&args, &dir);
         assert_eq!(code, 0, "{err}");
     }
-    let plain = attend::io::npy::read_f32(dir.join("plain.npy")).unwrap();
-    let wide = attend::io::npy::read_f32(dir.join("wide.npy")).unwrap();
-    assert!(plain.iter().any(|&x| x != 0.0));
-    assert_eq!(plain, wide);
+    // Outputs and gradients alike (the gradients were zeros).
+    for f in ["out", "dq", "dk", "dv"] {
+        let read =
+            |name: &str| attend::io::npy::read_f32(dir.join(format!("{name}-{f}.npy"))).unwrap();
+        let (plain, wide) = (read("plain"), read("wide"));
+        assert!(plain.iter().any(|&x| x != 0.0), "{f}");
+        assert_eq!(plain, wide, "{f}");
+    }
     // A right side of usize::MAX with left 0 keeps exactly the keys from the diagonal on.
     let (code, _, err) = attend_limited(
         &[

@@ -267,3 +267,122 @@ fn view_draws_a_real_model_directly() {
     assert!(std::fs::read(&png).unwrap().starts_with(b"\x89PNG"));
     std::fs::remove_dir_all(&tmp).ok();
 }
+
+/// A copy of the model directory in a scratch folder, with `config.json` and the
+/// bytes of `model.safetensors` passed through `edit`.
+fn edited_model(
+    name: &str,
+    config: impl Fn(String) -> String,
+    weights: impl FnOnce(&mut Vec<u8>),
+) -> PathBuf {
+    let src = model_dir();
+    let dir = std::env::temp_dir().join(format!(
+        "attend-hostile-model-{name}-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    for file in std::fs::read_dir(&src).unwrap() {
+        let path = file.unwrap().path();
+        let name = path.file_name().unwrap().to_owned();
+        match name.to_str().unwrap() {
+            "config.json" => {
+                let text = std::fs::read_to_string(&path).unwrap();
+                std::fs::write(dir.join(&name), config(text)).unwrap();
+            }
+            "model.safetensors" => {}
+            _ if path.is_file() => {
+                std::fs::copy(&path, dir.join(&name)).unwrap();
+            }
+            _ => {
+                // 1_Pooling/: the sentence-transformers pooling config.
+                std::fs::create_dir_all(dir.join(&name)).unwrap();
+                for f in std::fs::read_dir(&path).unwrap() {
+                    let f = f.unwrap().path();
+                    std::fs::copy(&f, dir.join(&name).join(f.file_name().unwrap())).unwrap();
+                }
+            }
+        }
+    }
+    let mut bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    weights(&mut bytes);
+    std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
+    dir
+}
+
+/// Hostile model files and flags (issue 13): one line naming the file and the
+/// tensor or field, exit 2, and no picture left behind by a failed command.
+#[test]
+fn hostile_models_are_refused_by_name() {
+    let dir = model_dir();
+    let d = dir.to_str().unwrap();
+    let tmp = std::env::temp_dir().join(format!("attend-hostile-pic-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let pic = tmp.join("h.svg");
+    let (code, _, err) = attend(&[
+        "attention",
+        "--model",
+        d,
+        "--layer",
+        "0",
+        "--head",
+        "12",
+        "--heatmap",
+        pic.to_str().unwrap(),
+        "x",
+    ]);
+    assert_eq!(
+        (code, err.trim_end()),
+        (
+            2,
+            "error: head 12 is out of range: each layer has 12 heads (0 to 11)"
+        )
+    );
+    assert_eq!(
+        std::fs::read_dir(&tmp).unwrap().count(),
+        0,
+        "a failed command left a file"
+    );
+    std::fs::remove_dir_all(&tmp).unwrap();
+
+    // A NaN in the first query weight of layer 0.
+    let tensor = "encoder.layer.0.attention.self.query.weight";
+    let nan = edited_model(
+        "nan",
+        |c| c,
+        |bytes| {
+            let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+            let header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+            let entry = header
+                .get(tensor)
+                .or_else(|| header.get(format!("bert.{tensor}").as_str()))
+                .unwrap();
+            let begin = entry["data_offsets"][0].as_u64().unwrap() as usize;
+            bytes[8 + n + begin..8 + n + begin + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+        },
+    );
+    let eps = edited_model("eps", |c| c.replace("1e-12", "1e300"), |_| {});
+    let layers = edited_model(
+        "layers",
+        |c| {
+            c.replace(
+                "\"num_hidden_layers\": 6",
+                "\"num_hidden_layers\": 1000000000",
+            )
+        },
+        |_| {},
+    );
+    for (model, want) in [
+        (&nan, vec!["model.safetensors", tensor, "NaN"]),
+        (&eps, vec!["config.json", "layer_norm_eps"]),
+        (&layers, vec!["model.safetensors", "encoder.layer.6."]),
+    ] {
+        let (code, out, err) = attend(&["embed", "--model", model.to_str().unwrap(), "x"]);
+        assert_eq!(code, 2, "{err}");
+        assert!(out.is_empty());
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        for w in want {
+            assert!(err.contains(w), "{err:?} does not name {w:?}");
+        }
+        std::fs::remove_dir_all(model).unwrap();
+    }
+}

@@ -108,7 +108,8 @@ impl TorchGenerator {
 
     /// `torch.empty(shape).uniform_(from, to)`: one draw per element, row-major (§4).
     ///
-    /// The bounds are rounded to f32 first, as PyTorch does.
+    /// The bounds are rounded to f32 first, as PyTorch does. Panics if the element
+    /// count of `shape` overflows `usize` (check sizes with [`crate::limits`]).
     pub fn uniform(&mut self, shape: &[usize], from: f64, to: f64) -> ArrayD<f32> {
         let n = numel(shape);
         let mut data = Vec::with_capacity(n);
@@ -124,7 +125,8 @@ impl TorchGenerator {
     ///
     /// Fewer than 16 elements use the double-precision Box–Muller path, which reads
     /// and writes the generator's cached sample; 16 or more use the batched 16-wide
-    /// path of PyTorch's AVX2 kernel, which leaves the cache alone.
+    /// path of PyTorch's AVX2 kernel, which leaves the cache alone. Panics if the
+    /// element count of `shape` overflows `usize` (check sizes with [`crate::limits`]).
     pub fn normal(&mut self, shape: &[usize], mean: f64, std: f64) -> ArrayD<f32> {
         let n = numel(shape);
         let data = if n < BATCH {
@@ -340,8 +342,18 @@ mod cephes {
 }
 
 /// Number of elements of a tensor of `shape` (1 for a scalar, `[]`).
+///
+/// # Panics
+/// When the count overflows `usize`: the generator's callers check their sizes
+/// against [`crate::limits`] first, and a wrapped count would silently draw the
+/// wrong number of values.
 fn numel(shape: &[usize]) -> usize {
-    shape.iter().product()
+    shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .unwrap_or_else(|| {
+            panic!("a tensor of shape {shape:?} has more elements than usize counts")
+        })
 }
 
 /// Wraps row-major `data` into an array of `shape`.

@@ -262,7 +262,7 @@ fn bad_config_and_softmax_over_queries_are_errors() {
     };
     let err =
         decode_attention(q.view(), k.view(), k.view(), &Default::default(), &cfg).unwrap_err();
-    assert_eq!(err.to_string(), "threads must be at least 1, got 0");
+    assert_eq!(err.to_string(), "threads must be between 1 and 1024, got 0");
     let opts = AttentionOptions {
         softmax_axis: attend::attention::SoftmaxAxis::Queries,
         ..Default::default()

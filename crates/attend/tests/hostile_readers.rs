@@ -145,7 +145,7 @@ fn mutated_text(base: &'static str) -> impl Strategy<Value = String> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 10_000, ..ProptestConfig::default() })]
 
     #[test]
     fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
@@ -231,6 +231,25 @@ fn issue_13_corpus() {
     )
     .unwrap();
     assert_eq!(a, NpyArray::F32(ArrayD::zeros(IxDyn(&[2]))));
+    // npy: header versions 2 and 3 (a 4-byte header length), as NumPy writes for
+    // long or non-Latin-1 headers.
+    for version in [2u8, 3] {
+        let header = "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }";
+        let mut f = vec![0x93, b'N', b'U', b'M', b'P', b'Y', version, 0];
+        f.extend_from_slice(&(header.len() as u32).to_le_bytes());
+        f.extend_from_slice(header.as_bytes());
+        f.extend_from_slice(&1.5f32.to_le_bytes().repeat(2));
+        let a = npy::from_bytes(&f, "v.npy").unwrap();
+        assert_eq!(
+            a,
+            NpyArray::F32(ArrayD::from_elem(IxDyn(&[2]), 1.5)),
+            "version {version}"
+        );
+    }
+    let mut v4 = npy_with("{}", &[]);
+    v4[6] = 4;
+    let err = npy::from_bytes(&v4, "v4.npy").unwrap_err().to_string();
+    assert_eq!(err, "v4.npy: unsupported .npy version 4");
 
     // safetensors: an empty tensor with a huge axis (used to panic on reading).
     let huge = safetensors_with(

@@ -573,7 +573,26 @@ fn glyph_bits(ch: char) -> [u8; 8] {
 
 #[cfg(test)]
 mod tests {
-    use super::glyph_bits;
+    use super::{glyph_bits, render_png, render_svg, AttentionMaps};
+
+    #[test]
+    fn canvases_beyond_the_pixel_budget_are_refused_before_drawing() {
+        // Few cells, but a panel per head: the canvas, not the cell count, is
+        // what would overflow i32 and exhaust memory.
+        let many_heads = ndarray::Array3::from_elem((70_000, 1, 1), 1.0);
+        let maps =
+            AttentionMaps::new(vec!["a".into()], vec!["b".into()], vec![many_heads], "t").unwrap();
+        for err in [
+            render_png(&maps, 0).err().unwrap(),
+            render_svg(&maps, 0).err().unwrap(),
+        ] {
+            assert!(
+                err.to_string()
+                    .starts_with("a heatmap of 70000 heads of 1 × 1 tokens is too large to draw"),
+                "{err}"
+            );
+        }
+    }
 
     #[test]
     fn greek_box_and_hiragana_have_glyphs_and_the_rest_is_a_question_mark() {

@@ -43,9 +43,10 @@ pub(super) fn parse(text: &str) -> Result<Header, String> {
             ("fortran_order", Value::Bool(b)) => fortran = Some(b),
             ("shape", Value::Tuple(t)) => shape = Some(t),
             ("descr" | "fortran_order" | "shape", _) => {
-                return Err(format!("header key '{key}' has a value of the wrong type"))
+                return Err(format!("header key {key:?} has a value of the wrong type"))
             }
-            _ => return Err(format!("header has an unexpected key '{key}'")),
+            // Debug-quoted: a key is file content and may hold a newline.
+            _ => return Err(format!("header has an unexpected key {key:?}")),
         }
         if !p.eat(',') {
             p.expect('}')?;

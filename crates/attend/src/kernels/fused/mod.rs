@@ -371,7 +371,10 @@ unsafe fn unit<S: Simd, const NQ: usize>(
     for ii in 0..rows {
         let (m, l) = (scr.m[ii], scr.l[ii]);
         let orow = &mut u.out[ii * ev..(ii + 1) * ev];
-        if m == f32::NEG_INFINITY {
+        // A running max of −∞ means no score was seen, unless a NaN score came
+        // first and a masked −∞ after it replaced it (`max` keeps only a NaN in its
+        // second operand); the NaN is still in the sum then.
+        if m == f32::NEG_INFINITY && !l.is_nan() {
             orow.fill(0.0);
             u.lse[ii] = f32::NEG_INFINITY;
         } else {
@@ -446,12 +449,12 @@ unsafe fn qk_rows<S: Simd, const NQ: usize, const MR: usize>(
                 }
                 if last {
                     // scale · (q·k) + mask, rounded once, like the reference.
-                    let add = if mb.is_null() {
-                        zero
+                    if mb.is_null() {
+                        x = S::fma(x, S::splat(scale), zero);
                     } else {
-                        S::load(mb.add(r * mbs + v * LANES))
-                    };
-                    x = S::fma(x, S::splat(scale), add);
+                        let add = S::load(mb.add(r * mbs + v * LANES));
+                        x = S::masked(S::fma(x, S::splat(scale), add), add);
+                    }
                 }
                 S::store(s.add(off), x);
             }

@@ -83,6 +83,12 @@ unsafe impl Simd for Avx2 {
         V2(_mm256_max_ps(a.0, b.0), _mm256_max_ps(a.1, b.1))
     }
     #[inline(always)]
+    unsafe fn masked(y: V2, mask: V2) -> V2 {
+        let neg_inf = _mm256_set1_ps(f32::NEG_INFINITY);
+        let half = |y, m| _mm256_blendv_ps(y, m, _mm256_cmp_ps::<_CMP_EQ_OQ>(m, neg_inf));
+        V2(half(y.0, mask.0), half(y.1, mask.1))
+    }
+    #[inline(always)]
     unsafe fn exp2(x: V2) -> V2 {
         V2(exp2_half(x.0), exp2_half(x.1))
     }

@@ -49,6 +49,11 @@ unsafe impl Simd for Avx512 {
         _mm512_max_ps(a, b)
     }
     #[inline(always)]
+    unsafe fn masked(y: __m512, mask: __m512) -> __m512 {
+        let hidden = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(mask, _mm512_set1_ps(f32::NEG_INFINITY));
+        _mm512_mask_blend_ps(hidden, y, mask)
+    }
+    #[inline(always)]
     unsafe fn exp2(x: __m512) -> __m512 {
         // max(-150, x) keeps a NaN x (second operand).
         let x = _mm512_max_ps(_mm512_set1_ps(-150.0), x);

@@ -120,6 +120,10 @@ pub(crate) unsafe trait Simd: Copy {
     unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
     /// Lane-wise maximum; a NaN in `b` is returned as is, so NaN scores propagate.
     unsafe fn max(a: Self::V, b: Self::V) -> Self::V;
+    /// `y`, but −∞ in the lanes where `mask` is −∞: a masked score stays masked
+    /// even when it is NaN (NaN + −∞ is NaN), so a NaN never reaches a row that
+    /// cannot see it.
+    unsafe fn masked(y: Self::V, mask: Self::V) -> Self::V;
     /// `2^x` for `x ≤ 0` (also correct, but not fast-path, for small positive `x`):
     /// about 1 ulp, 0 below `2^−150`, NaN for NaN, 0 for −∞.
     unsafe fn exp2(x: Self::V) -> Self::V;

@@ -65,6 +65,10 @@ unsafe impl Simd for Portable {
         map2(a, b, |x, y| if x > y { x } else { y })
     }
     #[inline(always)]
+    unsafe fn masked(y: V, mask: V) -> V {
+        map2(y, mask, |y, m| if m == f32::NEG_INFINITY { m } else { y })
+    }
+    #[inline(always)]
     unsafe fn exp2(x: V) -> V {
         let mut out = [0.0; LANES];
         for i in 0..LANES {
