@@ -1,5 +1,5 @@
 //! Incremental decoding through the key/value cache equals full causal attention
-//! (DESIGN.md's error rule), with and without a sliding window, at the kernel and
+//! (docs/design.md's error rule), with and without a sliding window, at the kernel and
 //! at the module level; bad appends are clear errors.
 
 mod kernel_support;

@@ -1,4 +1,4 @@
-//! The split-KV decode kernel against the f64 reference, under DESIGN.md's error
+//! The split-KV decode kernel against the f64 reference, under docs/design.md's error
 //! rule, on every instruction set this CPU has.
 
 mod kernel_support;

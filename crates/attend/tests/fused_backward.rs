@@ -1,5 +1,5 @@
 //! The fused backward against the f64 reference on a table of shapes and masks,
-//! with DESIGN.md's rule: its max error may be at most twice a naive f32
+//! with docs/design.md's rule: its max error may be at most twice a naive f32
 //! implementation's on the same inputs, plus the f32 rounding floor. Also: the same
 //! bits on 1 and 2 threads, and zero gradients for fully masked rows.
 //!

@@ -1,4 +1,4 @@
-//! Property tests: the fused kernel against the f64 reference, with DESIGN.md's
+//! Property tests: the fused kernel against the f64 reference, with docs/design.md's
 //! error rule, over random shapes, masks, alignments, grouped-query and layouts,
 //! on every instruction set this CPU has (the portable fallback included).
 

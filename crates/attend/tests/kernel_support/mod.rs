@@ -1,5 +1,5 @@
 //! Shared helpers of the kernel tests (fused, decode): random inputs, the naive f32 yardstick
-//! and DESIGN.md's error rule.
+//! and docs/design.md's error rule.
 #![allow(dead_code)]
 
 use attend::attention::{AttentionOptions, Problem};
@@ -97,7 +97,7 @@ fn max_err<D: Dimension>(a: &Array<f32, D>, b: &Array<f32, D>) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// Checks `got` against the f64 reference with DESIGN.md's rule: the max error is at
+/// Checks `got` against the f64 reference with docs/design.md's rule: the max error is at
 /// most twice the naive f32 implementation's, plus the f32 rounding floor (of the
 /// output and of the scaled scores it depends on; see the body). Also
 /// checks that fully masked rows are exactly 0 with a log-sum-exp of −∞.
