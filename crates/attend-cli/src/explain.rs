@@ -1,6 +1,6 @@
 //! `attend explain`: one attention computation, step by step, as the notebooks
 //! print it, with its weights as terminal heatmaps; or every intermediate as one
-//! JSON object.
+//! JSON object; or the walkthrough as one HTML page with linked cells.
 
 use std::path::PathBuf;
 
@@ -32,6 +32,10 @@ pub struct Args {
     /// Also write the attention weights as a picture: FILE.svg or FILE.png.
     #[arg(long, value_name = "FILE")]
     heatmap: Option<PathBuf>,
+    /// Write the walkthrough as one self-contained HTML page (every number linked
+    /// to the numbers it is computed from) instead of printing it.
+    #[arg(long, value_name = "FILE.html", conflicts_with = "format")]
+    html: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -50,6 +54,10 @@ pub fn run(args: Args) -> Result<(), Error> {
     let maps = attention_maps(&ex)?;
     if let Some(path) = &args.heatmap {
         viz::write_heatmap(&maps, 0, path)?;
+    }
+    if let Some(path) = &args.html {
+        let page = walkthrough::experiment_page(&ex, &exp, "attend explain")?;
+        return write_page(path, &page);
     }
     match args.format {
         Format::Json => println!("{}", ex.to_json()),
@@ -88,6 +96,10 @@ fn explain_model(args: &Args, run: &ModelRun) -> Result<(), Error> {
         viz::write_heatmap(&maps, layer, path)?;
     }
     let steps = walkthrough::head_steps(t);
+    if let Some(path) = &args.html {
+        let title = format!("{}, layer {layer}, head {head}", run.title);
+        return write_page(path, &walkthrough::head_page(&steps, &run.trace.tokens, &title)?);
+    }
     match args.format {
         Format::Json => {
             let mut obj = serde_json::Map::new();
@@ -124,5 +136,12 @@ fn explain_model(args: &Args, run: &ModelRun) -> Result<(), Error> {
             );
         }
     }
+    Ok(())
+}
+
+/// Writes the page (whole or not at all) and says where.
+fn write_page(path: &std::path::Path, page: &str) -> Result<(), Error> {
+    attend::io::write_atomically(path, page.as_bytes())?;
+    eprintln!("wrote {}", path.display());
     Ok(())
 }

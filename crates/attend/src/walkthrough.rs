@@ -1,14 +1,19 @@
 //! The step-by-step walkthrough of `explain`: every intermediate with its name and
-//! a title, printed the way PyTorch prints tensors. The command line prints it; the
-//! Python package returns its steps as arrays and its text as `str()`.
+//! a title, printed the way PyTorch prints tensors. The command line prints it (or
+//! writes it as a page, [`experiment_page`] and [`head_page`]); the Python package
+//! returns its steps as arrays, its text as `str()` and the same page.
 
-use ndarray::ArrayD;
+use ndarray::{Array3, ArrayD};
 
 use crate::attention::SoftmaxAxis;
-use crate::experiment::{Experiment, Explanation};
+use crate::experiment::{Experiment, Explanation, Weights};
 use crate::models::HeadTrace;
+use crate::nn::initialisers::{AttentionSpec, WeightInit};
 use crate::print::format_tensor;
-use crate::viz::{terminal_heatmap, AttentionMaps, ColorMode};
+use crate::viz::{
+    terminal_heatmap, walkthrough_page, AttentionMaps, ColorMode, PageContext, MASK_CAUSAL,
+    MASK_PADDING,
+};
 use crate::Result;
 
 /// One intermediate of a walkthrough.
@@ -72,7 +77,7 @@ pub fn experiment_steps(ex: &Explanation, exp: &Experiment) -> Vec<Step> {
         "scores = q kᵀ",
         t.attention.scores.clone().into_dyn(),
     ));
-    let scale = exp.scale.unwrap_or(1.0 / (m.head_dim() as f32).sqrt());
+    let scale = experiment_scale(ex, exp);
     steps.push(step(
         "scaled",
         format!("scaled = scores × {scale:.4} (masked entries -inf)"),
@@ -101,6 +106,63 @@ pub fn experiment_steps(ex: &Explanation, exp: &Experiment) -> Vec<Step> {
         ));
     }
     steps
+}
+
+/// The factor the experiment's scores were multiplied by.
+fn experiment_scale(ex: &Explanation, exp: &Experiment) -> f32 {
+    exp.scale
+        .unwrap_or(1.0 / (ex.module.head_dim() as f32).sqrt())
+}
+
+/// The walkthrough of a notebook experiment as one self-contained HTML page
+/// (see [`walkthrough_page`](crate::viz::walkthrough_page)).
+pub fn experiment_page(ex: &Explanation, exp: &Experiment, title: &str) -> Result<String> {
+    let (b, t) = (ex.x.dim().0, ex.x.dim().1);
+    let masked = exp.causal || ex.key_padding.is_some();
+    let mask_reasons = masked.then(|| {
+        Array3::from_shape_fn((b, t, t), |(b, i, j)| {
+            let padding = ex.key_padding.as_ref().is_some_and(|p| p[[b, j]]);
+            let causal = exp.causal && j > i;
+            u8::from(padding) * MASK_PADDING + u8::from(causal) * MASK_CAUSAL
+        })
+    });
+    let ctx = PageContext {
+        title: title.to_owned(),
+        labels: (0..b).map(|row| ex.row_labels(row)).collect(),
+        scale: experiment_scale(ex, exp),
+        softmax_axis: exp.softmax_axis,
+        // Notebook 003 writes `nn.Parameter(torch.rand(d_in, d_out))`, used as `x @ W`.
+        weights_in_out: matches!(
+            &exp.weights,
+            Weights::Given { .. }
+                | Weights::Init(AttentionSpec {
+                    init: WeightInit::UniformInOut,
+                    ..
+                })
+        ),
+        mask_reasons,
+    };
+    walkthrough_page(&experiment_steps(ex, exp), &ctx)
+}
+
+/// The walkthrough of one head of a real model (the steps of [`head_steps`]) as one
+/// self-contained HTML page; `tokens` label the positions.
+pub fn head_page(steps: &[Step], tokens: &[String], title: &str) -> Result<String> {
+    let head_dim = steps
+        .iter()
+        .find(|s| s.key == "q")
+        .and_then(|s| s.value.shape().last().copied())
+        .unwrap_or(1);
+    let ctx = PageContext {
+        title: title.to_owned(),
+        labels: vec![tokens.to_vec()],
+        // BERT scales by 1/√d_head and masks nothing in a single text.
+        scale: 1.0 / (head_dim as f32).sqrt(),
+        softmax_axis: SoftmaxAxis::Keys,
+        weights_in_out: false,
+        mask_reasons: None,
+    };
+    walkthrough_page(steps, &ctx)
 }
 
 /// The steps of one head of a real model: the layer's input to the head's context.
