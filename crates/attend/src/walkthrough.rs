@@ -99,6 +99,9 @@ pub fn experiment_steps(ex: &Explanation, exp: &Experiment) -> Vec<Step> {
     ));
     if let (Some(o), Some(proj)) = (&t.output, &m.out_proj) {
         steps.push(step("w_o", "W_o [out, in]", proj.weight.clone().into_dyn()));
+        if let Some(b) = &proj.bias {
+            steps.push(step("b_o", "b_o", b.clone().into_dyn()));
+        }
         steps.push(step(
             "output",
             "output = context W_oᵀ + b_o",
