@@ -318,6 +318,32 @@ fn in_out_weights_causal_mask_softmax_over_queries_and_output_projection() {
     assert!(errors.is_empty(), "console errors: {errors:#?}");
 }
 
+#[test]
+fn trained_model_page() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("explain-page");
+    std::fs::create_dir_all(&dir).unwrap();
+    let w = dir.join("reverser.safetensors");
+    // A few steps are enough: the page shows whatever the weights are.
+    attend(&["train", "--len", "4", "--steps", "20", "--quiet", "--weights", w.to_str().unwrap()]);
+    let flags = ["--trained", w.to_str().unwrap(), "--digits", "3141"];
+    let (path, html, json) = page_and_json(&flags, "trained.html");
+    assert_offline(&html);
+    assert_same_numbers(&embedded(&html), &json);
+    let Some(chromium) = chromium_or_skip("trained explain page") else {
+        return;
+    };
+    let _one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    let mut b = Browser::launch(&chromium, 1400, 1000);
+    b.navigate(&format!("file://{}", path.display()));
+    assert_eq!(text(&mut b, "document.body.dataset.ready"), "1");
+    hover(&mut b, "scores", 3, 0);
+    assert_sum(&mut b, "scores[0,0,3,0]", at(&json, "scores", &[0, 0, 3, 0]));
+    hover(&mut b, "q", 2, 1);
+    assert_sum(&mut b, "q[0,0,2,1]", at(&json, "q", &[0, 0, 2, 1]));
+    let errors = b.errors();
+    assert!(errors.is_empty(), "console errors: {errors:#?}");
+}
+
 fn model_dir() -> PathBuf {
     let dir = std::env::var_os("ATTEND_MODEL_DIR")
         .map(PathBuf::from)

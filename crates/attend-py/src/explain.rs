@@ -23,6 +23,8 @@ use crate::pool;
 pub struct Walkthrough {
     steps: Vec<Step>,
     text: String,
+    /// The walkthrough page, made with the steps (it is what Jupyter shows).
+    page: String,
     maps: AttentionMaps,
     layer: usize,
 }
@@ -61,6 +63,12 @@ impl Walkthrough {
     /// The self-contained HTML attention view (head view, model view, heatmaps).
     fn html(&self) -> PyResult<String> {
         html_view(&self.maps).map_err(crate::errors::to_py)
+    }
+
+    /// The walkthrough as one self-contained HTML page, every number linked to the
+    /// numbers it is made of (what `attend explain --html` writes).
+    fn page(&self) -> &str {
+        &self.page
     }
 }
 
@@ -263,6 +271,7 @@ pub fn explain_experiment(
         let text =
             walkthrough::render(&steps) + &walkthrough::heatmaps(&maps, 0, ColorMode::Plain)?;
         Ok(Walkthrough {
+            page: walkthrough::experiment_page(&ex, &exp, "attend.explain")?,
             steps,
             text,
             maps,
@@ -296,7 +305,9 @@ pub fn explain_model(
         );
         out.push_str(&walkthrough::render(&steps));
         out.push_str(&walkthrough::heatmaps(&maps, layer, ColorMode::Plain)?);
+        let page_title = format!("{title}, layer {layer}, head {head}");
         Ok(Walkthrough {
+            page: walkthrough::head_page(&steps, &trace.tokens, &page_title)?,
             steps,
             text: out,
             maps,

@@ -138,3 +138,84 @@ pub fn walkthrough_page(steps: &[Step], ctx: &PageContext) -> Result<String> {
         .replacen("/*TITLE*/", &title, 1)
         .replacen("/*DATA*/", &json, 1))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::{Array2, Array4};
+
+    fn steps(t: usize) -> Vec<Step> {
+        let scores = Array4::from_shape_fn((1, 1, t, t), |(_, _, i, j)| {
+            if j > i {
+                f32::NEG_INFINITY
+            } else {
+                (i * t + j) as f32
+            }
+        });
+        vec![
+            Step {
+                key: "x",
+                title: "x".into(),
+                value: Array2::<f32>::ones((t, 2)).into_dyn(),
+            },
+            Step {
+                key: "scores",
+                title: "scores".into(),
+                value: scores.into_dyn(),
+            },
+        ]
+    }
+
+    fn ctx(labels: Vec<Vec<String>>, reasons: Option<Array3<u8>>) -> PageContext {
+        PageContext {
+            title: "a </script> title, see https://example.invalid/".into(),
+            labels,
+            scale: 0.5,
+            softmax_axis: SoftmaxAxis::Queries,
+            weights_in_out: true,
+            mask_reasons: reasons,
+        }
+    }
+
+    fn data(page: &str) -> serde_json::Value {
+        let open = "<script id=\"attend-data\" type=\"application/json\">";
+        let start = page.find(open).unwrap() + open.len();
+        let len = page[start..].find("</script>").unwrap();
+        serde_json::from_str(&page[start..start + len]).unwrap()
+    }
+
+    #[test]
+    fn embeds_the_steps_labels_and_reasons_and_references_nothing_outside() {
+        let labels = vec![vec!["a".to_string(), "<b>".into(), "c".into()]];
+        let reasons = Array3::from_shape_fn((1, 3, 3), |(_, i, j)| {
+            u8::from(j > i) * MASK_CAUSAL + u8::from(j == 2) * MASK_PADDING
+        });
+        let page = walkthrough_page(&steps(3), &ctx(labels, Some(reasons))).unwrap();
+        assert!(!page.contains("http://") && !page.contains("https://"));
+        // One `</script>` per script element: the title's is escaped.
+        assert_eq!(page.matches("</script>").count(), 2);
+        let d = data(&page);
+        assert_eq!(d["title"], "a </script> title, see https://example.invalid/");
+        assert_eq!(d["labels"][0][1], "<b>");
+        assert_eq!(d["axis"], "queries");
+        assert_eq!(d["inOut"], true);
+        assert_eq!(d["masks"][0], "023003001");
+        let scores = &d["steps"][1];
+        assert_eq!(scores["shape"], serde_json::json!([1, 1, 3, 3]));
+        assert_eq!(scores["data"][1], serde_json::Value::Null);
+        assert_eq!(scores["data"][3], 3.0);
+        assert!(scores["printed"].as_str().unwrap().contains("-inf"));
+    }
+
+    #[test]
+    fn labels_and_reasons_must_match_the_scores() {
+        let err = walkthrough_page(&steps(3), &ctx(vec![vec!["a".into()]], None)).unwrap_err();
+        assert!(err.to_string().contains("1 label rows"), "{err}");
+        let labels = vec![vec!["a".to_string(), "b".into(), "c".into()]];
+        let reasons = Some(Array3::zeros((1, 2, 3)));
+        let err = walkthrough_page(&steps(3), &ctx(labels, reasons)).unwrap_err();
+        assert!(err.to_string().contains("mask reasons [1, 2, 3]"), "{err}");
+        let err = walkthrough_page(&steps(3)[..1], &ctx(vec![], None)).unwrap_err();
+        assert!(err.to_string().contains("needs a scores step"), "{err}");
+    }
+}
