@@ -98,7 +98,10 @@ fn explain_model(args: &Args, run: &ModelRun) -> Result<(), Error> {
     let steps = walkthrough::head_steps(t);
     if let Some(path) = &args.html {
         let title = format!("{}, layer {layer}, head {head}", run.title);
-        return write_page(path, &walkthrough::head_page(&steps, &run.trace.tokens, &title)?);
+        return write_page(
+            path,
+            &walkthrough::head_page(&steps, &run.trace.tokens, &title)?,
+        );
     }
     match args.format {
         Format::Json => {

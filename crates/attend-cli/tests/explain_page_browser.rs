@@ -23,6 +23,7 @@ use serde_json::{json, Value};
 static ONE_BROWSER: Mutex<()> = Mutex::new(());
 
 /// Notebook 001: two heads, the padding of the first batch row masked.
+#[rustfmt::skip]
 const NOTEBOOK_001: &[&str] = &[
     "--tokens", "1,2,0,0;1,2,3,4", "--vocab-size", "5", "--embed-dim", "4",
     "--padding-idx", "0", "--seed", "2", "--skip-draws", "48", "--init", "linear",
@@ -31,6 +32,7 @@ const NOTEBOOK_001: &[&str] = &[
 
 /// Weights written `[in, out]`, different key and value widths, causal masking,
 /// softmax over the queries, an output projection.
+#[rustfmt::skip]
 const IN_OUT_CAUSAL_QUERIES: &[&str] = &[
     "--sentence", "Life is short, eat dessert first", "--embed-dim", "6", "--seed", "123",
     "--init", "uniform-in-out", "--heads", "3", "--d-k", "6", "--d-v", "9", "--causal",
@@ -230,8 +232,15 @@ fn notebook_001_page_links_every_step() {
     assert_eq!(marked_cells(&mut b, "q"), [(1, 0), (1, 1)]);
     assert_eq!(marked_cells(&mut b, "k"), [(0, 0), (0, 1)]);
     let products = b.eval("document.querySelectorAll('#why table tr').length");
-    assert_eq!(products, 3, "a header and one product per query/key dimension");
-    assert_sum(&mut b, "scores[0,1,1,0]", at(&json, "scores", &[bt, h, 1, 0]));
+    assert_eq!(
+        products, 3,
+        "a header and one product per query/key dimension"
+    );
+    assert_sum(
+        &mut b,
+        "scores[0,1,1,0]",
+        at(&json, "scores", &[bt, h, 1, 0]),
+    );
 
     for (id, key, r, c, index) in [
         ("scaled", "scaled", 1, 0, vec![bt, h, 1, 0]),
@@ -247,7 +256,10 @@ fn notebook_001_page_links_every_step() {
     // The weight's sources are its row of scaled scores; the projection's, x's row
     // and W's row (written [out, in]).
     hover(&mut b, "weights", 1, 1);
-    assert_eq!(marks(&mut b), json!([["scaled", "row", 1], ["weights", "row", 1]]));
+    assert_eq!(
+        marks(&mut b),
+        json!([["scaled", "row", 1], ["weights", "row", 1]])
+    );
     hover(&mut b, "q", 1, 1);
     assert_eq!(marks(&mut b), json!([["x", "row", 1], ["w_q", "row", 3]]));
 
@@ -304,15 +316,33 @@ fn in_out_weights_causal_mask_softmax_over_queries_and_output_projection() {
     assert_sum(&mut b, "q[0,2,3,1]", at(&json, "q", &[0, 2, 3, 1]));
     // Softmax over the queries: the weight's sources are its column.
     hover(&mut b, "weights", 3, 1);
-    assert_eq!(marks(&mut b), json!([["scaled", "col", 1], ["weights", "col", 1]]));
-    assert_sum(&mut b, "weights[0,2,3,1]", at(&json, "weights", &[0, 2, 3, 1]));
+    assert_eq!(
+        marks(&mut b),
+        json!([["scaled", "col", 1], ["weights", "col", 1]])
+    );
+    assert_sum(
+        &mut b,
+        "weights[0,2,3,1]",
+        at(&json, "weights", &[0, 2, 3, 1]),
+    );
     hover(&mut b, "weights", 1, 3);
     let why = text(&mut b, "document.getElementById('why').dataset.masked");
     assert!(why.starts_with("causal"), "{why}");
     hover(&mut b, "ctx", 4, 2);
-    assert_sum(&mut b, "context[0,4,8]", at(&json, "context", &[0, 4, 2 * 3 + 2]));
+    assert_sum(
+        &mut b,
+        "context[0,4,8]",
+        at(&json, "context", &[0, 4, 2 * 3 + 2]),
+    );
     hover(&mut b, "output", 4, 7);
-    assert_eq!(marks(&mut b), json!([["context", "row", 4], ["w_o", "row", 7], ["b_o", "cell", 0, 7]]));
+    assert_eq!(
+        marks(&mut b),
+        json!([
+            ["context", "row", 4],
+            ["w_o", "row", 7],
+            ["b_o", "cell", 0, 7]
+        ])
+    );
     assert_sum(&mut b, "output[0,4,7]", at(&json, "output", &[0, 4, 7]));
     let errors = b.errors();
     assert!(errors.is_empty(), "console errors: {errors:#?}");
@@ -324,7 +354,16 @@ fn trained_model_page() {
     std::fs::create_dir_all(&dir).unwrap();
     let w = dir.join("reverser.safetensors");
     // A few steps are enough: the page shows whatever the weights are.
-    attend(&["train", "--len", "4", "--steps", "20", "--quiet", "--weights", w.to_str().unwrap()]);
+    attend(&[
+        "train",
+        "--len",
+        "4",
+        "--steps",
+        "20",
+        "--quiet",
+        "--weights",
+        w.to_str().unwrap(),
+    ]);
     let flags = ["--trained", w.to_str().unwrap(), "--digits", "3141"];
     let (path, html, json) = page_and_json(&flags, "trained.html");
     assert_offline(&html);
@@ -337,7 +376,11 @@ fn trained_model_page() {
     b.navigate(&format!("file://{}", path.display()));
     assert_eq!(text(&mut b, "document.body.dataset.ready"), "1");
     hover(&mut b, "scores", 3, 0);
-    assert_sum(&mut b, "scores[0,0,3,0]", at(&json, "scores", &[0, 0, 3, 0]));
+    assert_sum(
+        &mut b,
+        "scores[0,0,3,0]",
+        at(&json, "scores", &[0, 0, 3, 0]),
+    );
     hover(&mut b, "q", 2, 1);
     assert_sum(&mut b, "q[0,0,2,1]", at(&json, "q", &[0, 0, 2, 1]));
     let errors = b.errors();
@@ -365,10 +408,20 @@ fn minilm_page_with_128_tokens_loads_in_under_1_s_and_answers_a_hover_in_under_5
     };
     let dir = model_dir();
     // 126 one-piece words and [CLS], [SEP].
-    let words = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "park"];
+    let words = [
+        "the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "park",
+    ];
     let sentence: Vec<&str> = (0..126).map(|i| words[i % words.len()]).collect();
     let sentence = sentence.join(" ");
-    let flags = ["--model", dir.to_str().unwrap(), "--layer", "2", "--head", "3", &sentence];
+    let flags = [
+        "--model",
+        dir.to_str().unwrap(),
+        "--layer",
+        "2",
+        "--head",
+        "3",
+        &sentence,
+    ];
     let (path, html, json) = page_and_json(&flags, "minilm-128.html");
     assert_eq!(json["tokens"].as_array().unwrap().len(), 128);
     assert_offline(&html);
@@ -412,11 +465,17 @@ fn minilm_page_with_128_tokens_loads_in_under_1_s_and_answers_a_hover_in_under_5
          (wall {wall:?}); hover to (updated view, next frame) {hovers:.1?} ms",
         html.len() as f64 / 1e6
     );
-    assert!(load > 0.0 && load < 1000.0, "load event ended at {load:.0} ms");
+    assert!(
+        load > 0.0 && load < 1000.0,
+        "load event ended at {load:.0} ms"
+    );
     // Timed by the page from the event's creation: to the linked view being
     // updated, and to the frame that draws it.
     for (done, frame) in hovers {
-        assert!(done.max(frame) < 50.0, "a hover took {done:.1} ms ({frame:.1} ms to its frame)");
+        assert!(
+            done.max(frame) < 50.0,
+            "a hover took {done:.1} ms ({frame:.1} ms to its frame)"
+        );
     }
     let errors = b.errors();
     assert!(errors.is_empty(), "console errors: {errors:#?}");

@@ -118,7 +118,7 @@ fn experiment_scale(ex: &Explanation, exp: &Experiment) -> f32 {
 }
 
 /// The walkthrough of a notebook experiment as one self-contained HTML page
-/// (see [`walkthrough_page`](crate::viz::walkthrough_page)).
+/// (see [`walkthrough_page`]).
 pub fn experiment_page(ex: &Explanation, exp: &Experiment, title: &str) -> Result<String> {
     let (b, t) = (ex.x.dim().0, ex.x.dim().1);
     let masked = exp.causal || ex.key_padding.is_some();

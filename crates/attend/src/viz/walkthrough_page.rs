@@ -195,7 +195,10 @@ mod tests {
         // One `</script>` per script element: the title's is escaped.
         assert_eq!(page.matches("</script>").count(), 2);
         let d = data(&page);
-        assert_eq!(d["title"], "a </script> title, see https://example.invalid/");
+        assert_eq!(
+            d["title"],
+            "a </script> title, see https://example.invalid/"
+        );
         assert_eq!(d["labels"][0][1], "<b>");
         assert_eq!(d["axis"], "queries");
         assert_eq!(d["inOut"], true);
