@@ -172,6 +172,16 @@ fn cases() -> Vec<(&'static str, Vec<&'static str>, Vec<&'static str>)> {
             vec!["--input", X, "--heatmap", "/nonexistent/dir/w.svg"],
             vec!["/nonexistent/dir/w.svg"],
         ),
+        (
+            "--html with --format",
+            vec!["--input", X, "--format", "json", "--html", "page.html"],
+            vec!["--format", "--html"],
+        ),
+        (
+            "--html into a directory that does not exist",
+            vec!["--input", X, "--html", "/nonexistent-dir/page.html"],
+            vec!["/nonexistent-dir/page.html", "No such file"],
+        ),
     ]
 }
 

@@ -9,14 +9,16 @@
 
 #[path = "../../attend/tests/browser/mod.rs"]
 mod browser;
+mod common;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
 use browser::{chromium_or_skip, Browser};
+use common::model_dir;
 use serde_json::{json, Value};
 
 /// One browser at a time, so the timing test does not share the cores.
@@ -198,6 +200,37 @@ fn press(b: &mut Browser, key: &str, code: u32) {
     }
 }
 
+/// Writes the page for `flags` and checks it against `--format json` and its
+/// promise to reference nothing outside itself.
+fn checked_page(flags: &[&str], name: &str) -> (PathBuf, Value) {
+    let (path, html, json) = page_and_json(flags, name);
+    assert_offline(&html);
+    assert_same_numbers(&embedded(&html), &json);
+    (path, json)
+}
+
+/// A browser of its own for a page test (the guard keeps the others out), or `None`
+/// when the test is skipped.
+fn browser(test: &str) -> Option<(MutexGuard<'static, ()>, Browser)> {
+    let chromium = chromium_or_skip(test)?;
+    let one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    Some((one, Browser::launch(&chromium, 1400, 1000)))
+}
+
+/// [`checked_page`], opened in [`browser`].
+fn open(flags: &[&str], name: &str) -> Option<(MutexGuard<'static, ()>, Browser, Value)> {
+    let (path, json) = checked_page(flags, name);
+    let (one, mut b) = browser(name)?;
+    b.navigate(&format!("file://{}", path.display()));
+    assert_eq!(text(&mut b, "document.body.dataset.ready"), "1");
+    Some((one, b, json))
+}
+
+fn assert_no_console_errors(b: &mut Browser) {
+    let errors = b.errors();
+    assert!(errors.is_empty(), "console errors: {errors:#?}");
+}
+
 fn save_screenshot(b: &mut Browser, file: &str) {
     let r = b.call("Page.captureScreenshot", json!({ "format": "png" }));
     let png = browser::decode_base64(r["data"].as_str().unwrap());
@@ -213,16 +246,9 @@ fn save_screenshot(b: &mut Browser, file: &str) {
 
 #[test]
 fn notebook_001_page_links_every_step() {
-    let (path, html, json) = page_and_json(NOTEBOOK_001, "notebook001.html");
-    assert_offline(&html);
-    assert_same_numbers(&embedded(&html), &json);
-    let Some(chromium) = chromium_or_skip("explain page") else {
+    let Some((_one, mut b, json)) = open(NOTEBOOK_001, "notebook001.html") else {
         return;
     };
-    let _one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
-    let mut b = Browser::launch(&chromium, 1400, 1000);
-    b.navigate(&format!("file://{}", path.display()));
-    assert_eq!(text(&mut b, "document.body.dataset.ready"), "1");
 
     // Head 1 of batch row 0 (keys 2 and 3 are padding). Head widths: d_k = d_v = 2.
     select(&mut b, "head", "1");
@@ -294,21 +320,14 @@ fn notebook_001_page_links_every_step() {
     hover(&mut b, "scores", 1, 0);
     b.eval("document.activeElement.blur(); window.scrollTo(0, 0)");
     save_screenshot(&mut b, "explain-page-001.png");
-    let errors = b.errors();
-    assert!(errors.is_empty(), "console errors: {errors:#?}");
+    assert_no_console_errors(&mut b);
 }
 
 #[test]
 fn in_out_weights_causal_mask_softmax_over_queries_and_output_projection() {
-    let (path, html, json) = page_and_json(IN_OUT_CAUSAL_QUERIES, "in-out-causal.html");
-    assert_offline(&html);
-    assert_same_numbers(&embedded(&html), &json);
-    let Some(chromium) = chromium_or_skip("explain page") else {
+    let Some((_one, mut b, json)) = open(IN_OUT_CAUSAL_QUERIES, "in-out-causal.html") else {
         return;
     };
-    let _one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
-    let mut b = Browser::launch(&chromium, 1400, 1000);
-    b.navigate(&format!("file://{}", path.display()));
     // Head 2: q/k columns 4..6, v columns 6..9 (d_k 2, d_v 3 per head).
     select(&mut b, "head", "2");
     hover(&mut b, "q", 3, 1);
@@ -344,8 +363,7 @@ fn in_out_weights_causal_mask_softmax_over_queries_and_output_projection() {
         ])
     );
     assert_sum(&mut b, "output[0,4,7]", at(&json, "output", &[0, 4, 7]));
-    let errors = b.errors();
-    assert!(errors.is_empty(), "console errors: {errors:#?}");
+    assert_no_console_errors(&mut b);
 }
 
 #[test]
@@ -365,16 +383,9 @@ fn trained_model_page() {
         w.to_str().unwrap(),
     ]);
     let flags = ["--trained", w.to_str().unwrap(), "--digits", "3141"];
-    let (path, html, json) = page_and_json(&flags, "trained.html");
-    assert_offline(&html);
-    assert_same_numbers(&embedded(&html), &json);
-    let Some(chromium) = chromium_or_skip("trained explain page") else {
+    let Some((_one, mut b, json)) = open(&flags, "trained.html") else {
         return;
     };
-    let _one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
-    let mut b = Browser::launch(&chromium, 1400, 1000);
-    b.navigate(&format!("file://{}", path.display()));
-    assert_eq!(text(&mut b, "document.body.dataset.ready"), "1");
     hover(&mut b, "scores", 3, 0);
     assert_sum(
         &mut b,
@@ -383,29 +394,11 @@ fn trained_model_page() {
     );
     hover(&mut b, "q", 2, 1);
     assert_sum(&mut b, "q[0,0,2,1]", at(&json, "q", &[0, 0, 2, 1]));
-    let errors = b.errors();
-    assert!(errors.is_empty(), "console errors: {errors:#?}");
-}
-
-fn model_dir() -> PathBuf {
-    let dir = std::env::var_os("ATTEND_MODEL_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/attend/all-minilm-l6-v2")
-        });
-    assert!(
-        dir.join("model.safetensors").is_file(),
-        "all-MiniLM-L6-v2 is not at {}: run scripts/fetch-model (or set ATTEND_MODEL_DIR)",
-        dir.display()
-    );
-    dir
+    assert_no_console_errors(&mut b);
 }
 
 #[test]
 fn minilm_page_with_128_tokens_loads_in_under_1_s_and_answers_a_hover_in_under_50_ms() {
-    let Some(chromium) = chromium_or_skip("MiniLM explain page") else {
-        return;
-    };
     let dir = model_dir();
     // 126 one-piece words and [CLS], [SEP].
     let words = [
@@ -422,13 +415,11 @@ fn minilm_page_with_128_tokens_loads_in_under_1_s_and_answers_a_hover_in_under_5
         "3",
         &sentence,
     ];
-    let (path, html, json) = page_and_json(&flags, "minilm-128.html");
+    let (path, json) = checked_page(&flags, "minilm-128.html");
     assert_eq!(json["tokens"].as_array().unwrap().len(), 128);
-    assert_offline(&html);
-    assert_same_numbers(&embedded(&html), &json);
-
-    let _one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
-    let mut b = Browser::launch(&chromium, 1400, 1000);
+    let Some((_one, mut b)) = browser("MiniLM explain page") else {
+        return;
+    };
     let wall = Instant::now();
     b.navigate(&format!("file://{}", path.display()));
     let wall = wall.elapsed();
@@ -463,7 +454,7 @@ fn minilm_page_with_128_tokens_loads_in_under_1_s_and_answers_a_hover_in_under_5
     eprintln!(
         "MiniLM 128 tokens, page {:.2} MB: load event end {load:.0} ms, ready {ready:.0} ms \
          (wall {wall:?}); hover to (updated view, next frame) {hovers:.1?} ms",
-        html.len() as f64 / 1e6
+        std::fs::metadata(&path).unwrap().len() as f64 / 1e6
     );
     assert!(
         load > 0.0 && load < 1000.0,
@@ -477,6 +468,5 @@ fn minilm_page_with_128_tokens_loads_in_under_1_s_and_answers_a_hover_in_under_5
             "a hover took {done:.1} ms ({frame:.1} ms to its frame)"
         );
     }
-    let errors = b.errors();
-    assert!(errors.is_empty(), "console errors: {errors:#?}");
+    assert_no_console_errors(&mut b);
 }
