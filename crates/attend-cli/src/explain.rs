@@ -95,7 +95,7 @@ fn explain_model(args: &Args, run: &ModelRun) -> Result<(), Error> {
     if let Some(path) = &args.heatmap {
         viz::write_heatmap(&maps, layer, path)?;
     }
-    let steps = walkthrough::head_steps(t);
+    let steps = walkthrough::head_steps(t, &run.encoder.model.layers[layer].attention, head);
     if let Some(path) = &args.html {
         let title = format!("{}, layer {layer}, head {head}", run.title);
         return write_page(
@@ -110,13 +110,20 @@ fn explain_model(args: &Args, run: &ModelRun) -> Result<(), Error> {
             obj.insert("layer".into(), layer.into());
             obj.insert("head".into(), head.into());
             for s in &steps {
-                let rows = s.value.view().into_dimensionality().expect("2-D steps");
-                let rows: ndarray::ArrayView2<f32> = rows;
+                // Matrices, and the biases as matrices of one row, then unwrapped.
+                let vector = s.value.ndim() == 1;
+                let rows = match vector {
+                    true => s.value.view().insert_axis(ndarray::Axis(0)),
+                    false => s.value.view(),
+                };
+                let rows: ndarray::ArrayView2<f32> =
+                    rows.into_dimensionality().expect("1-D and 2-D steps");
                 let json = crate::model_dir::json_matrix(rows.rows());
-                obj.insert(
-                    s.key.into(),
-                    serde_json::from_str(&json).expect("valid JSON"),
-                );
+                let mut value: serde_json::Value = serde_json::from_str(&json).expect("valid JSON");
+                if vector {
+                    value = value[0].take();
+                }
+                obj.insert(s.key.into(), value);
             }
             println!("{}", serde_json::Value::Object(obj));
         }

@@ -451,6 +451,27 @@ fn minilm_page_with_128_tokens_loads_in_under_1_s_and_answers_a_hover_in_under_5
     hover(&mut b, "scores", 100, 37);
     assert_eq!(marks(&mut b), json!([["q", "row", 100], ["k", "row", 37]]));
     assert_sum(&mut b, "scores[100,37]", at(&json, "scores", &[100, 37]));
+    // The projections: this head's rows of the model's weights, plus its bias.
+    hover(&mut b, "k", 90, 7);
+    assert_eq!(
+        marks(&mut b),
+        json!([["x", "row", 90], ["w_k", "row", 7], ["b_k", "cell", 0, 7]])
+    );
+    // The model computed k with an f32 GEMM (not the f64 reference): recursive
+    // summation of n terms is off by at most n·2⁻²⁴·Σ|terms|, plus the 5e-7 of
+    // the 6 decimals shown.
+    let terms = b.eval(
+        "[...document.querySelectorAll('#why table tr')].slice(1)\
+         .reduce((s, tr) => s + Math.abs(+tr.cells[3].textContent), 0)",
+    );
+    let n = 384.0;
+    let bound = n * f64::powi(2.0, -24) * terms.as_f64().unwrap() + 5e-7;
+    let (got, want) = (shown_sum(&mut b), at(&json, "k", &[90, 7]));
+    eprintln!("k[90,7]: page {got}, explain {want}, bound {bound:.2e}");
+    assert!(
+        (got - want).abs() <= bound,
+        "k[90,7]: page {got}, explain {want}"
+    );
     eprintln!(
         "MiniLM 128 tokens, page {:.2} MB: load event end {load:.0} ms, ready {ready:.0} ms \
          (wall {wall:?}); hover to (updated view, next frame) {hovers:.1?} ms",

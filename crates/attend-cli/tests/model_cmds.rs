@@ -194,7 +194,7 @@ fn explain_walks_through_a_real_head_and_matches_transformers() {
     ]);
     assert_eq!(code, 0, "{err}");
     assert!(
-        out.contains("Step 7. weights = softmax(scaled)") && out.contains("[CLS]"),
+        out.contains("Step 13. weights = softmax(scaled)") && out.contains("[CLS]"),
         "{out}"
     );
 

@@ -291,14 +291,19 @@ pub fn explain_model(
     head: usize,
 ) -> PyResult<Walkthrough> {
     pool::run(py, 1, || {
-        let trace = SentenceEncoder::load(&model)?.trace(&text)?;
+        let encoder = SentenceEncoder::load(&model)?;
+        let trace = encoder.trace(&text)?;
         let name = model
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| model.display().to_string());
         let title = format!("{name} — {text}");
         let maps = trace.attention_maps(&title)?;
-        let steps = walkthrough::head_steps(trace.head(layer, head)?);
+        let steps = walkthrough::head_steps(
+            trace.head(layer, head)?,
+            &encoder.model.layers[layer].attention,
+            head,
+        );
         let mut out = format!(
             "{title}, layer {layer}, head {head}\ntokens: {:?}\n\n",
             trace.tokens

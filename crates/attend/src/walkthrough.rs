@@ -3,12 +3,13 @@
 //! writes it as a page, [`experiment_page`] and [`head_page`]); the Python package
 //! returns its steps as arrays, its text as `str()` and the same page.
 
-use ndarray::{Array3, ArrayD};
+use ndarray::{s, Array3, ArrayD};
 
 use crate::attention::SoftmaxAxis;
 use crate::experiment::{Experiment, Explanation, Weights};
 use crate::models::HeadTrace;
 use crate::nn::initialisers::{AttentionSpec, WeightInit};
+use crate::nn::MultiHeadAttention;
 use crate::print::format_tensor;
 use crate::viz::{
     terminal_heatmap, walkthrough_page, AttentionMaps, ColorMode, PageContext, MASK_CAUSAL,
@@ -168,14 +169,38 @@ pub fn head_page(steps: &[Step], tokens: &[String], title: &str) -> Result<Strin
     walkthrough_page(steps, &ctx)
 }
 
-/// The steps of one head of a real model: the layer's input to the head's context.
-pub fn head_steps(t: HeadTrace) -> Vec<Step> {
-    vec![
-        step(
-            "x",
-            "x: the layer's input (hidden states)",
-            t.input.into_dyn(),
-        ),
+/// The steps of one head of a real model: the layer's input, this head's rows of the
+/// projections of `attention` (the layer's module), and on to the head's context.
+pub fn head_steps(t: HeadTrace, attention: &MultiHeadAttention, head: usize) -> Vec<Step> {
+    let mut steps = vec![step(
+        "x",
+        "x: the layer's input (hidden states)",
+        t.input.into_dyn(),
+    )];
+    let (dk, dv) = (attention.head_dim(), attention.value_dim());
+    // K and V heads are shared by groups of query heads when kv_heads < heads.
+    let kv = head / (attention.heads / attention.kv_heads);
+    let projections = [
+        ("w_q", "b_q", &attention.q_proj, head * dk, dk),
+        ("w_k", "b_k", &attention.k_proj, kv * dk, dk),
+        ("w_v", "b_v", &attention.v_proj, kv * dv, dv),
+    ];
+    for (key, _, proj, start, width) in projections {
+        let rows = proj.weight.slice(s![start..start + width, ..]);
+        let title = format!("W_{} [out, in], this head's rows", &key[2..]);
+        steps.push(step(key, title, rows.to_owned().into_dyn()));
+    }
+    for (_, key, proj, start, width) in projections {
+        if let Some(b) = &proj.bias {
+            let part = b.slice(s![start..start + width]);
+            steps.push(step(
+                key,
+                format!("{key}, this head"),
+                part.to_owned().into_dyn(),
+            ));
+        }
+    }
+    steps.extend([
         step("q", "q = x W_qᵀ + b_q, this head", t.q.into_dyn()),
         step("k", "k = x W_kᵀ + b_k, this head", t.k.into_dyn()),
         step("v", "v = x W_vᵀ + b_v, this head", t.v.into_dyn()),
@@ -187,7 +212,8 @@ pub fn head_steps(t: HeadTrace) -> Vec<Step> {
             t.weights.into_dyn(),
         ),
         step("context", "context = weights v", t.output.into_dyn()),
-    ]
+    ]);
+    steps
 }
 
 /// `Step 1. title  shape [..]`, the tensor, a blank line; for every step.
