@@ -9,6 +9,7 @@ use clap::{ArgGroup, ValueEnum};
 use ndarray::{Array2, Array3};
 
 use crate::json_input::parse_array;
+use crate::sdpa::parse_window;
 
 /// The flags that describe a notebook experiment (the names are a contract; see
 /// the README). Shared by `explain` and `view`.
@@ -89,6 +90,9 @@ pub struct ExperimentArgs {
     /// Query i sees keys j ≤ i.
     #[arg(long)]
     causal: bool,
+    /// Sliding window LEFT,RIGHT: query i sees keys i − LEFT to i + RIGHT.
+    #[arg(long, value_name = "LEFT,RIGHT")]
+    window: Option<String>,
     /// Mask keys whose token id is --padding-idx.
     #[arg(long, requires = "padding_idx")]
     mask_padding: bool,
@@ -176,6 +180,7 @@ pub fn experiment(args: &ExperimentArgs) -> Result<Experiment, Error> {
         skip_draws: args.skip_draws,
         weights,
         causal: args.causal,
+        window: args.window.as_deref().map(parse_window).transpose()?,
         mask_padding: args.mask_padding,
         softmax_axis: match args.softmax_dim {
             SoftmaxArg::Keys => SoftmaxAxis::Keys,
@@ -308,6 +313,7 @@ fn trained_experiment(path: &std::path::Path, digits: &str) -> Result<Experiment
         skip_draws: 0,
         weights: Weights::Module(Box::new(model.attention)),
         causal: false,
+        window: None,
         mask_padding: false,
         softmax_axis: SoftmaxAxis::Keys,
         scale: None,

@@ -173,6 +173,11 @@ fn cases() -> Vec<(&'static str, Vec<&'static str>, Vec<&'static str>)> {
             vec!["/nonexistent/dir/w.svg"],
         ),
         (
+            "a window that is not LEFT,RIGHT",
+            vec!["--input", X, "--window", "1"],
+            vec!["--window", "LEFT,RIGHT"],
+        ),
+        (
             "--html with --format",
             vec!["--input", X, "--format", "json", "--html", "page.html"],
             vec!["--format", "--html"],

@@ -32,13 +32,13 @@ const NOTEBOOK_001: &[&str] = &[
     "--qkv", "fused-interleaved", "--heads", "2", "--d-out", "4", "--mask-padding",
 ];
 
-/// Weights written `[in, out]`, different key and value widths, causal masking,
-/// softmax over the queries, an output projection.
+/// Weights written `[in, out]`, different key and value widths, causal masking and
+/// a window of two keys back, softmax over the queries, an output projection.
 #[rustfmt::skip]
 const IN_OUT_CAUSAL_QUERIES: &[&str] = &[
     "--sentence", "Life is short, eat dessert first", "--embed-dim", "6", "--seed", "123",
     "--init", "uniform-in-out", "--heads", "3", "--d-k", "6", "--d-v", "9", "--causal",
-    "--softmax-dim", "queries", "--out-proj",
+    "--window", "2,0", "--softmax-dim", "queries", "--out-proj",
 ];
 
 fn attend(args: &[&str]) -> String {
@@ -324,7 +324,7 @@ fn notebook_001_page_links_every_step() {
 }
 
 #[test]
-fn in_out_weights_causal_mask_softmax_over_queries_and_output_projection() {
+fn in_out_weights_causal_and_window_masks_softmax_over_queries_and_output_projection() {
     let Some((_one, mut b, json)) = open(IN_OUT_CAUSAL_QUERIES, "in-out-causal.html") else {
         return;
     };
@@ -347,6 +347,9 @@ fn in_out_weights_causal_mask_softmax_over_queries_and_output_projection() {
     hover(&mut b, "weights", 1, 3);
     let why = text(&mut b, "document.getElementById('why').dataset.masked");
     assert!(why.starts_with("causal"), "{why}");
+    hover(&mut b, "weights", 5, 1);
+    let why = text(&mut b, "document.getElementById('why').dataset.masked");
+    assert!(why.starts_with("window"), "{why}");
     hover(&mut b, "ctx", 4, 2);
     assert_sum(
         &mut b,

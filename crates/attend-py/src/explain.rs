@@ -186,7 +186,7 @@ fn given(
 #[pyo3(signature = (*, input=None, sentence=None, tokens=None, vocab_size=None, embed_dim=None,
     padding_idx=None, seed=None, reseed=None, skip_draws=0, init="linear", wq=None, wk=None,
     wv=None, d_out=None, d_k=None, d_v=None, heads=1, qkv="separate", bias=false,
-    out_proj=false, causal=false, mask_padding=false, softmax_dim="keys", scale=None))]
+    out_proj=false, causal=false, window=None, mask_padding=false, softmax_dim="keys", scale=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn explain_experiment(
     py: Python<'_>,
@@ -211,6 +211,7 @@ pub fn explain_experiment(
     bias: bool,
     out_proj: bool,
     causal: bool,
+    window: Option<(usize, usize)>,
     mask_padding: bool,
     softmax_dim: &str,
     scale: Option<f32>,
@@ -253,6 +254,7 @@ pub fn explain_experiment(
         skip_draws,
         weights,
         causal,
+        window,
         mask_padding,
         softmax_axis: choose("softmax_dim", softmax_dim, &AXES).map_err(err)?,
         scale,

@@ -92,6 +92,8 @@ pub struct Experiment {
     pub weights: Weights,
     /// Causal masking (top-left; queries and keys are the same tokens here).
     pub causal: bool,
+    /// Sliding window `(left, right)`: query `i` sees keys `i − left ..= i + right`.
+    pub window: Option<(usize, usize)>,
     /// Mask keys whose token id is the padding id.
     pub mask_padding: bool,
     /// Softmax over keys or over queries.
@@ -183,6 +185,7 @@ pub fn run(exp: &Experiment) -> Result<Explanation> {
     let opts = AttentionOptions {
         scale: exp.scale,
         causal: exp.causal.then_some(Causal::TopLeft),
+        window: exp.window,
         key_padding: key_padding.as_ref().map(|p| p.view()),
         softmax_axis: exp.softmax_axis,
         ..Default::default()

@@ -13,7 +13,7 @@ use crate::nn::MultiHeadAttention;
 use crate::print::format_tensor;
 use crate::viz::{
     terminal_heatmap, walkthrough_page, AttentionMaps, ColorMode, PageContext, MASK_CAUSAL,
-    MASK_PADDING,
+    MASK_PADDING, MASK_WINDOW,
 };
 use crate::Result;
 
@@ -122,12 +122,16 @@ fn experiment_scale(ex: &Explanation, exp: &Experiment) -> f32 {
 /// (see [`walkthrough_page`]).
 pub fn experiment_page(ex: &Explanation, exp: &Experiment, title: &str) -> Result<String> {
     let (b, t) = (ex.x.dim().0, ex.x.dim().1);
-    let masked = exp.causal || ex.key_padding.is_some();
+    let masked = exp.causal || exp.window.is_some() || ex.key_padding.is_some();
     let mask_reasons = masked.then(|| {
         Array3::from_shape_fn((b, t, t), |(b, i, j)| {
             let padding = ex.key_padding.as_ref().is_some_and(|p| p[[b, j]]);
             let causal = exp.causal && j > i;
-            u8::from(padding) * MASK_PADDING + u8::from(causal) * MASK_CAUSAL
+            // Queries and keys are the same tokens: both alignments agree.
+            let window = exp.window.is_some_and(|(l, r)| j + l < i || j > i + r);
+            u8::from(padding) * MASK_PADDING
+                + u8::from(causal) * MASK_CAUSAL
+                + u8::from(window) * MASK_WINDOW
         })
     });
     let ctx = PageContext {

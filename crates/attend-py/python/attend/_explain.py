@@ -124,7 +124,7 @@ def explain(
 
     Flags: input, sentence, tokens, vocab_size, embed_dim, padding_idx, seed, reseed,
     skip_draws, init, wq/wk/wv, d_out, d_k, d_v, heads, qkv, bias, out_proj, causal,
-    mask_padding, softmax_dim, scale.
+    window (``(left, right)``), mask_padding, softmax_dim, scale.
     """
     if model is not None:
         given = [k for k, v in (("input", input), ("sentence", sentence), ("tokens", tokens), ("wq", wq)) if v is not None]

@@ -30,7 +30,7 @@ pub use html::{html_view, write_html, HEATMAP_ABOVE};
 pub use picture::{render_png, render_svg, write_heatmap};
 pub use terminal::{terminal_heatmap, ColorMode};
 pub use walkthrough_page::{
-    walkthrough_page, PageContext, MASK_CAUSAL, MASK_PADDING, TABLE_TOKENS,
+    walkthrough_page, PageContext, MASK_CAUSAL, MASK_PADDING, MASK_WINDOW, TABLE_TOKENS,
 };
 
 /// Attention weights of one input, for every layer and head, with the tokens on

@@ -20,6 +20,8 @@ use crate::{Error, Result};
 pub const MASK_PADDING: u8 = 1;
 /// Mask reason bit: the key comes after the query (causal masking).
 pub const MASK_CAUSAL: u8 = 2;
+/// Mask reason bit: the key is outside the query's sliding window.
+pub const MASK_WINDOW: u8 = 4;
 
 /// Above this many tokens the panels are heatmaps instead of tables of numbers.
 pub const TABLE_TOKENS: usize = 32;
