@@ -139,3 +139,13 @@ def test_jupyter_shows_the_walkthrough_page_with_the_steps_numbers():
         # The same f32 values; masked scores (-inf) are null in the page as in the JSON.
         assert np.array_equal(values, np.where(np.isfinite(expected), expected, np.nan), equal_nan=True), key
     assert html.escape(page, quote=True) in ex._repr_html_()
+
+
+def test_window_masks_keys_outside_it_as_the_command_line_does():
+    ex = attend.explain(input=[[1, 0], [0, 1], [1, 1], [2, 1]], seed=1, window=(1, 0))
+    i, j = np.indices((4, 4))
+    # Query i sees keys i - 1 and i.
+    assert np.array_equal(np.isinf(ex.scaled[0, 0]), (j > i) | (j < i - 1))
+    cli = subprocess.run([str(ATTEND), "explain", "--input", "[[1,0],[0,1],[1,1],[2,1]]", "--seed", "1",
+                          "--window", "1,0", "--format", "json"], capture_output=True, text=True, check=True)
+    assert np.array_equal(np.array(json.loads(cli.stdout)["weights"], dtype=np.float32), ex.weights)
