@@ -454,6 +454,19 @@ fn minilm_page_with_128_tokens_loads_in_under_1_s_and_answers_a_hover_in_under_5
     hover(&mut b, "scores", 100, 37);
     assert_eq!(marks(&mut b), json!([["q", "row", 100], ["k", "row", 37]]));
     assert_sum(&mut b, "scores[100,37]", at(&json, "scores", &[100, 37]));
+    let tokens = &json["tokens"];
+    assert_eq!(
+        text(
+            &mut b,
+            "document.querySelector('#panel-scores .readout').textContent"
+        ),
+        format!(
+            "row 100 ({}), column 37 ({}): {:.4}",
+            tokens[100].as_str().unwrap(),
+            tokens[37].as_str().unwrap(),
+            at(&json, "scores", &[100, 37])
+        )
+    );
     // The projections: this head's rows of the model's weights, plus its bias.
     hover(&mut b, "k", 90, 7);
     assert_eq!(
