@@ -117,6 +117,33 @@ def fetch_model() -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
+class OtherLoad:
+    """How much CPU other processes took while the benchmark ran: /proc/stat's busy
+    time minus this process's own, as a share of all CPUs (Linux only)."""
+
+    def __init__(self) -> None:
+        self.start = self._sample()
+
+    @staticmethod
+    def _sample():
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(x) for x in f.readline().split()[1:]]
+            with open("/proc/self/stat") as f:
+                own = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        idle = fields[3] + fields[4]
+        return sum(fields) - idle, sum(fields), int(own[11]) + int(own[12])
+
+    def share(self):
+        end = self._sample()
+        if self.start is None or end is None or end[1] == self.start[1]:
+            return None
+        busy, total, own = (b - a for a, b in zip(self.start, end))
+        return max(0.0, (busy - own) / total)
+
+
 def median_ms(fn: Callable[[], object], reps: int) -> float:
     times = []
     for _ in range(reps):
@@ -160,6 +187,7 @@ def main() -> None:
     )
     print(f"model: {model_dir}; {args.rounds} rounds x {args.reps} calls per side")
     print(f"load average before: {os.getloadavg()}")
+    others = OtherLoad()
 
     # (i) the transformers model, sdpa against attend.
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -198,6 +226,11 @@ def main() -> None:
     encode_ms = alternate({"sentence-transformers": st_encode, "attend": attend_encode}, args.rounds, args.reps)
 
     print(f"load average after: {os.getloadavg()}")
+    share = others.share()
+    if share is not None:
+        print(f"CPU taken by other processes during the run: {100 * share:.0f}% of all CPUs")
+        if share > 0.05:
+            print("WARNING: the machine was not quiet; these timings are not trustworthy")
     print(
         f"\nbatch: 32 sentences, {int(real.min())} to {int(real.max())} tokens "
         f"(mean {real.float().mean().item():.0f}), padded to {tuple(batch['input_ids'].shape)}\n"

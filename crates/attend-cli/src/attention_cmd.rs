@@ -6,6 +6,7 @@ use attend::models::SentenceEncoder;
 
 use crate::model_args::model_name;
 use crate::model_dir::{self, Format};
+use crate::outputs::Outputs;
 
 /// Flags of `attend attention`.
 #[derive(clap::Args)]
@@ -37,27 +38,25 @@ pub struct Args {
 
 /// Runs `attend attention`.
 pub fn run(args: Args) -> Result<(), attend::Error> {
+    let outputs = Outputs::new(&[("--heatmap", args.heatmap.as_deref())])?;
     let dir = model_dir::resolve(args.model);
     let encoder = SentenceEncoder::load(&dir)?;
     let trace = encoder.trace(&args.sentence)?;
     for w in &trace.warnings {
         eprintln!("warning: {w}");
     }
-    if let Some(path) = &args.heatmap {
-        let title = format!("{} — {}", model_name(&dir), args.sentence);
-        attend::viz::write_heatmap(
-            &trace.attention_maps(&title)?,
-            args.layer.unwrap_or(0),
-            path,
-        )?;
-    }
+    let (layer, head) = (args.layer.unwrap_or(0), args.head.unwrap_or(0));
+    // Checked before anything is written: a bad --head must not leave a picture.
+    let weights = trace.weights(layer, head)?;
+    let title = format!("{} — {}", model_name(&dir), args.sentence);
+    outputs.write("--heatmap", |path| {
+        attend::viz::write_heatmap(&trace.attention_maps(&title)?, layer, path)
+    })?;
+    outputs.commit()?;
     if args.all {
-        let title = format!("{} — {}", model_name(&dir), args.sentence);
         println!("{}", trace.attention_maps(&title)?.to_json());
         return Ok(());
     }
-    let (layer, head) = (args.layer.unwrap_or(0), args.head.unwrap_or(0));
-    let weights = trace.weights(layer, head)?;
     match args.format {
         Format::Json => {
             println!(

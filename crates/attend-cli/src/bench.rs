@@ -7,29 +7,31 @@ use std::time::Instant;
 use attend::attention::{attention_with, AttentionOptions, Causal, Config, Kernel};
 use attend::kernels::backward::{attention_backward_with, BackwardConfig, BackwardKernel};
 use attend::kernels::Isa;
-use attend::Error;
+use attend::{limits, Error};
 use ndarray::{Array2, Array4};
+
+use crate::flags;
 
 /// Flags of `attend bench`.
 #[derive(clap::Args)]
 pub struct Args {
     /// Batch size B.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = flags::positive)]
     batch: usize,
     /// Query heads H.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = flags::positive)]
     heads: usize,
     /// Key/value heads (default: H).
-    #[arg(long)]
+    #[arg(long, value_parser = flags::positive)]
     kv_heads: Option<usize>,
     /// Query length L.
-    #[arg(long, default_value_t = 2048)]
+    #[arg(long, default_value_t = 2048, value_parser = flags::positive)]
     seq: usize,
     /// Key length S (default: L).
-    #[arg(long)]
+    #[arg(long, value_parser = flags::positive)]
     kv_len: Option<usize>,
     /// Head width E (= Ev).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = flags::positive)]
     head_dim: usize,
     /// Top-left causal mask (PyTorch's is_causal).
     #[arg(long)]
@@ -39,7 +41,7 @@ pub struct Args {
     #[arg(long, value_parser = ["bool", "additive"], conflicts_with = "decode")]
     mask: Option<String>,
     /// Worker threads.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = flags::threads)]
     threads: usize,
     /// Instruction set: avx512, avx2 or portable (default: the best available).
     #[arg(long)]
@@ -56,11 +58,11 @@ pub struct Args {
     /// Run the f64 reference instead of the fused kernel.
     #[arg(long)]
     reference: bool,
-    /// Minimum timed runs.
-    #[arg(long, default_value_t = 5)]
+    /// Minimum timed runs (1 to a million).
+    #[arg(long, default_value_t = 5, value_parser = flags::runs)]
     min_runs: usize,
-    /// Minimum total timed seconds.
-    #[arg(long, default_value_t = 0.5)]
+    /// Minimum total timed seconds (0 to 3600).
+    #[arg(long, default_value_t = 0.5, value_parser = flags::seconds)]
     min_time: f64,
     /// Output format: json (one line) or text.
     #[arg(long, default_value = "json")]
@@ -101,6 +103,39 @@ fn random(shape: (usize, usize, usize, usize), seed: u64) -> Array4<f32> {
     })
 }
 
+/// The bytes a run needs: inputs, outputs, the mask asked for, gradients with
+/// `--backward`, and the scores the f64 reference materialises with `--reference`.
+/// Counted in `u128` so that no flag value can wrap it.
+fn needed_bytes(args: &Args) -> u128 {
+    let (b, h, e) = (args.batch, args.heads, args.head_dim);
+    let hkv = args.kv_heads.unwrap_or(h);
+    let (l, s) = (args.seq, args.kv_len.unwrap_or(args.seq));
+    let bytes = limits::array_bytes;
+    if args.decode {
+        // One query row; K and V, and a bandwidth probe buffer at least as large.
+        let kv = 2 * bytes(&[b, hkv, args.kv_len.unwrap_or(4096), e], 4);
+        return bytes(&[b, h, e], 8).saturating_add(kv.saturating_mul(2));
+    }
+    let q_like = bytes(&[b, h, l, e], 4); // q, the output; dout and dq in backward
+    let kv_like = bytes(&[b, hkv, s, e], 4); // k, v; dk and dv in backward
+    let sets: u128 = if args.backward { 4 } else { 2 };
+    let mask = match args.mask.as_deref() {
+        Some("bool") => bytes(&[l, s], 1),
+        Some("additive") => bytes(&[l, s], 4),
+        _ => 0,
+    };
+    // The reference keeps scores and weights in f64 (and their gradients).
+    let reference = if args.reference {
+        bytes(&[b, h, l, s], 8).saturating_mul(sets)
+    } else {
+        0
+    };
+    (q_like.saturating_add(kv_like))
+        .saturating_mul(sets)
+        .saturating_add(mask.saturating_mul(2))
+        .saturating_add(reference)
+}
+
 /// Runs `attend bench`.
 pub fn run(args: Args) -> Result<(), Error> {
     if args.format != "json" && args.format != "text" {
@@ -109,19 +144,10 @@ pub fn run(args: Args) -> Result<(), Error> {
             args.format
         )));
     }
-    for (flag, value) in [
-        ("--threads", Some(args.threads)),
-        ("--batch", Some(args.batch)),
-        ("--heads", Some(args.heads)),
-        ("--kv-heads", args.kv_heads),
-        ("--seq", Some(args.seq)),
-        ("--kv-len", args.kv_len),
-        ("--head-dim", Some(args.head_dim)),
-    ] {
-        if value == Some(0) {
-            return Err(Error::value(format!("{flag} must be at least 1")));
-        }
-    }
+    limits::check_memory(
+        "--batch × --heads × --seq × --kv-len × --head-dim",
+        needed_bytes(&args),
+    )?;
     let isa = match &args.isa {
         Some(s) => parse_isa(s)?,
         None => Isa::detect(),
@@ -160,12 +186,16 @@ pub fn run(args: Args) -> Result<(), Error> {
     let q = random((b, h, l, e), 1);
     let k = random((b, hkv, s, e), 2);
     let v = random((b, hkv, s, e), 3);
-    let keep = Array2::from_shape_fn((l, s), |(i, j)| (7 * i + 13 * j) % 10 != 0);
-    let bias = Array2::from_shape_fn((l, s), |(i, j)| ((i + j) % 5) as f32 * -0.25);
+    // Only the mask asked for is made: at L = S = 65536 an [L, S] mask is 4 GiB
+    // (bool) or 16 GiB (additive), far more than the attention itself needs.
+    let keep = (args.mask.as_deref() == Some("bool"))
+        .then(|| Array2::from_shape_fn((l, s), |(i, j)| (7 * i + 13 * j) % 10 != 0));
+    let bias = (args.mask.as_deref() == Some("additive"))
+        .then(|| Array2::from_shape_fn((l, s), |(i, j)| ((i + j) % 5) as f32 * -0.25));
     let opts = AttentionOptions {
         causal: args.causal.then_some(Causal::TopLeft),
-        mask: (args.mask.as_deref() == Some("bool")).then(|| keep.view().into_dyn()),
-        bias: (args.mask.as_deref() == Some("additive")).then(|| bias.view().into_dyn()),
+        mask: keep.as_ref().map(|m| m.view().into_dyn()),
+        bias: bias.as_ref().map(|m| m.view().into_dyn()),
         ..Default::default()
     };
     let config = Config {
@@ -181,7 +211,11 @@ pub fn run(args: Args) -> Result<(), Error> {
         .num_threads(args.threads)
         .build()
         .map_err(|e| Error::value(format!("--threads: {e}")))?;
-    let dout = random((b, h, l, e), 4);
+    let dout = if args.backward {
+        random((b, h, l, e), 4)
+    } else {
+        Array4::zeros((0, 0, 0, 0))
+    };
     let bconfig = BackwardConfig {
         kernel: if args.reference {
             BackwardKernel::Reference
@@ -219,7 +253,7 @@ pub fn run(args: Args) -> Result<(), Error> {
         Ok(times[times.len() / 2])
     })?;
     let flops = 4.0
-        * (b * h * l * s * e) as f64
+        * [b, h, l, s, e].iter().map(|&n| n as f64).product::<f64>()
         * if args.causal { 0.5 } else { 1.0 }
         * if args.backward { 3.5 } else { 1.0 };
     let gflops = flops / median / 1e9;
@@ -228,6 +262,7 @@ pub fn run(args: Args) -> Result<(), Error> {
             "what": "sdpa", "impl": "attend", "isa": isa.name(), "threads": args.threads,
             "dtype": "f32", "batch": b, "heads": h, "kv_heads": hkv, "q_len": l, "kv_len": s,
             "head_dim": e, "causal": args.causal, "mask": args.mask, "backward": args.backward, "ms": median * 1e3, "gflops": gflops,
+            "peak_rss_bytes": limits::peak_rss(),
         });
         println!("{j}");
     } else {

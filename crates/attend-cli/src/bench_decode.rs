@@ -62,9 +62,6 @@ fn median(mut xs: Vec<f64>) -> f64 {
 /// Runs the decode benchmark and returns its JSON record.
 pub fn run(a: &DecodeArgs) -> Result<serde_json::Value, Error> {
     let hkv = a.kv_heads.unwrap_or(a.heads);
-    if a.threads == 0 {
-        return Err(Error::value("--threads must be at least 1, got 0"));
-    }
     if a.heads == 0 || hkv == 0 || !a.heads.is_multiple_of(hkv) {
         return Err(Error::value(format!(
             "--heads ({}) must be a positive multiple of --kv-heads ({hkv})",

@@ -8,6 +8,7 @@ use attend::Error;
 use clap::{ArgGroup, ValueEnum};
 use ndarray::{Array2, Array3};
 
+use crate::flags;
 use crate::json_input::parse_array;
 use crate::sdpa::parse_window;
 
@@ -26,7 +27,7 @@ pub struct ExperimentArgs {
     #[arg(long, value_name = "IDS", requires_all = ["vocab_size", "embed_dim"])]
     tokens: Option<String>,
     /// Weights written by `attend train`: explain that model's learned attention.
-    #[arg(long, value_name = "FILE", requires = "digits", conflicts_with_all = ["wq", "init", "d_out", "d_k", "d_v", "heads", "qkv", "bias", "out_proj"])]
+    #[arg(long, value_name = "FILE", requires = "digits", conflicts_with_all = MODULE_FLAGS)]
     trained: Option<std::path::PathBuf>,
     /// The digit sequence fed to the --trained model, e.g. "31415926".
     #[arg(long, value_name = "DIGITS", requires = "trained")]
@@ -51,14 +52,16 @@ pub struct ExperimentArgs {
     /// Seed again after the embedding, before the weights.
     #[arg(long, value_name = "S", value_parser = parse_seed, allow_hyphen_values = true)]
     reseed: Option<u64>,
-    /// Consume N 32-bit draws before creating the weights.
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    /// Consume N 32-bit draws before creating the weights (at most 2^30).
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = flags::skip_draws)]
     skip_draws: u64,
     /// How the weights are created.
     #[arg(long, value_enum, default_value = "linear", conflicts_with = "wq")]
     init: InitArg,
-    /// Given query weights `[d_in, width]` (q = x @ WQ).
-    #[arg(long, value_name = "JSON", requires_all = ["wk", "wv"])]
+    /// Given query weights `[d_in, width]` (q = x @ WQ); their widths decide the
+    /// head widths, and there are no biases or output projection.
+    #[arg(long, value_name = "JSON", requires_all = ["wk", "wv"],
+          conflicts_with_all = ["d_out", "d_k", "d_v", "qkv", "bias", "out_proj"])]
     wq: Option<String>,
     /// Given key weights `[d_in, width]`.
     #[arg(long, value_name = "JSON", requires_all = ["wq", "wv"])]
@@ -67,16 +70,16 @@ pub struct ExperimentArgs {
     #[arg(long, value_name = "JSON", requires_all = ["wq", "wk"])]
     wv: Option<String>,
     /// Total width of q, k and v (all heads); default d_in.
-    #[arg(long, value_name = "N", conflicts_with_all = ["d_k", "d_v"])]
+    #[arg(long, value_name = "N", conflicts_with_all = ["d_k", "d_v"], value_parser = flags::positive)]
     d_out: Option<usize>,
     /// Total query/key width.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = flags::positive)]
     d_k: Option<usize>,
     /// Total value width (default: --d-k).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = flags::positive)]
     d_v: Option<usize>,
     /// Number of heads.
-    #[arg(long, value_name = "H", default_value_t = 1)]
+    #[arg(long, value_name = "H", default_value_t = 1, value_parser = flags::positive)]
     heads: usize,
     /// How q, k and v projections are packed.
     #[arg(long, value_enum, default_value = "separate")]
@@ -100,9 +103,33 @@ pub struct ExperimentArgs {
     #[arg(long, value_enum, default_value = "keys")]
     softmax_dim: SoftmaxArg,
     /// Multiply scores by X (default 1/√(key head width)).
-    #[arg(long, value_name = "X", allow_hyphen_values = true)]
+    #[arg(long, value_name = "X", allow_hyphen_values = true, value_parser = flags::finite_f32)]
     scale: Option<f32>,
 }
+
+/// The flags that build the attention module or shape its computation: a model
+/// that comes whole (`--trained`, `--model`) has its own, so these are refused
+/// with it rather than ignored.
+pub const MODULE_FLAGS: [&str; 18] = [
+    "wq",
+    "init",
+    "d_out",
+    "d_k",
+    "d_v",
+    "heads",
+    "qkv",
+    "bias",
+    "out_proj",
+    "causal",
+    "window",
+    "scale",
+    "softmax_dim",
+    "seed",
+    "reseed",
+    "skip_draws",
+    "mask_padding",
+    "padding_idx",
+];
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum InitArg {

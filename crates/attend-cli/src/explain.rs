@@ -12,6 +12,7 @@ use clap::ValueEnum;
 
 use crate::experiment_args::{experiment, ExperimentArgs};
 use crate::model_args::{ModelArgs, ModelRun};
+use crate::outputs::Outputs;
 
 /// Flags of `attend explain`.
 #[derive(clap::Args, Debug)]
@@ -46,19 +47,22 @@ enum Format {
 
 /// Runs `attend explain`.
 pub fn run(args: Args) -> Result<(), Error> {
+    let outputs = Outputs::new(&[
+        ("--heatmap", args.heatmap.as_deref()),
+        ("--html", args.html.as_deref()),
+    ])?;
     if let Some(run) = args.model.run()? {
-        return explain_model(&args, &run);
+        return explain_model(&args, &run, outputs);
     }
     let exp = experiment(&args.experiment)?;
     let ex = experiment::run(&exp)?;
     let maps = attention_maps(&ex)?;
-    if let Some(path) = &args.heatmap {
-        viz::write_heatmap(&maps, 0, path)?;
-    }
-    if let Some(path) = &args.html {
+    outputs.write("--heatmap", |path| viz::write_heatmap(&maps, 0, path))?;
+    if let Some(html) = &args.html {
         let page = walkthrough::experiment_page(&ex, &exp, "attend explain")?;
-        return write_page(path, &page);
+        return write_page(outputs, html, &page);
     }
+    outputs.commit()?;
     match args.format {
         Format::Json => println!("{}", ex.to_json()),
         Format::Text => {
@@ -86,23 +90,20 @@ pub fn attention_maps(ex: &Explanation) -> Result<AttentionMaps, Error> {
 
 /// One head of a real model, step by step like the notebooks, or as JSON with the
 /// notebook keys (`x` is the layer's input).
-fn explain_model(args: &Args, run: &ModelRun) -> Result<(), Error> {
+fn explain_model(args: &Args, run: &ModelRun, outputs: Outputs) -> Result<(), Error> {
     let (Some(layer), Some(head)) = (args.layer, args.head) else {
         return Err(Error::value("--model needs --layer L and --head H"));
     };
     let t = run.trace.head(layer, head)?;
     let maps = run.maps()?;
-    if let Some(path) = &args.heatmap {
-        viz::write_heatmap(&maps, layer, path)?;
-    }
+    outputs.write("--heatmap", |path| viz::write_heatmap(&maps, layer, path))?;
     let steps = walkthrough::head_steps(t, &run.encoder.model.layers[layer].attention, head);
-    if let Some(path) = &args.html {
+    if let Some(html) = &args.html {
         let title = format!("{}, layer {layer}, head {head}", run.title);
-        return write_page(
-            path,
-            &walkthrough::head_page(&steps, &run.trace.tokens, &title)?,
-        );
+        let page = walkthrough::head_page(&steps, &run.trace.tokens, &title)?;
+        return write_page(outputs, html, &page);
     }
+    outputs.commit()?;
     match args.format {
         Format::Json => {
             let mut obj = serde_json::Map::new();
@@ -149,9 +150,12 @@ fn explain_model(args: &Args, run: &ModelRun) -> Result<(), Error> {
     Ok(())
 }
 
-/// Writes the page (whole or not at all) and says where.
-fn write_page(path: &std::path::Path, page: &str) -> Result<(), Error> {
-    attend::io::write_atomically(path, page.as_bytes())?;
-    eprintln!("wrote {}", path.display());
+/// Writes `--html`'s page, puts every output in place and says where the page is.
+fn write_page(outputs: Outputs, html: &std::path::Path, page: &str) -> Result<(), Error> {
+    outputs.write("--html", |path| {
+        std::fs::write(path, page).map_err(|e| Error::io(path, e))
+    })?;
+    outputs.commit()?;
+    eprintln!("wrote {}", html.display());
     Ok(())
 }

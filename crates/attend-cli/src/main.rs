@@ -5,7 +5,8 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::error::ErrorKind;
+use clap::{CommandFactory, Parser, Subcommand};
 
 mod attention_cmd;
 mod bench;
@@ -13,9 +14,11 @@ mod bench_decode;
 mod embed;
 mod experiment_args;
 mod explain;
+mod flags;
 mod json_input;
 mod model_args;
 mod model_dir;
+mod outputs;
 mod sdpa;
 mod train;
 mod view;
@@ -49,6 +52,23 @@ enum Command {
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
+        Err(err)
+            if matches!(
+                err.kind(),
+                ErrorKind::MissingSubcommand | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) =>
+        {
+            let names: Vec<String> = Cli::command()
+                .get_subcommands()
+                .map(|c| c.get_name().to_owned())
+                .filter(|n| n != "help")
+                .collect();
+            eprintln!(
+                "error: attend needs a subcommand: {} (attend --help describes them)",
+                names.join(", ")
+            );
+            return ExitCode::from(2);
+        }
         Err(err) if err.use_stderr() => {
             // clap's first paragraph names the problem; the usage block after it
             // is noise for a one-line error.

@@ -7,13 +7,16 @@ use attend::models::{SentenceEncoder, SentenceTrace};
 use attend::viz::AttentionMaps;
 use attend::Error;
 
+use crate::experiment_args::MODULE_FLAGS;
+
 /// The flags that pick a real model and the text it reads.
 #[derive(clap::Args, Debug)]
 pub struct ModelArgs {
     /// A BERT-style checkpoint directory (config.json, model.safetensors,
     /// tokenizer.json), e.g. the one `scripts/fetch-model` prints.
     #[arg(long, value_name = "DIR", requires = "text",
-          conflicts_with_all = ["input", "sentence", "tokens", "digits"])]
+          conflicts_with_all = ["input", "sentence", "tokens", "digits", "vocab_size", "embed_dim"],
+          conflicts_with_all = MODULE_FLAGS)]
     pub model: Option<PathBuf>,
     /// The sentence the model reads (with --model).
     #[arg(value_name = "SENTENCE", requires = "model")]

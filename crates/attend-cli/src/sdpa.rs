@@ -9,6 +9,9 @@ use attend::kernels::backward::{attention_backward_with, BackwardConfig};
 use attend::Error;
 use ndarray::{Array4, ArrayD, Ix4};
 
+use crate::flags;
+use crate::outputs::Outputs;
+
 /// Flags of `attend sdpa`.
 #[derive(clap::Args)]
 pub struct Args {
@@ -32,10 +35,10 @@ pub struct Args {
     #[arg(long, value_name = "L,R", allow_hyphen_values = true)]
     window: Option<String>,
     /// Score scale (default 1/√E).
-    #[arg(long, allow_hyphen_values = true)]
+    #[arg(long, allow_hyphen_values = true, value_parser = flags::finite_f32)]
     scale: Option<f32>,
     /// Worker threads (default: all cores).
-    #[arg(long)]
+    #[arg(long, value_parser = flags::threads)]
     threads: Option<usize>,
     /// Output `[B, Hq, L, Ev]`.
     #[arg(long)]
@@ -93,6 +96,13 @@ pub fn parse_window(s: &str) -> Result<(usize, usize), Error> {
 
 /// Runs `attend sdpa`.
 pub fn run(args: Args) -> Result<(), Error> {
+    let outputs = Outputs::new(&[
+        ("--out", Some(&args.out)),
+        ("--lse", args.lse.as_deref()),
+        ("--dq", args.dq.as_deref()),
+        ("--dk", args.dk.as_deref()),
+        ("--dv", args.dv.as_deref()),
+    ])?;
     let causal = args.causal.as_deref().map(parse_causal).transpose()?;
     let window = args.window.as_deref().map(parse_window).transpose()?;
     let q = rank4("q", "[B, Hq, L, E]", npy::read_f32(&args.q)?)?;
@@ -142,15 +152,11 @@ pub fn run(args: Args) -> Result<(), Error> {
             &opts,
             &bconfig,
         )?;
-        for (path, grad) in [(&args.dq, g.dq), (&args.dk, g.dk), (&args.dv, g.dv)] {
-            if let Some(path) = path {
-                npy::write_f32(path, grad.into_dyn().view())?;
-            }
+        for (flag, grad) in [("--dq", g.dq), ("--dk", g.dk), ("--dv", g.dv)] {
+            outputs.write(flag, |path| npy::write_f32(path, grad.into_dyn().view()))?;
         }
     }
-    npy::write_f32(&args.out, out.into_dyn().view())?;
-    if let Some(path) = &args.lse {
-        npy::write_f32(path, lse.into_dyn().view())?;
-    }
-    Ok(())
+    outputs.write("--out", |path| npy::write_f32(path, out.into_dyn().view()))?;
+    outputs.write("--lse", |path| npy::write_f32(path, lse.into_dyn().view()))?;
+    outputs.commit()
 }

@@ -6,8 +6,11 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use attend::train::{evaluate, loss_curve_svg, save, train, TrainConfig};
+use attend::train::{evaluate, loss_curve_svg, save, train, TrainConfig, EVAL_SEQUENCES};
 use attend::Error;
+
+use crate::flags;
+use crate::outputs::Outputs;
 
 /// Flags of `attend train`.
 #[derive(clap::Args, Debug)]
@@ -21,8 +24,8 @@ pub struct Args {
     /// Attention heads.
     #[arg(long, default_value_t = 2)]
     heads: usize,
-    /// Optimiser steps.
-    #[arg(long, default_value_t = 600)]
+    /// Optimiser steps (1 to 10 million).
+    #[arg(long, default_value_t = 600, value_parser = flags::steps)]
     steps: usize,
     /// Sequences per step.
     #[arg(long, default_value_t = 64)]
@@ -37,7 +40,7 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Worker threads.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = flags::threads)]
     threads: usize,
     /// Where to write the trained weights.
     #[arg(long, default_value = "reverser.safetensors")]
@@ -64,9 +67,10 @@ pub fn run(args: Args) -> Result<(), Error> {
             args.dropout
         )));
     }
-    if args.threads == 0 {
-        return Err(Error::value("--threads must be at least 1"));
-    }
+    let outputs = Outputs::new(&[
+        ("--weights", Some(&args.weights)),
+        ("--curve", Some(&args.curve)),
+    ])?;
     let config = TrainConfig {
         len: args.len,
         d_model: args.d_model,
@@ -106,22 +110,24 @@ pub fn run(args: Args) -> Result<(), Error> {
     if !quiet {
         eprintln!();
     }
-    let (digit, sequence) = evaluate(&model, 2000, args.seed ^ 0xA11CE)?;
-    save(&model, &args.weights)?;
+    let (digit, sequence) = evaluate(&model, EVAL_SEQUENCES, args.seed ^ 0xA11CE)?;
+    outputs.write("--weights", |path| save(&model, path))?;
     let title = format!(
         "attend train: reverse {} digits, held-out accuracy {:.1}%",
         args.len,
         digit * 100.0
     );
-    std::fs::write(&args.curve, loss_curve_svg(&losses, &title))
-        .map_err(|e| Error::io(&args.curve, e))?;
+    outputs.write("--curve", |path| {
+        std::fs::write(path, loss_curve_svg(&losses, &title)).map_err(|e| Error::io(path, e))
+    })?;
+    outputs.commit()?;
     println!(
         "trained {steps} steps in {train_secs:.1}s on {} threads; final loss {:.4}",
         args.threads,
         losses.last().copied().unwrap_or(f32::NAN)
     );
     println!(
-        "held-out accuracy: {:.2}% of digits, {:.2}% of whole sequences (2000 new sequences)",
+        "held-out accuracy: {:.2}% of digits, {:.2}% of whole sequences ({EVAL_SEQUENCES} new sequences)",
         digit * 100.0,
         sequence * 100.0
     );

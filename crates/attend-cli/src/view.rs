@@ -13,6 +13,7 @@ use attend::viz::{self, AttentionMaps, ColorMode};
 use crate::experiment_args::{self, ExperimentArgs};
 use crate::explain::attention_maps;
 use crate::model_args::ModelArgs;
+use crate::outputs::Outputs;
 use attend::{Error, Result};
 
 /// Flags of `attend view`.
@@ -56,18 +57,19 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(h) = args.head {
         maps.check_head(h)?;
     }
-    let mut wrote = false;
-    if let Some(path) = &args.heatmap {
-        viz::write_heatmap(&maps, args.layer, path)?;
+    let outputs = Outputs::new(&[
+        ("--heatmap", args.heatmap.as_deref()),
+        ("--html", args.html.as_deref()),
+    ])?;
+    outputs.write("--heatmap", |path| {
+        viz::write_heatmap(&maps, args.layer, path)
+    })?;
+    outputs.write("--html", |path| viz::write_html(&maps, path))?;
+    outputs.commit()?;
+    for path in [&args.heatmap, &args.html].into_iter().flatten() {
         eprintln!("wrote {}", path.display());
-        wrote = true;
     }
-    if let Some(path) = &args.html {
-        viz::write_html(&maps, path)?;
-        eprintln!("wrote {}", path.display());
-        wrote = true;
-    }
-    if !wrote {
+    if args.heatmap.is_none() && args.html.is_none() {
         print!(
             "{}",
             terminal(&maps, args.layer, args.head, mode(&args.color)?)?

@@ -185,7 +185,7 @@ fn cases() -> Vec<(&'static str, Vec<&'static str>, Vec<&'static str>)> {
         (
             "--html into a directory that does not exist",
             vec!["--input", X, "--html", "/nonexistent-dir/page.html"],
-            vec!["/nonexistent-dir/page.html", "No such file"],
+            vec!["/nonexistent-dir/page.html", "does not exist"],
         ),
     ]
 }

@@ -134,14 +134,13 @@ def test_minilm_padded_batch_matches_eager(minilm, spy):
     out = _hidden(models, batch)
     # The project's rule against the f64 reference, every position (BERT's pad queries
     # attend to the real keys, so they are well defined too).
-    err = check_rule("MiniLM padded batch", out["attend"], out["ref"], out["eager"])
+    check_rule("MiniLM padded batch", out["attend"], out["ref"], out["eager"])
     # The yardstick asked for as well: attend's distance from eager at most twice
     # sdpa's (another correct f32 order of operations) plus the rounding floor.
     d_attend = (out["attend"] - out["eager"]).abs().max().item()
     d_sdpa = (out["sdpa"] - out["eager"]).abs().max().item()
     floor = 4 * EPS * out["eager"].abs().max().item()
     assert d_attend <= 2 * d_sdpa + floor, f"|attend - eager| {d_attend:.3g} > 2 × |sdpa - eager| {d_sdpa:.3g} + {floor:.3g}"
-    assert err > 0 or d_attend == 0
     # 6 layers, each with a padded bool mask through attend (not eager code).
     assert len(spy.calls) == 6 and all(c["mask"] == torch.bool and not c["is_causal"] for c in spy.calls)
 

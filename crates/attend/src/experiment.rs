@@ -135,6 +135,7 @@ pub fn widths(
 
 /// Runs the experiment through the reference kernel.
 pub fn run(exp: &Experiment) -> Result<Explanation> {
+    check_memory(exp)?;
     let mut gen = TorchGenerator::new(exp.seed);
     let Embedded {
         x,
@@ -199,6 +200,54 @@ pub fn run(exp: &Experiment) -> Result<Explanation> {
         trace,
         key_padding,
     })
+}
+
+/// Refuses an experiment whose arrays could not fit in memory, before any is
+/// made, naming the flags behind the largest: the embedding table, the weights,
+/// and the trace (three `[B, H, T, T]` score arrays, and the reference kernel's
+/// f64 copies of one head's).
+fn check_memory(exp: &Experiment) -> Result<()> {
+    use crate::limits::{array_bytes as bytes, check_memory};
+    let (batch, tokens, d_in) = match &exp.input {
+        Input::Array(x) | Input::Labelled { x, .. } => x.dim(),
+        Input::Sentence { text, embed_dim } => (1, text.split_whitespace().count(), *embed_dim),
+        Input::Tokens { ids, embed_dim, .. } => (ids.nrows(), ids.ncols(), *embed_dim),
+    };
+    let table = match &exp.input {
+        Input::Sentence { .. } => ("--sentence × --embed-dim", bytes(&[tokens, d_in], 4)),
+        Input::Tokens { vocab_size, .. } => {
+            ("--vocab-size × --embed-dim", bytes(&[*vocab_size, d_in], 4))
+        }
+        _ => ("--input", 0),
+    };
+    let (d_k, d_v, heads) = match &exp.weights {
+        Weights::Init(spec) => (spec.d_k, spec.d_v, spec.heads),
+        Weights::Given {
+            w_q, w_v, heads, ..
+        } => (w_q.ncols(), w_v.ncols(), *heads),
+        Weights::Module(m) => (m.q_proj.weight.nrows(), m.v_proj.weight.nrows(), m.heads),
+    };
+    // q, k, v and the output, each in the projection and split into heads.
+    let weights = bytes(
+        &[d_in.max(d_v), d_k.saturating_add(d_k).saturating_add(d_v)],
+        4,
+    );
+    let activations = bytes(&[batch, tokens, d_k.saturating_add(d_v)], 4).saturating_mul(6);
+    let trace = bytes(&[batch, heads, tokens, tokens], 4)
+        .saturating_mul(3)
+        .saturating_add(bytes(&[tokens, tokens], 8).saturating_mul(2));
+    check_memory(table.0, table.1)?;
+    check_memory(
+        "--d-out / --d-k / --d-v (the weights)",
+        weights.saturating_mul(2),
+    )?;
+    check_memory("the input's length (every head's T × T scores)", trace)?;
+    check_memory(
+        "this experiment",
+        [table.1, weights, activations, trace]
+            .iter()
+            .fold(0u128, |a, &b| a.saturating_add(b)),
+    )
 }
 
 /// `x` and what is known about the tokens behind it.

@@ -13,6 +13,7 @@ pub mod init;
 pub mod io;
 pub mod kernels;
 pub mod kv_cache;
+pub mod limits;
 pub mod models;
 pub mod nn;
 pub mod optim;

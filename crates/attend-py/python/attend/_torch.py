@@ -12,6 +12,8 @@ from ._sdpa import _Call
 
 
 def _check_tensor(name: str, t: torch.Tensor) -> None:
+    if t.dtype is torch.float32 and t.is_cpu and t.layout is torch.strided:
+        return
     if t.device.type != "cpu":
         raise ValueError(f"{name} must be on the CPU, got device {t.device}")
     if t.layout != torch.strided:
@@ -44,6 +46,11 @@ def _mask_numpy(mask) -> Optional[np.ndarray]:
     return _numpy(mask)
 
 
+def _shaped(t: torch.Tensor, shape) -> torch.Tensor:
+    """``t`` (contiguous) as ``shape``: itself when it already has it, else a view."""
+    return t if t.shape == shape else t.view(shape)
+
+
 class _AttendSdpa(torch.autograd.Function):
     """Forward and backward through attend's fused kernels."""
 
@@ -56,7 +63,7 @@ class _AttendSdpa(torch.autograd.Function):
         # The tensors are saved so that autograd notices in-place changes to them
         # before the backward; the call reads the same memory through its views.
         ctx.save_for_backward(query, key, value, result)
-        return result.view(call.out_shape)
+        return _shaped(result, call.out_shape)
 
     @staticmethod
     def backward(ctx, grad_out):  # type: ignore[override]
@@ -78,4 +85,4 @@ def sdpa_torch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
     if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
         return _AttendSdpa.apply(query, key, value, call)
     out, _ = call.forward()
-    return torch.from_numpy(out).view(call.out_shape)
+    return _shaped(torch.from_numpy(out), call.out_shape)

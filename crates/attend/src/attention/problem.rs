@@ -171,20 +171,22 @@ impl<'a> Problem<'a> {
         if self.causal.is_none() && self.window.is_none() {
             return (0, kv_len);
         }
-        // The aligned diagonal position of query i, as a signed key index.
+        // The aligned diagonal position of query i, as a signed key index. In i128:
+        // a window side may be any usize (usize::MAX means "unbounded"), and i64
+        // arithmetic would wrap it into a negative width.
         let diag = match self.causal {
-            Some(Causal::TopLeft) => i as i64,
-            _ => i as i64 + kv_len as i64 - q_len as i64,
+            Some(Causal::TopLeft) => i as i128,
+            _ => i as i128 + kv_len as i128 - q_len as i128,
         };
         // Causal masking forbids every key right of the diagonal, whatever the window.
         let right = match (self.causal, self.window) {
             (Some(_), _) => 0,
-            (None, Some((_, r))) => r as i64,
+            (None, Some((_, r))) => r as i128,
             (None, None) => unreachable!("handled above"),
         };
-        let hi = (diag + right + 1).clamp(0, kv_len as i64) as usize;
+        let hi = (diag + right + 1).clamp(0, kv_len as i128) as usize;
         let lo = match self.window {
-            Some((left, _)) => (diag - left as i64).clamp(0, kv_len as i64) as usize,
+            Some((left, _)) => (diag - left as i128).clamp(0, kv_len as i128) as usize,
             None => 0,
         };
         (lo, hi.max(lo))

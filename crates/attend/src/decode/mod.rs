@@ -187,7 +187,7 @@ pub fn merge_partials(parts: &[Partial]) -> Result<Partial> {
         let m = parts
             .iter()
             .map(|p| p.lse[[bi, hi, i]])
-            .fold(f32::NEG_INFINITY, f32::max) as f64;
+            .fold(f32::NEG_INFINITY, crate::kernels::nan_max) as f64;
         if m == f64::NEG_INFINITY {
             continue;
         }

@@ -11,6 +11,9 @@ use ndarray::{ArrayD, ArrayViewD, IxDyn, ShapeBuilder};
 
 use crate::{Error, Result};
 
+mod header;
+use header::Header;
+
 const MAGIC: &[u8] = b"\x93NUMPY";
 
 /// An array read from a `.npy` file.
@@ -44,7 +47,12 @@ impl NpyArray {
 pub fn read(path: impl AsRef<Path>) -> Result<NpyArray> {
     let path = path.as_ref();
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    parse(&bytes).map_err(|msg| Error::format(format!("{}: {msg}", path.display())))
+    from_bytes(&bytes, &path.display().to_string())
+}
+
+/// Parses the bytes of a `.npy` file; `origin` names them in error messages.
+pub fn from_bytes(bytes: &[u8], origin: &str) -> Result<NpyArray> {
+    parse(bytes).map_err(|msg| Error::format(format!("{origin}: {msg}")))
 }
 
 /// Reads a `.npy` file that must hold f32 values.
@@ -106,15 +114,16 @@ fn parse(bytes: &[u8]) -> std::result::Result<NpyArray, String> {
         .get(start..start + header_len)
         .ok_or("truncated header")?;
     let header = std::str::from_utf8(header).map_err(|_| "header is not text")?;
-    let descr = dict_value(header, "descr").ok_or("header has no 'descr'")?;
-    let descr = descr.trim_matches(|c| c == '\'' || c == '"');
-    let fortran = match dict_value(header, "fortran_order") {
-        Some("True") => true,
-        Some("False") => false,
-        _ => return Err("header has no valid 'fortran_order'".into()),
-    };
-    let shape = parse_shape(dict_value(header, "shape").ok_or("header has no 'shape'")?)?;
-    let n: usize = shape.iter().product();
+    let Header {
+        descr,
+        fortran,
+        shape,
+    } = header::parse(header)?;
+    let n = shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .filter(|&n| n <= isize::MAX as usize / 4)
+        .ok_or_else(|| format!("shape {shape:?} has more elements than any memory holds"))?;
     let data = &bytes[start + header_len..];
     let shape = IxDyn(&shape);
     let shape = if fortran {
@@ -123,7 +132,7 @@ fn parse(bytes: &[u8]) -> std::result::Result<NpyArray, String> {
         shape.into_shape_with_order()
     };
     let short = |need: usize| format!("data holds {} bytes, the shape needs {need}", data.len());
-    match descr {
+    match descr.as_str() {
         "<f4" => {
             if data.len() < 4 * n {
                 return Err(short(4 * n));
@@ -149,35 +158,6 @@ fn parse(bytes: &[u8]) -> std::result::Result<NpyArray, String> {
             "unsupported dtype {other:?}: expected float32 ('<f4') or bool ('|b1')"
         )),
     }
-}
-
-/// The raw text of `'key': value` in a Python dict literal (values here have no
-/// nested commas except inside the shape's parentheses).
-fn dict_value<'h>(header: &'h str, key: &str) -> Option<&'h str> {
-    let at = header.find(&format!("'{key}'"))?;
-    let rest = header[at + key.len() + 2..]
-        .trim_start()
-        .strip_prefix(':')?
-        .trim_start();
-    let end = if rest.starts_with('(') {
-        rest.find(')')? + 1
-    } else {
-        rest.find([',', '}'])?
-    };
-    Some(rest[..end].trim())
-}
-
-fn parse_shape(s: &str) -> std::result::Result<Vec<usize>, String> {
-    let inner = s
-        .strip_prefix('(')
-        .and_then(|s| s.strip_suffix(')'))
-        .ok_or_else(|| format!("bad shape {s}"))?;
-    inner
-        .split(',')
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-        .map(|t| t.parse().map_err(|_| format!("bad shape {s}")))
-        .collect()
 }
 
 #[cfg(test)]

@@ -133,6 +133,7 @@ impl SafeTensors {
             }
             tensors.insert(name, info);
         }
+        check_layout(&tensors, data_len).map_err(bad)?;
         Ok(SafeTensors {
             origin: origin.to_string(),
             bytes,
@@ -194,6 +195,37 @@ impl SafeTensors {
             }
         };
         Ok(ArrayD::from_shape_vec(IxDyn(&info.shape), values).expect("size checked on open"))
+    }
+
+    /// Refuses a floating-point tensor `name` that holds a NaN or an infinity,
+    /// naming the file, the tensor and the first such element. Reads the stored
+    /// bits, without converting or allocating.
+    pub fn check_finite(&self, name: &str) -> Result<()> {
+        let Some(info) = self.tensors.get(name) else {
+            return Ok(());
+        };
+        let (begin, end) = info.data_offsets;
+        let raw = &self.bytes[self.data_start + begin..self.data_start + end];
+        // An IEEE value is non-finite exactly when its exponent bits are all ones.
+        let (width, exponent): (usize, u64) = match info.dtype.as_str() {
+            "F64" => (8, 0x7ff0_0000_0000_0000),
+            "F32" => (4, 0x7f80_0000),
+            "F16" => (2, 0x7c00),
+            "BF16" => (2, 0x7f80),
+            _ => return Ok(()),
+        };
+        let bad = raw.chunks_exact(width).position(|c| {
+            let mut bits = [0u8; 8];
+            bits[..width].copy_from_slice(c);
+            u64::from_le_bytes(bits) & exponent == exponent
+        });
+        match bad {
+            None => Ok(()),
+            Some(i) => Err(Error::value(format!(
+                "{}: tensor {name:?} holds a NaN or infinite value (flat element {i})",
+                self.origin
+            ))),
+        }
     }
 
     /// The `f32` tensor `name`, which must have exactly `shape`.
@@ -259,9 +291,18 @@ fn parse_info(name: &str, entry: &serde_json::Value) -> std::result::Result<Tens
         .filter(|o| o.len() == 2)
         .and_then(|o| Some((o[0].as_u64()? as usize, o[1].as_u64()? as usize)))
         .ok_or_else(|| format!("tensor {name:?} has no \"data_offsets\" pair"))?;
+    // ndarray (like NumPy) bounds the product of the non-zero axes, so that a view
+    // of an empty axis stays valid; a [0, 2^40, 2^40] tensor holds nothing but is
+    // still not a shape any array can take.
     let numel = shape
         .iter()
         .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .filter(|_| {
+            shape
+                .iter()
+                .try_fold(1usize, |acc, &d| acc.checked_mul(d.max(1)))
+                .is_some_and(|n| n <= isize::MAX as usize)
+        })
         .ok_or_else(|| format!("tensor {name:?} has a shape {shape:?} too large to hold"))?;
     let (begin, end) = offsets;
     if begin > end || end - begin != numel.saturating_mul(size) {
@@ -275,6 +316,40 @@ fn parse_info(name: &str, entry: &serde_json::Value) -> std::result::Result<Tens
         shape,
         data_offsets: offsets,
     })
+}
+
+/// The data section must be the tensors' bytes back to back, as the format's own
+/// reader demands: a byte read by two tensors, or one no tensor owns (a gap or
+/// trailing data), means the header does not describe the file.
+fn check_layout(
+    tensors: &BTreeMap<String, TensorInfo>,
+    data_len: usize,
+) -> std::result::Result<(), String> {
+    let mut spans: Vec<(usize, usize, &str)> = tensors
+        .iter()
+        .map(|(name, t)| (t.data_offsets.0, t.data_offsets.1, name.as_str()))
+        .collect();
+    spans.sort_unstable();
+    let mut at = 0;
+    let mut previous = None;
+    for (begin, end, name) in spans {
+        if begin != at {
+            return Err(match previous {
+                Some(p) if begin < at => format!(
+                    "tensors {p:?} and {name:?} overlap (data_offsets {begin}..{end} start before byte {at})"
+                ),
+                _ => format!("data bytes {at}..{begin} belong to no tensor (before {name:?})"),
+            });
+        }
+        at = end;
+        previous = Some(name);
+    }
+    if at != data_len {
+        return Err(format!(
+            "the data section holds {data_len} bytes but the tensors cover only {at} (trailing data)"
+        ));
+    }
+    Ok(())
 }
 
 /// The bytes of a safetensors file holding `tensors` (as `F32`) and `metadata`.

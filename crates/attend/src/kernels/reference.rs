@@ -73,7 +73,7 @@ pub fn run(p: &Problem<'_>) -> AttentionTrace {
 
 /// `log Σ exp(x)`, −∞ for an empty or all −∞ sequence.
 pub(crate) fn log_sum_exp(xs: impl Iterator<Item = f64> + Clone) -> f64 {
-    let max = xs.clone().fold(f64::NEG_INFINITY, f64::max);
+    let max = xs.clone().fold(f64::NEG_INFINITY, crate::kernels::nan_max);
     if max == f64::NEG_INFINITY {
         return f64::NEG_INFINITY;
     }
@@ -83,7 +83,10 @@ pub(crate) fn log_sum_exp(xs: impl Iterator<Item = f64> + Clone) -> f64 {
 /// Row-wise softmax; a row that is entirely −∞ (fully masked) becomes zeros.
 pub(crate) fn softmax_rows(mut x: Array2<f64>) -> Array2<f64> {
     for mut row in x.rows_mut() {
-        let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let max = row
+            .iter()
+            .copied()
+            .fold(f64::NEG_INFINITY, crate::kernels::nan_max);
         if max == f64::NEG_INFINITY {
             row.fill(0.0);
             continue;

@@ -128,7 +128,16 @@ impl BertModel {
         }
         let config = BertConfig::from_file(dir.join("config.json"))?;
         let weights = SafeTensors::open(dir.join("model.safetensors"))?;
-        Self::from_safetensors(config, &weights)
+        // Some checks (a LayerNorm's, the attention module's) know the tensor but
+        // not the file: every error of the model file names it.
+        Self::from_safetensors(config, &weights).map_err(|e| {
+            let message = e.to_string();
+            if message.starts_with(weights.origin()) {
+                e
+            } else {
+                Error::format(format!("{}: {message}", weights.origin()))
+            }
+        })
     }
 
     /// Builds the model from Hugging Face tensor names (with or without a `bert.`
@@ -144,13 +153,20 @@ impl BertModel {
                 file.origin()
             )));
         };
+        // NaN or infinite weights would give NaN embeddings that look like results.
+        let used = [format!("{root}embeddings."), format!("{root}encoder.")];
+        for name in file.names() {
+            if used.iter().any(|p| name.starts_with(p.as_str())) {
+                file.check_finite(name)?;
+            }
+        }
         let d = config.hidden_size;
         let eps = config.layer_norm_eps;
         let matrix = |name: &str, rows: usize, cols: usize| -> Result<Array2<f32>> {
             let full = format!("{root}{name}");
             file.tensor_shaped(&full, &[rows, cols])?
                 .into_dimensionality()
-                .map_err(|_| Error::shape(format!("{full}: expected two axes")))
+                .map_err(|_| Error::shape(format!("{}: {full}: expected two axes", file.origin())))
         };
         let norm = |prefix: &str| -> Result<LayerNorm> {
             // Old checkpoints call the LayerNorm parameters gamma and beta.
@@ -195,7 +211,9 @@ impl BertModel {
             )?,
             norm: norm("embeddings.LayerNorm")?,
         };
-        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        // Grown layer by layer: the count comes from config.json, and reserving it up
+        // front would let a wrong count claim memory before a missing tensor is found.
+        let mut layers = Vec::new();
         for i in 0..config.num_hidden_layers {
             let p = format!("encoder.layer.{i}");
             let heads = config.num_attention_heads;

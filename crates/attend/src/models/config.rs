@@ -97,11 +97,17 @@ impl BertConfig {
         })?;
         let layer_norm_eps = match obj.get("layer_norm_eps") {
             None => 1e-12,
-            Some(e) => e.as_f64().filter(|e| *e >= 0.0).ok_or_else(|| {
-                Error::format(format!(
-                    "field \"layer_norm_eps\" must be a number ≥ 0, got {e}"
-                ))
-            })? as f32,
+            // Checked after the conversion: 1e300 is a fine f64 but an infinite f32,
+            // which would turn every normalised value into 0.
+            Some(e) => e
+                .as_f64()
+                .map(|e| e as f32)
+                .filter(|e| *e >= 0.0 && e.is_finite())
+                .ok_or_else(|| {
+                    Error::format(format!(
+                        "field \"layer_norm_eps\" must be a finite float32 number ≥ 0, got {e}"
+                    ))
+                })?,
         };
         let pad_token_id = match obj.get("pad_token_id") {
             None | Some(Value::Null) => 0,
@@ -189,6 +195,10 @@ mod tests {
             ),
             ("{".to_string(), "not valid JSON"),
             ("[]".to_string(), "not a JSON object"),
+            (
+                MINILM.replace("\"layer_norm_eps\": 1e-12", "\"layer_norm_eps\": 1e300"),
+                "\"layer_norm_eps\" must be a finite float32",
+            ),
         ];
         for (text, want) in cases {
             let err = BertConfig::from_json(&text).unwrap_err().to_string();

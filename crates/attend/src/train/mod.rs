@@ -287,6 +287,27 @@ impl Default for TrainConfig {
     }
 }
 
+impl TrainConfig {
+    /// A bound on the bytes a training step (or the 2000-sequence evaluation)
+    /// holds: activations and their gradients (about sixteen `[batch, len, d_model]`
+    /// and four `[batch, heads, len, len]` arrays) and the parameters with their
+    /// gradients and AdamW moments.
+    pub fn memory_bytes(&self) -> u128 {
+        let bytes = crate::limits::array_bytes;
+        let batch = self.batch.max(EVAL_SEQUENCES);
+        let activations = bytes(&[batch, self.len, self.d_model], 4)
+            .saturating_mul(16)
+            .saturating_add(bytes(&[batch, self.heads, self.len, self.len], 4).saturating_mul(4));
+        let params = bytes(&[self.d_model, self.d_model], 4)
+            .saturating_mul(4)
+            .saturating_add(bytes(&[self.len + DIGITS, self.d_model], 4));
+        activations.saturating_add(params.saturating_mul(4))
+    }
+}
+
+/// Sequences `attend train` evaluates the trained model on.
+pub const EVAL_SEQUENCES: usize = 2000;
+
 /// Trains a [`Reverser`]; `on_step(step, loss)` is called after every step.
 /// Returns the model and the loss of every step.
 pub fn train(
@@ -296,11 +317,17 @@ pub fn train(
     if config.steps == 0 || config.batch == 0 {
         return Err(Error::value("steps and batch must be at least 1"));
     }
+    crate::limits::check_memory(
+        "--batch × --len × --d-model × --heads",
+        config.memory_bytes(),
+    )?;
     Dropout::new(config.dropout, 0)?;
     let mut opt = AdamW::new(config.lr)?;
     let mut gen = TorchGenerator::new(config.seed);
     let mut model = Reverser::new(config.len, config.d_model, config.heads, &mut gen)?;
-    let mut losses = Vec::with_capacity(config.steps);
+    // Grown step by step: reserving `steps` up front would let a huge step count
+    // claim memory before a single step has run.
+    let mut losses = Vec::new();
     for step in 0..config.steps {
         let (ids, targets) = reverse_batch(&mut gen, config.batch, config.len);
         let dropout = (config.dropout > 0.0)

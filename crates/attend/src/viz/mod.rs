@@ -175,7 +175,9 @@ impl AttentionMaps {
         let mut layers = Vec::with_capacity(j.layers.len());
         for (l, layer) in j.layers.into_iter().enumerate() {
             let heads = layer.len();
-            let mut flat = Vec::with_capacity(heads * tq * tk);
+            // Not reserved from the counts: heads × tq × tk may be far more than the
+            // document holds, and the rows below are checked as they come.
+            let mut flat = Vec::new();
             for (h, head) in layer.into_iter().enumerate() {
                 if head.len() != tq {
                     return Err(Error::shape(format!(

@@ -8,12 +8,18 @@ use std::path::Path;
 
 use super::colormap::{contrast, viridis};
 use super::AttentionMaps;
-use crate::{Error, Result};
+use crate::{limits, Error, Result};
 
 /// Pixels of one glyph at scale 1.
 const GLYPH: i32 = 8;
 /// Longest token label drawn in a picture (longer ones end in `..`).
 const MAX_LABEL: usize = 12;
+/// Longest title drawn (longer ones end in `..`): a title is one line, and a long
+/// sentence in it would otherwise widen the canvas without bound.
+const MAX_TITLE: usize = 100;
+/// The largest canvas drawn, in pixels (3 bytes each in the PNG rasteriser): beyond
+/// it, cells would be thinner than a pixel or the picture larger than any screen.
+const MAX_PIXELS: i64 = 1 << 26;
 
 /// Writes the heads of `layer` as a heatmap picture; the format follows the
 /// extension of `path`: `.svg` or `.png`.
@@ -96,18 +102,29 @@ struct Scene {
 const INK: [u8; 3] = [34, 34, 34];
 const GREY: [u8; 3] = [110, 110, 110];
 
-fn label(s: &str) -> String {
+/// `s` on one line, at most `max` characters (longer ones end in `..`).
+fn shorten(s: &str, max: usize) -> String {
     let s: String = s
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect();
-    if s.chars().count() <= MAX_LABEL {
+    if s.chars().count() <= max {
         s
     } else {
-        let mut t: String = s.chars().take(MAX_LABEL - 2).collect();
+        let mut t: String = s.chars().take(max - 2).collect();
         t.push_str("..");
         t
     }
+}
+
+fn label(s: &str) -> String {
+    shorten(s, MAX_LABEL)
+}
+
+fn too_large(heads: usize, tq: usize, tk: usize) -> Error {
+    Error::value(format!(
+        "a heatmap of {heads} heads of {tq} × {tk} tokens is too large to draw (at most {MAX_PIXELS} pixels); pick fewer tokens or view it as --html"
+    ))
 }
 
 fn text_width(s: &str, scale: i32) -> i32 {
@@ -130,6 +147,11 @@ fn layout(maps: &AttentionMaps, layer: usize) -> Result<Scene> {
     maps.check_layer(layer)?;
     let w = &maps.layers[layer];
     let (heads, tq, tk) = w.dim();
+    // Every cell is at least a pixel: refuse before any size is computed in i32.
+    let cells = limits::array_bytes(&[heads, tq, tk], 1);
+    if cells > MAX_PIXELS as u128 {
+        return Err(too_large(heads, tq, tk));
+    }
     let t = tq.max(tk) as i32;
     let (lo, hi) = super::range_of(w.iter().copied());
 
@@ -165,11 +187,16 @@ fn layout(maps: &AttentionMaps, layer: usize) -> Result<Scene> {
     let title = if maps.title.is_empty() {
         format!("attention, layer {layer}")
     } else {
-        format!("{}, layer {layer}", maps.title)
+        format!("{}, layer {layer}", shorten(&maps.title, MAX_TITLE))
     };
-    let width = (margin * 2 + grid_c as i32 * panel_w + bar_w + tick_w + 8)
-        .max(margin * 2 + text_width(&title, 2));
-    let height = margin * 2 + title_h + grid_r as i32 * panel_h;
+    // In i64: panels repeat per head, and many small heads can still overflow i32.
+    let width = (2 * margin as i64 + grid_c as i64 * panel_w as i64 + (bar_w + tick_w + 8) as i64)
+        .max((margin * 2 + text_width(&title, 2)) as i64);
+    let height = 2 * margin as i64 + title_h as i64 + grid_r as i64 * panel_h as i64;
+    if width.saturating_mul(height) > MAX_PIXELS {
+        return Err(too_large(heads, tq, tk));
+    }
+    let (width, height) = (width as i32, height as i32);
 
     let mut items = Vec::new();
     items.push(Item::Text {

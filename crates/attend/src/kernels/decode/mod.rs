@@ -190,7 +190,7 @@ pub fn run(p: &Problem<'_>, span: KeySpan, isa: Isa) -> (Array4<f32>, Array3<f32
                 let mmax = parts
                     .clone()
                     .map(|pt| pt[r])
-                    .fold(f32::NEG_INFINITY, f32::max);
+                    .fold(f32::NEG_INFINITY, crate::kernels::nan_max);
                 if mmax == f32::NEG_INFINITY {
                     continue; // fully masked: zeros and −∞, as initialised
                 }
