@@ -10,6 +10,7 @@ use ndarray::{Array2, Array3};
 
 use crate::flags;
 use crate::json_input::parse_array;
+use crate::sdpa::parse_window;
 
 /// The flags that describe a notebook experiment (the names are a contract; see
 /// the README). Shared by `explain` and `view`.
@@ -92,6 +93,9 @@ pub struct ExperimentArgs {
     /// Query i sees keys j ≤ i.
     #[arg(long)]
     causal: bool,
+    /// Sliding window LEFT,RIGHT: query i sees keys i − LEFT to i + RIGHT.
+    #[arg(long, value_name = "LEFT,RIGHT")]
+    window: Option<String>,
     /// Mask keys whose token id is --padding-idx.
     #[arg(long, requires = "padding_idx")]
     mask_padding: bool,
@@ -106,7 +110,7 @@ pub struct ExperimentArgs {
 /// The flags that build the attention module or shape its computation: a model
 /// that comes whole (`--trained`, `--model`) has its own, so these are refused
 /// with it rather than ignored.
-pub const MODULE_FLAGS: [&str; 17] = [
+pub const MODULE_FLAGS: [&str; 18] = [
     "wq",
     "init",
     "d_out",
@@ -117,6 +121,7 @@ pub const MODULE_FLAGS: [&str; 17] = [
     "bias",
     "out_proj",
     "causal",
+    "window",
     "scale",
     "softmax_dim",
     "seed",
@@ -202,6 +207,7 @@ pub fn experiment(args: &ExperimentArgs) -> Result<Experiment, Error> {
         skip_draws: args.skip_draws,
         weights,
         causal: args.causal,
+        window: args.window.as_deref().map(parse_window).transpose()?,
         mask_padding: args.mask_padding,
         softmax_axis: match args.softmax_dim {
             SoftmaxArg::Keys => SoftmaxAxis::Keys,
@@ -334,6 +340,7 @@ fn trained_experiment(path: &std::path::Path, digits: &str) -> Result<Experiment
         skip_draws: 0,
         weights: Weights::Module(Box::new(model.attention)),
         causal: false,
+        window: None,
         mask_padding: false,
         softmax_axis: SoftmaxAxis::Keys,
         scale: None,

@@ -1,6 +1,6 @@
 //! `attend explain`: one attention computation, step by step, as the notebooks
 //! print it, with its weights as terminal heatmaps; or every intermediate as one
-//! JSON object.
+//! JSON object; or the walkthrough as one HTML page with linked cells.
 
 use std::path::PathBuf;
 
@@ -33,6 +33,10 @@ pub struct Args {
     /// Also write the attention weights as a picture: FILE.svg or FILE.png.
     #[arg(long, value_name = "FILE")]
     heatmap: Option<PathBuf>,
+    /// Write the walkthrough as one self-contained HTML page (every number linked
+    /// to the numbers it is computed from) instead of printing it.
+    #[arg(long, value_name = "FILE.html", conflicts_with = "format")]
+    html: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -43,7 +47,10 @@ enum Format {
 
 /// Runs `attend explain`.
 pub fn run(args: Args) -> Result<(), Error> {
-    let outputs = Outputs::new(&[("--heatmap", args.heatmap.as_deref())])?;
+    let outputs = Outputs::new(&[
+        ("--heatmap", args.heatmap.as_deref()),
+        ("--html", args.html.as_deref()),
+    ])?;
     if let Some(run) = args.model.run()? {
         return explain_model(&args, &run, outputs);
     }
@@ -51,6 +58,10 @@ pub fn run(args: Args) -> Result<(), Error> {
     let ex = experiment::run(&exp)?;
     let maps = attention_maps(&ex)?;
     outputs.write("--heatmap", |path| viz::write_heatmap(&maps, 0, path))?;
+    if let Some(html) = &args.html {
+        let page = walkthrough::experiment_page(&ex, &exp, "attend explain")?;
+        return write_page(outputs, html, &page);
+    }
     outputs.commit()?;
     match args.format {
         Format::Json => println!("{}", ex.to_json()),
@@ -86,8 +97,13 @@ fn explain_model(args: &Args, run: &ModelRun, outputs: Outputs) -> Result<(), Er
     let t = run.trace.head(layer, head)?;
     let maps = run.maps()?;
     outputs.write("--heatmap", |path| viz::write_heatmap(&maps, layer, path))?;
+    let steps = walkthrough::head_steps(t, &run.encoder.model.layers[layer].attention, head);
+    if let Some(html) = &args.html {
+        let title = format!("{}, layer {layer}, head {head}", run.title);
+        let page = walkthrough::head_page(&steps, &run.trace.tokens, &title)?;
+        return write_page(outputs, html, &page);
+    }
     outputs.commit()?;
-    let steps = walkthrough::head_steps(t);
     match args.format {
         Format::Json => {
             let mut obj = serde_json::Map::new();
@@ -95,13 +111,20 @@ fn explain_model(args: &Args, run: &ModelRun, outputs: Outputs) -> Result<(), Er
             obj.insert("layer".into(), layer.into());
             obj.insert("head".into(), head.into());
             for s in &steps {
-                let rows = s.value.view().into_dimensionality().expect("2-D steps");
-                let rows: ndarray::ArrayView2<f32> = rows;
+                // Matrices, and the biases as matrices of one row, then unwrapped.
+                let vector = s.value.ndim() == 1;
+                let rows = match vector {
+                    true => s.value.view().insert_axis(ndarray::Axis(0)),
+                    false => s.value.view(),
+                };
+                let rows: ndarray::ArrayView2<f32> =
+                    rows.into_dimensionality().expect("1-D and 2-D steps");
                 let json = crate::model_dir::json_matrix(rows.rows());
-                obj.insert(
-                    s.key.into(),
-                    serde_json::from_str(&json).expect("valid JSON"),
-                );
+                let mut value: serde_json::Value = serde_json::from_str(&json).expect("valid JSON");
+                if vector {
+                    value = value[0].take();
+                }
+                obj.insert(s.key.into(), value);
             }
             println!("{}", serde_json::Value::Object(obj));
         }
@@ -124,5 +147,15 @@ fn explain_model(args: &Args, run: &ModelRun, outputs: Outputs) -> Result<(), Er
             );
         }
     }
+    Ok(())
+}
+
+/// Writes `--html`'s page, puts every output in place and says where the page is.
+fn write_page(outputs: Outputs, html: &std::path::Path, page: &str) -> Result<(), Error> {
+    outputs.write("--html", |path| {
+        std::fs::write(path, page).map_err(|e| Error::io(path, e))
+    })?;
+    outputs.commit()?;
+    eprintln!("wrote {}", html.display());
     Ok(())
 }

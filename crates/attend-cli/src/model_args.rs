@@ -25,6 +25,8 @@ pub struct ModelArgs {
 
 /// A model's trace of one text.
 pub struct ModelRun {
+    /// The model (its weights are part of the walkthrough).
+    pub encoder: SentenceEncoder,
     /// Every intermediate.
     pub trace: SentenceTrace,
     /// "model name — text", for titles.
@@ -37,11 +39,13 @@ impl ModelArgs {
         let (Some(dir), Some(text)) = (&self.model, &self.text) else {
             return Ok(None);
         };
-        let trace = SentenceEncoder::load(dir)?.trace(text)?;
+        let encoder = SentenceEncoder::load(dir)?;
+        let trace = encoder.trace(text)?;
         for w in &trace.warnings {
             eprintln!("warning: {w}");
         }
         Ok(Some(ModelRun {
+            encoder,
             trace,
             title: format!("{} — {text}", model_name(dir)),
         }))

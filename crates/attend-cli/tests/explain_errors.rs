@@ -172,6 +172,21 @@ fn cases() -> Vec<(&'static str, Vec<&'static str>, Vec<&'static str>)> {
             vec!["--input", X, "--heatmap", "/nonexistent/dir/w.svg"],
             vec!["/nonexistent/dir/w.svg"],
         ),
+        (
+            "a window that is not LEFT,RIGHT",
+            vec!["--input", X, "--window", "1"],
+            vec!["--window", "LEFT,RIGHT"],
+        ),
+        (
+            "--html with --format",
+            vec!["--input", X, "--format", "json", "--html", "page.html"],
+            vec!["--format", "--html"],
+        ),
+        (
+            "--html into a directory that does not exist",
+            vec!["--input", X, "--html", "/nonexistent-dir/page.html"],
+            vec!["/nonexistent-dir/page.html", "does not exist"],
+        ),
     ]
 }
 

@@ -2,24 +2,12 @@
 //! scripts/fetch-model into $ATTEND_MODEL_DIR or ~/.cache/attend/all-minilm-l6-v2;
 //! these tests fail when it is missing).
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use serde_json::Value;
 
-fn model_dir() -> PathBuf {
-    let dir = std::env::var_os("ATTEND_MODEL_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/attend/all-minilm-l6-v2")
-        });
-    assert!(
-        dir.join("model.safetensors").is_file(),
-        "all-MiniLM-L6-v2 is not at {}: run scripts/fetch-model (or set ATTEND_MODEL_DIR)",
-        dir.display()
-    );
-    dir
-}
+mod common;
+use common::model_dir;
 
 fn attend(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_attend"))
@@ -206,7 +194,7 @@ fn explain_walks_through_a_real_head_and_matches_transformers() {
     ]);
     assert_eq!(code, 0, "{err}");
     assert!(
-        out.contains("Step 7. weights = softmax(scaled)") && out.contains("[CLS]"),
+        out.contains("Step 13. weights = softmax(scaled)") && out.contains("[CLS]"),
         "{out}"
     );
 

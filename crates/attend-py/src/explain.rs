@@ -23,6 +23,8 @@ use crate::pool;
 pub struct Walkthrough {
     steps: Vec<Step>,
     text: String,
+    /// The walkthrough page, made with the steps (it is what Jupyter shows).
+    page: String,
     maps: AttentionMaps,
     layer: usize,
 }
@@ -61,6 +63,12 @@ impl Walkthrough {
     /// The self-contained HTML attention view (head view, model view, heatmaps).
     fn html(&self) -> PyResult<String> {
         html_view(&self.maps).map_err(crate::errors::to_py)
+    }
+
+    /// The walkthrough as one self-contained HTML page, every number linked to the
+    /// numbers it is made of (what `attend explain --html` writes).
+    fn page(&self) -> &str {
+        &self.page
     }
 }
 
@@ -178,7 +186,7 @@ fn given(
 #[pyo3(signature = (*, input=None, sentence=None, tokens=None, vocab_size=None, embed_dim=None,
     padding_idx=None, seed=None, reseed=None, skip_draws=0, init="linear", wq=None, wk=None,
     wv=None, d_out=None, d_k=None, d_v=None, heads=1, qkv="separate", bias=false,
-    out_proj=false, causal=false, mask_padding=false, softmax_dim="keys", scale=None))]
+    out_proj=false, causal=false, window=None, mask_padding=false, softmax_dim="keys", scale=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn explain_experiment(
     py: Python<'_>,
@@ -203,6 +211,7 @@ pub fn explain_experiment(
     bias: bool,
     out_proj: bool,
     causal: bool,
+    window: Option<(usize, usize)>,
     mask_padding: bool,
     softmax_dim: &str,
     scale: Option<f32>,
@@ -245,6 +254,7 @@ pub fn explain_experiment(
         skip_draws,
         weights,
         causal,
+        window,
         mask_padding,
         softmax_axis: choose("softmax_dim", softmax_dim, &AXES).map_err(err)?,
         scale,
@@ -263,6 +273,7 @@ pub fn explain_experiment(
         let text =
             walkthrough::render(&steps) + &walkthrough::heatmaps(&maps, 0, ColorMode::Plain)?;
         Ok(Walkthrough {
+            page: walkthrough::experiment_page(&ex, &exp, "attend.explain")?,
             steps,
             text,
             maps,
@@ -282,21 +293,28 @@ pub fn explain_model(
     head: usize,
 ) -> PyResult<Walkthrough> {
     pool::run(py, 1, || {
-        let trace = SentenceEncoder::load(&model)?.trace(&text)?;
+        let encoder = SentenceEncoder::load(&model)?;
+        let trace = encoder.trace(&text)?;
         let name = model
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| model.display().to_string());
         let title = format!("{name} — {text}");
         let maps = trace.attention_maps(&title)?;
-        let steps = walkthrough::head_steps(trace.head(layer, head)?);
+        let steps = walkthrough::head_steps(
+            trace.head(layer, head)?,
+            &encoder.model.layers[layer].attention,
+            head,
+        );
         let mut out = format!(
             "{title}, layer {layer}, head {head}\ntokens: {:?}\n\n",
             trace.tokens
         );
         out.push_str(&walkthrough::render(&steps));
         out.push_str(&walkthrough::heatmaps(&maps, layer, ColorMode::Plain)?);
+        let page_title = format!("{title}, layer {layer}, head {head}");
         Ok(Walkthrough {
+            page: walkthrough::head_page(&steps, &trace.tokens, &page_title)?,
             steps,
             text: out,
             maps,

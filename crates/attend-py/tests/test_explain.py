@@ -3,8 +3,10 @@ command line's own walkthrough, and on a real model's head."""
 
 from __future__ import annotations
 
+import html
 import json
 import math
+import re
 import subprocess
 
 import numpy as np
@@ -121,3 +123,29 @@ def test_bad_arguments(kw, exc, text):
     with pytest.raises(exc) as info:
         attend.explain(**kw)
     assert text in str(info.value) and "\n" not in str(info.value)
+
+
+def test_jupyter_shows_the_walkthrough_page_with_the_steps_numbers():
+    ex = attend.explain(tokens="1,2,0,0;1,2,3,4", vocab_size=5, embed_dim=4, padding_idx=0, seed=2,
+                        skip_draws=48, qkv="fused-interleaved", heads=2, d_out=4, mask_padding=True)
+    page = ex.page()
+    assert "http://" not in page and "https://" not in page
+    found = re.search(r'<script id="attend-data" type="application/json">(.*?)</script>', page, re.S)
+    steps = {s["key"]: s for s in json.loads(found.group(1))["steps"]}
+    assert list(steps) == [key for key, _, _ in ex.steps]
+    for key, step in steps.items():
+        values = np.array([np.nan if v is None else v for v in step["data"]], dtype=np.float32)
+        expected = ex.arrays[key].ravel()
+        # The same f32 values; masked scores (-inf) are null in the page as in the JSON.
+        assert np.array_equal(values, np.where(np.isfinite(expected), expected, np.nan), equal_nan=True), key
+    assert html.escape(page, quote=True) in ex._repr_html_()
+
+
+def test_window_masks_keys_outside_it_as_the_command_line_does():
+    ex = attend.explain(input=[[1, 0], [0, 1], [1, 1], [2, 1]], seed=1, window=(1, 0))
+    i, j = np.indices((4, 4))
+    # Query i sees keys i - 1 and i.
+    assert np.array_equal(np.isinf(ex.scaled[0, 0]), (j > i) | (j < i - 1))
+    cli = subprocess.run([str(ATTEND), "explain", "--input", "[[1,0],[0,1],[1,1],[2,1]]", "--seed", "1",
+                          "--window", "1,0", "--format", "json"], capture_output=True, text=True, check=True)
+    assert np.array_equal(np.array(json.loads(cli.stdout)["weights"], dtype=np.float32), ex.weights)

@@ -92,6 +92,8 @@ pub struct Experiment {
     pub weights: Weights,
     /// Causal masking (top-left; queries and keys are the same tokens here).
     pub causal: bool,
+    /// Sliding window `(left, right)`: query `i` sees keys `i − left ..= i + right`.
+    pub window: Option<(usize, usize)>,
     /// Mask keys whose token id is the padding id.
     pub mask_padding: bool,
     /// Softmax over keys or over queries.
@@ -113,6 +115,8 @@ pub struct Explanation {
     pub module: MultiHeadAttention,
     /// Every intermediate.
     pub trace: ModuleTrace,
+    /// `[B, T]`, true where a key was masked as padding (with `mask_padding`).
+    pub key_padding: Option<Array2<bool>>,
 }
 
 /// The total query/key and value widths `(d_k, d_v)` that `explain`'s width flags
@@ -170,9 +174,9 @@ pub fn run(exp: &Experiment) -> Result<Explanation> {
             heads,
         } => initialisers::from_given(w_q.clone(), w_k.clone(), w_v.clone(), *heads)?,
     };
-    let key_padding = match (exp.mask_padding, &padding) {
+    let key_padding = match (exp.mask_padding, padding) {
         (false, _) => None,
-        (true, Some(p)) => Some(p.view()),
+        (true, Some(p)) => Some(p),
         (true, None) => {
             return Err(Error::value(
                 "--mask-padding needs --tokens with --padding-idx",
@@ -182,7 +186,8 @@ pub fn run(exp: &Experiment) -> Result<Explanation> {
     let opts = AttentionOptions {
         scale: exp.scale,
         causal: exp.causal.then_some(Causal::TopLeft),
-        key_padding,
+        window: exp.window,
+        key_padding: key_padding.as_ref().map(|p| p.view()),
         softmax_axis: exp.softmax_axis,
         ..Default::default()
     };
@@ -193,6 +198,7 @@ pub fn run(exp: &Experiment) -> Result<Explanation> {
         x,
         module,
         trace,
+        key_padding,
     })
 }
 
@@ -349,9 +355,14 @@ impl Explanation {
 
     /// A label per position of batch row 0: the word, else the token id, else `x[t]`.
     pub fn labels(&self) -> Vec<String> {
+        self.row_labels(0)
+    }
+
+    /// A label per position of batch row `b` (see [`labels`](Self::labels)).
+    pub fn row_labels(&self, b: usize) -> Vec<String> {
         match (&self.words, &self.ids) {
             (Some(words), _) => words.clone(),
-            (None, Some(ids)) => ids.row(0).iter().map(|id| id.to_string()).collect(),
+            (None, Some(ids)) => ids.row(b).iter().map(|id| id.to_string()).collect(),
             (None, None) => (0..self.x.dim().1).map(|t| format!("x[{t}]")).collect(),
         }
     }

@@ -1,14 +1,20 @@
 //! The step-by-step walkthrough of `explain`: every intermediate with its name and
-//! a title, printed the way PyTorch prints tensors. The command line prints it; the
-//! Python package returns its steps as arrays and its text as `str()`.
+//! a title, printed the way PyTorch prints tensors. The command line prints it (or
+//! writes it as a page, [`experiment_page`] and [`head_page`]); the Python package
+//! returns its steps as arrays, its text as `str()` and the same page.
 
-use ndarray::ArrayD;
+use ndarray::{s, Array3, ArrayD};
 
 use crate::attention::SoftmaxAxis;
-use crate::experiment::{Experiment, Explanation};
+use crate::experiment::{Experiment, Explanation, Weights};
 use crate::models::HeadTrace;
+use crate::nn::initialisers::{AttentionSpec, WeightInit};
+use crate::nn::MultiHeadAttention;
 use crate::print::format_tensor;
-use crate::viz::{terminal_heatmap, AttentionMaps, ColorMode};
+use crate::viz::{
+    terminal_heatmap, walkthrough_page, AttentionMaps, ColorMode, PageContext, MASK_CAUSAL,
+    MASK_PADDING, MASK_WINDOW,
+};
 use crate::Result;
 
 /// One intermediate of a walkthrough.
@@ -72,7 +78,7 @@ pub fn experiment_steps(ex: &Explanation, exp: &Experiment) -> Vec<Step> {
         "scores = q kᵀ",
         t.attention.scores.clone().into_dyn(),
     ));
-    let scale = exp.scale.unwrap_or(1.0 / (m.head_dim() as f32).sqrt());
+    let scale = experiment_scale(ex, exp);
     steps.push(step(
         "scaled",
         format!("scaled = scores × {scale:.4} (masked entries -inf)"),
@@ -94,6 +100,9 @@ pub fn experiment_steps(ex: &Explanation, exp: &Experiment) -> Vec<Step> {
     ));
     if let (Some(o), Some(proj)) = (&t.output, &m.out_proj) {
         steps.push(step("w_o", "W_o [out, in]", proj.weight.clone().into_dyn()));
+        if let Some(b) = &proj.bias {
+            steps.push(step("b_o", "b_o", b.clone().into_dyn()));
+        }
         steps.push(step(
             "output",
             "output = context W_oᵀ + b_o",
@@ -103,14 +112,99 @@ pub fn experiment_steps(ex: &Explanation, exp: &Experiment) -> Vec<Step> {
     steps
 }
 
-/// The steps of one head of a real model: the layer's input to the head's context.
-pub fn head_steps(t: HeadTrace) -> Vec<Step> {
-    vec![
-        step(
-            "x",
-            "x: the layer's input (hidden states)",
-            t.input.into_dyn(),
+/// The factor the experiment's scores were multiplied by.
+fn experiment_scale(ex: &Explanation, exp: &Experiment) -> f32 {
+    exp.scale
+        .unwrap_or(1.0 / (ex.module.head_dim() as f32).sqrt())
+}
+
+/// The walkthrough of a notebook experiment as one self-contained HTML page
+/// (see [`walkthrough_page`]).
+pub fn experiment_page(ex: &Explanation, exp: &Experiment, title: &str) -> Result<String> {
+    let (b, t) = (ex.x.dim().0, ex.x.dim().1);
+    let masked = exp.causal || exp.window.is_some() || ex.key_padding.is_some();
+    let mask_reasons = masked.then(|| {
+        Array3::from_shape_fn((b, t, t), |(b, i, j)| {
+            let padding = ex.key_padding.as_ref().is_some_and(|p| p[[b, j]]);
+            let causal = exp.causal && j > i;
+            // Queries and keys are the same tokens: both alignments agree.
+            let window = exp.window.is_some_and(|(l, r)| j + l < i || j > i + r);
+            u8::from(padding) * MASK_PADDING
+                + u8::from(causal) * MASK_CAUSAL
+                + u8::from(window) * MASK_WINDOW
+        })
+    });
+    let ctx = PageContext {
+        title: title.to_owned(),
+        labels: (0..b).map(|row| ex.row_labels(row)).collect(),
+        scale: experiment_scale(ex, exp),
+        softmax_axis: exp.softmax_axis,
+        // Notebook 003 writes `nn.Parameter(torch.rand(d_in, d_out))`, used as `x @ W`.
+        weights_in_out: matches!(
+            &exp.weights,
+            Weights::Given { .. }
+                | Weights::Init(AttentionSpec {
+                    init: WeightInit::UniformInOut,
+                    ..
+                })
         ),
+        mask_reasons,
+    };
+    walkthrough_page(&experiment_steps(ex, exp), &ctx)
+}
+
+/// The walkthrough of one head of a real model (the steps of [`head_steps`]) as one
+/// self-contained HTML page; `tokens` label the positions.
+pub fn head_page(steps: &[Step], tokens: &[String], title: &str) -> Result<String> {
+    let head_dim = steps
+        .iter()
+        .find(|s| s.key == "q")
+        .and_then(|s| s.value.shape().last().copied())
+        .unwrap_or(1);
+    let ctx = PageContext {
+        title: title.to_owned(),
+        labels: vec![tokens.to_vec()],
+        // BERT scales by 1/√d_head and masks nothing in a single text.
+        scale: 1.0 / (head_dim as f32).sqrt(),
+        softmax_axis: SoftmaxAxis::Keys,
+        weights_in_out: false,
+        mask_reasons: None,
+    };
+    walkthrough_page(steps, &ctx)
+}
+
+/// The steps of one head of a real model: the layer's input, this head's rows of the
+/// projections of `attention` (the layer's module), and on to the head's context.
+pub fn head_steps(t: HeadTrace, attention: &MultiHeadAttention, head: usize) -> Vec<Step> {
+    let mut steps = vec![step(
+        "x",
+        "x: the layer's input (hidden states)",
+        t.input.into_dyn(),
+    )];
+    let (dk, dv) = (attention.head_dim(), attention.value_dim());
+    // K and V heads are shared by groups of query heads when kv_heads < heads.
+    let kv = head / (attention.heads / attention.kv_heads);
+    let projections = [
+        ("w_q", "b_q", &attention.q_proj, head * dk, dk),
+        ("w_k", "b_k", &attention.k_proj, kv * dk, dk),
+        ("w_v", "b_v", &attention.v_proj, kv * dv, dv),
+    ];
+    for (key, _, proj, start, width) in projections {
+        let rows = proj.weight.slice(s![start..start + width, ..]);
+        let title = format!("W_{} [out, in], this head's rows", &key[2..]);
+        steps.push(step(key, title, rows.to_owned().into_dyn()));
+    }
+    for (_, key, proj, start, width) in projections {
+        if let Some(b) = &proj.bias {
+            let part = b.slice(s![start..start + width]);
+            steps.push(step(
+                key,
+                format!("{key}, this head"),
+                part.to_owned().into_dyn(),
+            ));
+        }
+    }
+    steps.extend([
         step("q", "q = x W_qᵀ + b_q, this head", t.q.into_dyn()),
         step("k", "k = x W_kᵀ + b_k, this head", t.k.into_dyn()),
         step("v", "v = x W_vᵀ + b_v, this head", t.v.into_dyn()),
@@ -122,7 +216,8 @@ pub fn head_steps(t: HeadTrace) -> Vec<Step> {
             t.weights.into_dyn(),
         ),
         step("context", "context = weights v", t.output.into_dyn()),
-    ]
+    ]);
+    steps
 }
 
 /// `Step 1. title  shape [..]`, the tensor, a blank line; for every step.

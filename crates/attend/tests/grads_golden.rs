@@ -104,6 +104,7 @@ fn experiment_from_args(args: &[String]) -> Experiment {
             layout: QkvLayout::Separate,
         }),
         causal: false,
+        window: None,
         mask_padding: false,
         softmax_axis: Default::default(),
         scale: None,

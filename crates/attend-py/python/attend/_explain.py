@@ -19,7 +19,7 @@ class Explanation:
     Attributes are the steps' names (``x``, ``w_q``, ``q``, ``k``, ``v``, ``scores``,
     ``scaled``, ``weights``, ``context``, …) as NumPy arrays; ``str()`` is the
     PyTorch-style walkthrough ``attend explain`` prints; in Jupyter the object shows
-    the heatmaps and the interactive head view.
+    the heatmaps and the walkthrough page (:meth:`page`).
     """
 
     def __init__(self, walkthrough: Any) -> None:
@@ -51,14 +51,19 @@ class Explanation:
         """The self-contained HTML attention view (save it, or open it in a browser)."""
         return self._walkthrough.html()
 
+    def page(self) -> str:
+        """The walkthrough as one self-contained HTML page, every number linked to the
+        numbers it is made of (what ``attend explain --html`` writes)."""
+        return self._walkthrough.page()
+
     def _repr_html_(self) -> str:
-        # The view is a whole page with its own script and styles: an iframe keeps
-        # them from touching the notebook's.
-        page = html.escape(self.html(), quote=True)
+        # The page has its own script and styles: an iframe keeps them from touching
+        # the notebook's.
+        page = html.escape(self.page(), quote=True)
         return (
             f'<div class="attend-explanation">{self.svg()}'
-            f'<iframe srcdoc="{page}" style="width:100%;height:640px;border:0" '
-            f'title="attend attention view"></iframe></div>'
+            f'<iframe srcdoc="{page}" style="width:100%;height:760px;border:0" '
+            f'title="attend explain walkthrough"></iframe></div>'
         )
 
 
@@ -119,7 +124,7 @@ def explain(
 
     Flags: input, sentence, tokens, vocab_size, embed_dim, padding_idx, seed, reseed,
     skip_draws, init, wq/wk/wv, d_out, d_k, d_v, heads, qkv, bias, out_proj, causal,
-    mask_padding, softmax_dim, scale.
+    window (``(left, right)``), mask_padding, softmax_dim, scale.
     """
     if model is not None:
         given = [k for k, v in (("input", input), ("sentence", sentence), ("tokens", tokens), ("wq", wq)) if v is not None]

@@ -134,11 +134,7 @@ pub fn html_view(maps: &AttentionMaps) -> Result<String> {
         },
         heatmap_above: HEATMAP_ABOVE,
     };
-    let json = serde_json::to_string(&data)
-        .map_err(|e| Error::format(format!("attention page data: {e}")))?
-        // `<` only occurs inside JSON strings, where `\u003c` means the same and
-        // cannot close the script element.
-        .replace('<', "\\u003c");
+    let json = script_json(&data, "attention page data")?;
     let title = if maps.title.is_empty() {
         "Attention".to_string()
     } else {
@@ -156,11 +152,23 @@ pub fn write_html(maps: &AttentionMaps, path: &Path) -> Result<()> {
     std::fs::write(path, page).map_err(|e| Error::io(path, e))
 }
 
-fn html_escape(s: &str) -> String {
+/// `s` as HTML text or attribute value.
+pub(super) fn html_escape(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
         .replace('"', "&quot;")
+}
+
+/// `data` as JSON that can sit inside a `<script>` element: `<` and `/` only occur
+/// inside JSON strings, where `\u003c` and `\/` mean the same, cannot close the
+/// element, and keep text such as a URL in a title from appearing as `http://`
+/// in a page that promises to reference nothing outside itself.
+pub(super) fn script_json(data: &impl Serialize, what: &str) -> Result<String> {
+    Ok(serde_json::to_string(data)
+        .map_err(|e| Error::format(format!("{what}: {e}")))?
+        .replace('<', "\\u003c")
+        .replace('/', "\\/"))
 }
 
 fn base64(bytes: &[u8]) -> String {

@@ -8,12 +8,15 @@
 //! - [`terminal_heatmap`] colours a `[Tq, Tk]` matrix for a terminal
 //!   ([`ColorMode::detect`] picks truecolor, 256 colours or plain numbers);
 //! - [`write_heatmap`] draws one layer as a grid of per-head panels to `.svg` or `.png`;
-//! - [`html_view`] builds one offline HTML page with a head view and a model view.
+//! - [`html_view`] builds one offline HTML page with a head view and a model view;
+//! - [`walkthrough_page`] builds one offline HTML page of `explain`'s steps, every
+//!   cell linked to the cells it is computed from.
 
 mod colormap;
 mod html;
 mod picture;
 mod terminal;
+mod walkthrough_page;
 
 use std::path::Path;
 
@@ -26,6 +29,9 @@ pub use colormap::viridis;
 pub use html::{html_view, write_html, HEATMAP_ABOVE};
 pub use picture::{render_png, render_svg, write_heatmap};
 pub use terminal::{terminal_heatmap, ColorMode};
+pub use walkthrough_page::{
+    walkthrough_page, PageContext, MASK_CAUSAL, MASK_PADDING, MASK_WINDOW, TABLE_TOKENS,
+};
 
 /// Attention weights of one input, for every layer and head, with the tokens on
 /// both sides.
