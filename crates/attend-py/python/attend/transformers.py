@@ -12,6 +12,10 @@ attention on attend's fused CPU kernels. The backend mirrors transformers' own
 mask format with ``AttentionMaskInterface``), the same ``is_causal`` rule, the same
 folding of ``position_bias`` into the mask; grouped-query heads are read natively
 (``enable_gqa=True``) rather than repeated. Float32 models on the CPU only.
+
+PyTorch's OpenMP threads spin for a few milliseconds after each operation and compete
+with attend's threads for the cores; start Python with ``OMP_WAIT_POLICY=PASSIVE``
+so that they sleep instead (the README's "From Python" has the measurements).
 """
 
 from __future__ import annotations
