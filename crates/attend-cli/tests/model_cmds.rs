@@ -2,6 +2,7 @@
 //! scripts/fetch-model into $ATTEND_MODEL_DIR or ~/.cache/attend/all-minilm-l6-v2;
 //! these tests fail when it is missing).
 
+use std::path::PathBuf;
 use std::process::Command;
 
 use serde_json::Value;
