@@ -374,7 +374,9 @@ fn trained_model_page() {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("explain-page");
     std::fs::create_dir_all(&dir).unwrap();
     let w = dir.join("reverser.safetensors");
-    // A few steps are enough: the page shows whatever the weights are.
+    let curve = dir.join("loss.svg");
+    // A few steps are enough: the page shows whatever the weights are. The curve goes
+    // to the scratch folder too, not to the working directory.
     attend(&[
         "train",
         "--len",
@@ -384,6 +386,8 @@ fn trained_model_page() {
         "--quiet",
         "--weights",
         w.to_str().unwrap(),
+        "--curve",
+        curve.to_str().unwrap(),
     ]);
     let flags = ["--trained", w.to_str().unwrap(), "--digits", "3141"];
     let Some((_one, mut b, json)) = open(&flags, "trained.html") else {
