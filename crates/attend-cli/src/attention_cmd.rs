@@ -4,7 +4,6 @@ use std::path::PathBuf;
 
 use attend::models::SentenceEncoder;
 
-use crate::model_args::model_name;
 use crate::model_dir::{self, Format};
 use crate::outputs::Outputs;
 
@@ -48,7 +47,7 @@ pub fn run(args: Args) -> Result<(), attend::Error> {
     let (layer, head) = (args.layer.unwrap_or(0), args.head.unwrap_or(0));
     // Checked before anything is written: a bad --head must not leave a picture.
     let weights = trace.weights(layer, head)?;
-    let title = format!("{} — {}", model_name(&dir), args.sentence);
+    let title = format!("{} — {}", attend::models::model_name(&dir), args.sentence);
     outputs.write("--heatmap", |path| {
         attend::viz::write_heatmap(&trace.attention_maps(&title)?, layer, path)
     })?;

@@ -301,12 +301,7 @@ fn given_weight(flag: &str, text: &str, input: &Input) -> Result<Array2<f32>, Er
             "{flag} must be a matrix [d_in, width], got shape {shape:?}"
         ))
     })?;
-    let d_in = input.width();
-    if w.nrows() != d_in {
-        return Err(Error::shape(format!(
-            "{flag} of shape {shape:?} must have d_in = {d_in} rows to match the input's width"
-        )));
-    }
+    attend::experiment::check_given_weight(flag, &w, input)?;
     Ok(w)
 }
 

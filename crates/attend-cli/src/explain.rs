@@ -4,8 +4,8 @@
 
 use std::path::PathBuf;
 
-use attend::experiment::{self, Explanation};
-use attend::viz::{self, AttentionMaps, ColorMode};
+use attend::experiment;
+use attend::viz::{self, ColorMode};
 use attend::walkthrough;
 use attend::Error;
 use clap::ValueEnum;
@@ -56,7 +56,7 @@ pub fn run(args: Args) -> Result<(), Error> {
     }
     let exp = experiment(&args.experiment)?;
     let ex = experiment::run(&exp)?;
-    let maps = attention_maps(&ex)?;
+    let maps = ex.attention_maps("attend explain")?;
     outputs.write("--heatmap", |path| viz::write_heatmap(&maps, 0, path))?;
     if let Some(html) = &args.html {
         let page = walkthrough::experiment_page(&ex, &exp, "attend explain")?;
@@ -74,18 +74,6 @@ pub fn run(args: Args) -> Result<(), Error> {
         }
     }
     Ok(())
-}
-
-/// The experiment's attention weights, batch row 0, labelled by its tokens.
-pub fn attention_maps(ex: &Explanation) -> Result<AttentionMaps, Error> {
-    let labels = ex.labels();
-    AttentionMaps::from_weights(
-        ex.trace.attention.weights.view(),
-        0,
-        labels.clone(),
-        labels,
-        "attend explain".to_owned(),
-    )
 }
 
 /// One head of a real model, step by step like the notebooks, or as JSON with the

@@ -1,7 +1,7 @@
 //! `--model DIR "sentence"`: a real encoder as the source of attention, shared by
 //! `explain` and `view`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use attend::models::{SentenceEncoder, SentenceTrace};
 use attend::viz::AttentionMaps;
@@ -47,7 +47,7 @@ impl ModelArgs {
         Ok(Some(ModelRun {
             encoder,
             trace,
-            title: format!("{} — {text}", model_name(dir)),
+            title: format!("{} — {text}", attend::models::model_name(dir)),
         }))
     }
 }
@@ -57,11 +57,4 @@ impl ModelRun {
     pub fn maps(&self) -> Result<AttentionMaps, Error> {
         self.trace.attention_maps(&self.title)
     }
-}
-
-/// The directory's last component, as a readable model name.
-pub fn model_name(dir: &Path) -> String {
-    dir.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| dir.display().to_string())
 }

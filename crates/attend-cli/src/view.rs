@@ -11,7 +11,6 @@ use attend::experiment;
 use attend::viz::{self, AttentionMaps, ColorMode};
 
 use crate::experiment_args::{self, ExperimentArgs};
-use crate::explain::attention_maps;
 use crate::model_args::ModelArgs;
 use crate::outputs::Outputs;
 use attend::{Error, Result};
@@ -49,9 +48,8 @@ pub fn run(args: Args) -> Result<()> {
     let maps = match (&args.input_json, args.model.run()?) {
         (Some(path), _) => AttentionMaps::read_json(path)?,
         (None, Some(run)) => run.maps()?,
-        (None, None) => attention_maps(&experiment::run(&experiment_args::experiment(
-            &args.experiment,
-        )?)?)?,
+        (None, None) => experiment::run(&experiment_args::experiment(&args.experiment)?)?
+            .attention_maps("attend explain")?,
     };
     maps.check_layer(args.layer)?;
     if let Some(h) = args.head {

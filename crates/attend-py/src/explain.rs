@@ -169,16 +169,11 @@ fn input(
 fn given(
     name: &str,
     w: PyReadonlyArray2<'_, f32>,
-    d_in: usize,
+    input: &Input,
 ) -> attend::Result<ndarray::Array2<f32>> {
-    let w = w.as_array();
-    if w.nrows() != d_in {
-        return Err(Error::shape(format!(
-            "{name} of shape {:?} must have d_in = {d_in} rows to match the input's width",
-            w.shape()
-        )));
-    }
-    Ok(w.to_owned())
+    let w = w.as_array().to_owned();
+    experiment::check_given_weight(name, &w, input)?;
+    Ok(w)
 }
 
 /// A notebook experiment (see `attend explain --help`; the arguments are its flags).
@@ -222,9 +217,9 @@ pub fn explain_experiment(
     let d_in = input.width();
     let weights = match (wq, wk, wv) {
         (Some(q), Some(k), Some(v)) => Weights::Given {
-            w_q: given("wq", q, d_in).map_err(err)?,
-            w_k: given("wk", k, d_in).map_err(err)?,
-            w_v: given("wv", v, d_in).map_err(err)?,
+            w_q: given("wq", q, &input).map_err(err)?,
+            w_k: given("wk", k, &input).map_err(err)?,
+            w_v: given("wv", v, &input).map_err(err)?,
             heads,
         },
         (None, None, None) => {
@@ -261,14 +256,7 @@ pub fn explain_experiment(
     };
     pool::run(py, 1, || {
         let ex = experiment::run(&exp)?;
-        let labels = ex.labels();
-        let maps = AttentionMaps::from_weights(
-            ex.trace.attention.weights.view(),
-            0,
-            labels.clone(),
-            labels,
-            "attend explain".to_owned(),
-        )?;
+        let maps = ex.attention_maps("attend explain")?;
         let steps = walkthrough::experiment_steps(&ex, &exp);
         let text =
             walkthrough::render(&steps) + &walkthrough::heatmaps(&maps, 0, ColorMode::Plain)?;
@@ -295,11 +283,7 @@ pub fn explain_model(
     pool::run(py, 1, || {
         let encoder = SentenceEncoder::load(&model)?;
         let trace = encoder.trace(&text)?;
-        let name = model
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| model.display().to_string());
-        let title = format!("{name} — {text}");
+        let title = format!("{} — {text}", attend::models::model_name(&model));
         let maps = trace.attention_maps(&title)?;
         let steps = walkthrough::head_steps(
             trace.head(layer, head)?,

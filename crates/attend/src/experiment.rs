@@ -133,6 +133,19 @@ pub fn widths(
     (k.unwrap_or(d_in), v.unwrap_or(d_in))
 }
 
+/// Checks that given weights `w` (`[d_in, width]`, named `name` in the message)
+/// have as many rows as the input is wide.
+pub fn check_given_weight(name: &str, w: &Array2<f32>, input: &Input) -> Result<()> {
+    let d_in = input.width();
+    if w.nrows() != d_in {
+        return Err(Error::shape(format!(
+            "{name} of shape {:?} must have d_in = {d_in} rows to match the input's width",
+            w.shape()
+        )));
+    }
+    Ok(())
+}
+
 /// Runs the experiment through the reference kernel.
 pub fn run(exp: &Experiment) -> Result<Explanation> {
     check_memory(exp)?;
@@ -314,6 +327,19 @@ fn embed(input: &Input, gen: &mut TorchGenerator) -> Result<Embedded> {
 }
 
 impl Explanation {
+    /// The attention weights of batch row 0, labelled by the tokens, for the
+    /// heatmaps and the HTML view.
+    pub fn attention_maps(&self, title: &str) -> Result<crate::viz::AttentionMaps> {
+        let labels = self.labels();
+        crate::viz::AttentionMaps::from_weights(
+            self.trace.attention.weights.view(),
+            0,
+            labels.clone(),
+            labels,
+            title.to_owned(),
+        )
+    }
+
     /// The JSON object of the `explain` contract: nested arrays named `x`, `w_q`,
     /// `w_k`, `w_v` (`[out, in]`), `b_*`, `w_o`, `b_o`, `q`, `k`, `v`, `scores`,
     /// `scaled` (masked entries `null`), `weights`, `context` and `output`.

@@ -20,5 +20,12 @@ pub use bert::{
     pool, BertEmbeddings, BertLayer, BertModel, BertTrace, Pooling, Timings, TokenBatch,
 };
 pub use config::BertConfig;
+
+/// A checkpoint directory's last component, as a readable model name for titles.
+pub fn model_name(dir: &std::path::Path) -> String {
+    dir.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| dir.display().to_string())
+}
 #[cfg(feature = "tokenizers")]
 pub use sentence::{Embeddings, HeadTrace, SentenceEncoder, SentenceTrace};
