@@ -117,7 +117,7 @@ pub fn run(a: &DecodeArgs) -> Result<serde_json::Value, Error> {
         while t_decode.len() < MIN_PAIRS || Instant::now() < end {
             let td = seconds_per_call(reps, &mut decode);
             let tr = seconds_per_call(1, || {
-                std::hint::black_box(parallel_sum(&buf));
+                std::hint::black_box(attend::kernels::stream_sum(&buf));
             });
             t_decode.push(td);
             t_read.push(tr);
@@ -144,42 +144,4 @@ pub fn run(a: &DecodeArgs) -> Result<serde_json::Value, Error> {
         "read_gbps": read_gbps,
         "fraction_of_read": median(fraction),
     }))
-}
-
-/// Sum of `x`, split over the current rayon pool: a pure streaming read.
-fn parallel_sum(x: &[f32]) -> f32 {
-    use rayon::prelude::*;
-    x.par_chunks(1 << 18).map(sum_chunk).sum()
-}
-
-fn sum_chunk(x: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the CPU has avx512f.
-        return unsafe { sum_avx512(x) };
-    }
-    let mut acc = [0.0f32; 16];
-    let mut it = x.chunks_exact(16);
-    for c in &mut it {
-        for (a, y) in acc.iter_mut().zip(c) {
-            *a += y;
-        }
-    }
-    acc.iter().sum::<f32>() + it.remainder().iter().sum::<f32>()
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn sum_avx512(x: &[f32]) -> f32 {
-    use std::arch::x86_64::*;
-    let mut acc = [_mm512_setzero_ps(); 4];
-    let mut it = x.chunks_exact(64);
-    for c in &mut it {
-        let p = c.as_ptr();
-        for (i, a) in acc.iter_mut().enumerate() {
-            *a = _mm512_add_ps(*a, _mm512_loadu_ps(p.add(16 * i)));
-        }
-    }
-    let s = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
-    _mm512_reduce_add_ps(s) + it.remainder().iter().sum::<f32>()
 }

@@ -78,13 +78,17 @@ impl Outputs {
         let (temp, target) = (o.temp.display().to_string(), o.target.display().to_string());
         let named = |m: String| m.replace(&temp, &target);
         write(&o.temp).map_err(|e| match e {
-            Error::Io { path, message } => Error::Io {
-                path: named(path),
-                message: named(message),
+            Error::Io { path, source } if path == o.temp => Error::Io {
+                path: o.target.clone(),
+                source,
             },
-            Error::Shape(m) => Error::Shape(named(m)),
+            Error::ShapeMismatch(m) => Error::ShapeMismatch(named(m)),
             Error::Value(m) => Error::Value(named(m)),
             Error::Format(m) => Error::Format(named(m)),
+            Error::Io { .. }
+            | Error::Shape { .. }
+            | Error::IsaUnavailable(_)
+            | Error::Unsupported { .. } => e,
         })
     }
 

@@ -3,9 +3,9 @@
 
 use std::path::PathBuf;
 
+use attend::attention::{attention_backward_with, BackwardConfig};
 use attend::attention::{attention_with, AttentionOptions, Causal, Config};
 use attend::io::npy::{self, NpyArray};
-use attend::kernels::backward::{attention_backward_with, BackwardConfig};
 use attend::Error;
 use ndarray::{Array4, ArrayD, Ix4};
 

@@ -5,9 +5,8 @@
 //! strided inputs such as the `[B, T, H, D] → [B, H, T, D]` transpose arrive here
 //! without a copy and the kernels read them through their strides.
 
-use attend::attention::{AttentionOptions, Causal};
-use attend::kernels::backward::{
-    attention_backward_with, attention_train, BackwardConfig, Dropout,
+use attend::attention::{
+    attention_backward_with, attention_train, AttentionOptions, BackwardConfig, Causal, Dropout,
 };
 use ndarray::{Ix3, Ix4};
 use numpy::{IntoPyArray, PyReadonlyArray3, PyReadonlyArray4, PyReadonlyArrayDyn};

@@ -1,37 +1,66 @@
 //! The one error type of the crate.
 //!
 //! Every message is a single line that names the argument at fault and, for shape
-//! problems, both shapes involved, so the command-line tool can print it as is.
+//! problems, the shapes involved, so the command-line tool can print it as is. The
+//! variants say what kind of thing went wrong, so that a caller (the Python
+//! binding, say) can match on them instead of parsing the text.
+
+use std::path::PathBuf;
+
+use crate::isa::Isa;
 
 /// What went wrong, with a one-line message naming the culprit.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// Arrays whose shapes do not fit together.
+    /// One argument whose shape is not what the operation needs.
+    #[error("{arg} of shape {got:?} must be {want}")]
+    Shape {
+        /// The argument.
+        arg: String,
+        /// Its shape.
+        got: Vec<usize>,
+        /// What its shape must be, in words (`"[B, Hq, L] = [1, 2, 3]"`).
+        want: String,
+    },
+    /// Arguments whose shapes do not fit together; the message names each and its
+    /// shape.
     #[error("{0}")]
-    Shape(String),
+    ShapeMismatch(String),
     /// A value outside what the operation accepts (NaN, out-of-range id, bad option).
     #[error("{0}")]
     Value(String),
     /// A file that could not be read or written.
-    #[error("{path}: {message}")]
+    #[error("{}: {source}", path.display())]
     Io {
         /// The file concerned.
-        path: String,
+        path: PathBuf,
         /// What happened to it.
-        message: String,
+        #[source]
+        source: std::io::Error,
     },
     /// A file whose contents are not what its format requires.
     #[error("{0}")]
     Format(String),
+    /// An instruction set was asked for that this CPU does not have.
+    #[error("isa {0} is not available on this CPU")]
+    IsaUnavailable(Isa),
+    /// A kernel was asked for a problem it does not handle.
+    #[error("kernel: the {kernel} kernel {reason}")]
+    Unsupported {
+        /// The kernel (`"fused"`, `"decode"`, `"fused backward"`).
+        kernel: &'static str,
+        /// What it supports instead.
+        reason: &'static str,
+    },
 }
 
 /// `Result` with the crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
-    /// A shape mismatch; `msg` names the argument and both shapes.
+    /// Shapes that do not fit together; `msg` names the arguments and their shapes.
     pub fn shape(msg: impl Into<String>) -> Self {
-        Error::Shape(msg.into())
+        Error::ShapeMismatch(msg.into())
     }
 
     /// A bad value; `msg` names the argument and the value.
@@ -44,11 +73,37 @@ impl Error {
         Error::Format(msg.into())
     }
 
-    /// An I/O failure on `path`.
-    pub fn io(path: impl AsRef<std::path::Path>, err: impl std::fmt::Display) -> Self {
+    /// An I/O failure on `path`: an [`std::io::Error`] is kept as the source, as
+    /// is; anything else (a message such as `"not found"`) becomes one.
+    pub fn io(
+        path: impl AsRef<std::path::Path>,
+        err: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        let source = match err.into().downcast::<std::io::Error>() {
+            Ok(io) => *io,
+            Err(other) => std::io::Error::other(other),
+        };
         Error::Io {
-            path: path.as_ref().display().to_string(),
-            message: err.to_string(),
+            path: path.as_ref().to_path_buf(),
+            source,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn io_errors_keep_their_kind_and_message() {
+        let missing = std::io::Error::from(std::io::ErrorKind::NotFound);
+        let err = Error::io("model/config.json", missing);
+        let Error::Io { source, .. } = &err else {
+            panic!("not an Io error: {err:?}");
+        };
+        assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
+        assert!(err.to_string().starts_with("model/config.json: "), "{err}");
+        let err = Error::io("tokenizer.json", "tokenizer file not found");
+        assert_eq!(err.to_string(), "tokenizer.json: tokenizer file not found");
     }
 }

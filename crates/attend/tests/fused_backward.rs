@@ -10,9 +10,9 @@
 
 #![allow(clippy::too_many_arguments, clippy::needless_range_loop)]
 
-use attend::attention::{attention_with_lse, AttentionOptions, Causal, Problem};
-use attend::kernels::backward::{
-    attention_backward_with, AttentionGrads, BackwardConfig, BackwardKernel, Dropout,
+use attend::attention::{
+    attention_backward_with, attention_with_lse, AttentionGrads, AttentionOptions, BackwardConfig,
+    BackwardKernel, Causal, Dropout, Problem,
 };
 use attend::kernels::Isa;
 use attend::rng::TorchGenerator;
@@ -444,7 +444,7 @@ fn a_dout_of_the_wrong_shape_is_an_error() {
     let (out, lse) =
         attention_with_lse(q.view(), q.view(), q.view(), &AttentionOptions::default()).unwrap();
     let dout = Array4::<f32>::zeros((1, 2, 4, 4));
-    let err = attend::kernels::backward::attention_backward(
+    let err = attend::attention::attention_backward(
         q.view(),
         q.view(),
         q.view(),
@@ -463,8 +463,8 @@ fn a_dout_of_the_wrong_shape_is_an_error() {
 
 #[test]
 fn training_forward_with_dropout_meets_the_error_rule() {
+    use attend::attention::attention_train;
     use attend::grad::Scalar;
-    use attend::kernels::backward::attention_train;
     let mut gen = TorchGenerator::new(21);
     let (b, h, hkv, l, s, e, ev) = (2, 4, 2, 70, 90, 32, 24);
     let q = randn(&mut gen, [b, h, l, e]);

@@ -2,9 +2,9 @@
 //! `shared/golden/grads.json`) within 1e-5: two modules built from `attend explain`
 //! arguments (loss = sum(output ∘ dout)) and two raw attention calls.
 
+use attend::attention::{attention_backward_with, BackwardConfig, BackwardKernel};
 use attend::attention::{attention_with_lse, AttentionOptions, Causal};
 use attend::experiment::{self, Experiment, Input, Weights};
-use attend::kernels::backward::{attention_backward_with, BackwardConfig, BackwardKernel};
 use attend::nn::initialisers::{AttentionSpec, QkvLayout, WeightInit};
 use ndarray::{Array2, Array3, Array4, ArrayD, IxDyn};
 use serde_json::Value;

@@ -1,4 +1,6 @@
-//! The attention function: options, validation and dispatch to a kernel.
+//! The attention functions, forward and backward: validation, then the choice of
+//! kernel, instruction set and threads, side by side above the kernels
+//! (docs/design.md, "Layers").
 //!
 //! Inputs follow PyTorch's `scaled_dot_product_attention`: `q [B, Hq, L, E]`,
 //! `k [B, Hkv, S, E]`, `v [B, Hkv, S, Ev]`, with `Hq` a multiple of `Hkv`
@@ -18,62 +20,20 @@
 //! # Ok::<(), attend::Error>(())
 //! ```
 
-mod mask_tiles;
-mod problem;
+mod backward;
 
-pub(crate) use mask_tiles::along;
-pub use mask_tiles::MaskTiles;
-pub use problem::Problem;
+pub use crate::kernels::backward::AttentionGrads;
+pub use crate::problem::{
+    AttentionOptions, Causal, Dims, Dropout, MaskTiles, Problem, SoftmaxAxis,
+};
+pub use backward::{
+    attention_backward, attention_backward_with, attention_train, BackwardConfig, BackwardKernel,
+};
 
-use ndarray::{Array3, Array4, ArrayView2, ArrayView4, ArrayViewD};
+use ndarray::{Array3, Array4, ArrayView4};
 
 use crate::kernels::{decode, fused, reference, Isa};
 use crate::{Error, Result};
-
-/// How a causal mask lines up queries with keys when `L ≠ S`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Causal {
-    /// Query `i` sees keys `j ≤ i` (PyTorch's `is_causal=True`).
-    TopLeft,
-    /// Query `i` sees keys `j ≤ i + S − L`: the last query sees every key
-    /// (FlashAttention, KV-cache decoding).
-    BottomRight,
-}
-
-/// The axis the softmax normalises over.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum SoftmaxAxis {
-    /// Each query's weights over the keys sum to one (standard attention).
-    #[default]
-    Keys,
-    /// Each key's weights over the queries sum to one (notebook 004's `softmax(dim=0)`).
-    Queries,
-}
-
-/// Everything about an attention call except the tensors themselves.
-///
-/// All masks combine: a score is kept only if every mask keeps it.
-#[derive(Clone, Debug, Default)]
-pub struct AttentionOptions<'a> {
-    /// Multiplies `q·k`; defaults to `1/√E`.
-    pub scale: Option<f32>,
-    /// Causal masking and its alignment.
-    pub causal: Option<Causal>,
-    /// Sliding window `(left, right)`: query `i` sees keys `j` with
-    /// `i' − left ≤ j ≤ i' + right`, where `i'` is `i` aligned as `causal` says
-    /// (bottom-right when `causal` is `None`, as in FlashAttention).
-    pub window: Option<(usize, usize)>,
-    /// Boolean mask broadcastable to `[B, Hq, L, S]`; `true` means attend.
-    pub mask: Option<ArrayViewD<'a, bool>>,
-    /// Additive mask broadcastable to `[B, Hq, L, S]`, added to the scaled scores.
-    pub bias: Option<ArrayViewD<'a, f32>>,
-    /// `[B, S]`, `true` marks a padding key that no query may attend to.
-    /// (This is `nn.MultiheadAttention`'s `key_padding_mask` convention, the
-    /// opposite of [`AttentionOptions::mask`].)
-    pub key_padding: Option<ArrayView2<'a, bool>>,
-    /// Normalise over keys (default) or over queries.
-    pub softmax_axis: SoftmaxAxis,
-}
 
 /// Scaled dot-product attention: `softmax(scale · q kᵀ + masks) v`.
 ///
@@ -141,7 +101,7 @@ pub fn attention_with(
     config: &Config,
 ) -> Result<(Array4<f32>, Array3<f32>)> {
     let problem = Problem::new(q, k, v, opts)?;
-    let isa = Isa::resolve(config.isa)?;
+    let isa = Isa::resolve(config.isa)?.token()?;
     let short = problem.dims().q_len <= DECODE_MAX_QUERIES;
     let which = match config.kernel {
         Kernel::Reference => Kernel::Reference,
@@ -150,27 +110,29 @@ pub fn attention_with(
         Kernel::Auto => Kernel::Reference,
         Kernel::Fused if fused::supports(&problem) => Kernel::Fused,
         Kernel::Fused => {
-            return Err(Error::value(
-                "kernel: the fused kernel supports only softmax over keys and value width > 0",
-            ))
+            return Err(Error::Unsupported {
+                kernel: "fused",
+                reason: "it supports only softmax over keys and value width > 0",
+            })
         }
         Kernel::Decode if decode::supports(&problem) => Kernel::Decode,
         Kernel::Decode => {
-            return Err(Error::value(
-                "kernel: the decode kernel supports only softmax over keys",
-            ))
+            return Err(Error::Unsupported {
+                kernel: "decode",
+                reason: "it supports only softmax over keys",
+            })
         }
     };
     let run = || match which {
-        Kernel::Fused => fused::run(&problem, isa),
+        Kernel::Fused => fused::run(&problem, isa, None),
         Kernel::Decode => {
             let kv_len = problem.dims().kv_len;
             decode::run(&problem, decode::KeySpan::whole(kv_len), isa)
         }
-        _ => {
+        Kernel::Reference | Kernel::Auto => {
             let trace = reference::run(&problem);
             (trace.output, trace.lse)
         }
     };
-    crate::kernels::with_threads(config.threads, run)
+    crate::threads::install(config.threads, run)
 }

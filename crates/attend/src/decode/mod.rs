@@ -145,9 +145,9 @@ fn run_shard(
             "softmax_axis: decoding and partial attention need softmax over keys (Queries does not split over key shards)",
         ));
     }
-    let isa = Isa::resolve(config.isa)?;
+    let isa = Isa::resolve(config.isa)?.token()?;
     let run = || kernel::run(&problem, span, isa);
-    let (output, lse) = crate::kernels::with_threads(config.threads, run)?;
+    let (output, lse) = crate::threads::install(config.threads, run)?;
     Ok(Partial { output, lse })
 }
 

@@ -7,7 +7,7 @@ use ndarray::{Array2, Array3, Array4, ArrayView1, ArrayView2, ArrayView3};
 use super::linear::{self, LinearGrads};
 use super::Scalar;
 use crate::attention::AttentionOptions;
-use crate::kernels::backward::Dropout;
+use crate::attention::Dropout;
 use crate::nn::{merge_heads, split_heads, Linear, MultiHeadAttention};
 use crate::{Error, Result};
 

@@ -49,10 +49,10 @@ pub use linear::{LinearCache, LinearGrads};
 
 use ndarray::{Array3, Array4, ArrayView3, ArrayView4, NdFloat};
 
-use crate::attention::{AttentionOptions, Problem};
-use crate::kernels::backward::{
-    self, attention_backward_with, attention_train, shape_only, BackwardConfig, Dropout,
+use crate::attention::{
+    attention_backward_with, attention_train, AttentionOptions, BackwardConfig, Dropout, Problem,
 };
+use crate::kernels::backward::reference;
 use crate::Result;
 
 /// A float type the module gradients are computed in: f32 for training (fast
@@ -119,8 +119,8 @@ impl Scalar for f64 {
         opts: &AttentionOptions<'_>,
         dropout: Option<&Dropout>,
     ) -> Result<(Array4<f64>, Array3<f64>)> {
-        let p = masks_only(&q, &k, &v, opts)?;
-        let f = backward::reference::forward(&p, q, k, v, dropout);
+        let p = Problem::new(q, k, v, opts)?;
+        let f = reference::forward(&p, dropout);
         Ok((f.out, f.lse))
     }
 
@@ -134,25 +134,10 @@ impl Scalar for f64 {
         opts: &AttentionOptions<'_>,
         dropout: Option<&Dropout>,
     ) -> Result<(Array4<f64>, Array4<f64>, Array4<f64>)> {
-        let p = masks_only(&q, &k, &v, opts)?;
-        let g = backward::reference::backward(&p, q, k, v, dout, dropout);
+        let p = Problem::new(q, k, v, opts)?;
+        let g = reference::backward(&p, dout, dropout);
         Ok((g.dq, g.dk, g.dv))
     }
-}
-
-/// A [`Problem`] with the shapes and masks of an f64 call (its f32 tensors are
-/// shape-only placeholders).
-fn masks_only<'a>(
-    q: &ArrayView4<'_, f64>,
-    k: &ArrayView4<'_, f64>,
-    v: &ArrayView4<'_, f64>,
-    opts: &'a AttentionOptions<'_>,
-) -> Result<Problem<'a>> {
-    let shape = |a: &ArrayView4<'_, f64>| {
-        let (b, h, t, d) = a.dim();
-        shape_only([b, h, t, d])
-    };
-    Problem::new(shape(q), shape(k), shape(v), opts)
 }
 
 #[cfg(test)]

@@ -12,8 +12,8 @@ use ndarray::{Array, Array1, Array2, Array3, Array4, ArrayD, Dimension};
 
 use super::attention::{self, Weights};
 use super::{embedding, linear};
+use crate::attention::Dropout;
 use crate::attention::{AttentionOptions, Causal, SoftmaxAxis};
-use crate::kernels::backward::Dropout;
 use crate::nn::initialisers::{self, AttentionSpec, QkvLayout, WeightInit};
 use crate::nn::{Linear, MultiHeadAttention};
 use crate::rng::TorchGenerator;

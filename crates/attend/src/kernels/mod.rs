@@ -1,16 +1,21 @@
 //! Attention kernels. [`mod@reference`] is the oracle every other kernel is judged by;
-//! [`fused`] is the fast forward, built on the per-ISA vectors in `simd`;
-//! [`decode`] is the split-KV kernel for short queries against long key caches.
+//! [`fused`] is the fast forward and [`backward`] the gradients, both written once
+//! over the vectors of [`crate::isa`]; [`decode`] is the split-KV kernel for short
+//! queries against long key caches.
+//!
+//! Kernels take a validated [`Problem`](crate::problem::Problem) and a detected
+//! instruction set; choosing the kernel, the instruction set and the threads is the
+//! job of [`crate::attention`], above them (docs/design.md, "Layers").
 
 pub mod backward;
 pub mod decode;
 pub mod fused;
 pub mod reference;
-pub(crate) mod simd;
+mod scratch;
+mod stream;
 
-pub use simd::Isa;
-
-use crate::{Error, Result};
+pub use crate::isa::Isa;
+pub use stream::stream_sum;
 
 /// The larger of `a` and `b`, NaN if either is: a row's running maximum must carry
 /// a NaN score to the softmax (which then gives NaN, as the f64 reference and
@@ -23,23 +28,5 @@ pub(crate) fn nan_max<F: num_traits::Float>(a: F, b: F) -> F {
         b
     } else {
         a
-    }
-}
-
-/// Runs `f` on a pool of `threads` workers, or on the current pool.
-pub(crate) fn with_threads<R: Send>(
-    threads: Option<usize>,
-    f: impl FnOnce() -> R + Send,
-) -> Result<R> {
-    match threads {
-        None => Ok(f()),
-        Some(n) => {
-            crate::limits::threads("threads", n)?;
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(n)
-                .build()
-                .map_err(|e| Error::value(format!("threads: cannot start {n} threads: {e}")))?;
-            Ok(pool.install(f))
-        }
     }
 }

@@ -4,7 +4,7 @@
 
 use ndarray::{Array2, Array3, Array4};
 
-use crate::attention::{Problem, SoftmaxAxis};
+use crate::problem::{Problem, SoftmaxAxis};
 
 /// Every intermediate of one attention call.
 #[derive(Clone, Debug)]

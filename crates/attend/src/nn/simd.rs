@@ -1,44 +1,22 @@
-//! Element-wise kernels compiled several times (AVX-512, AVX2+FMA, baseline) and
-//! chosen at run time, so that the plain loops below vectorise without asking the
-//! user for `-C target-cpu=native`.
+//! Element-wise kernels compiled for each instruction set and chosen at run time
+//! through the crate's one dispatch point ([`crate::isa::dispatch`]), so that the
+//! plain loops below vectorise without asking the user for `-C target-cpu=native`.
 //!
 //! The loops are written so that LLVM can vectorise them: no calls into libm, no
 //! branches, reductions split into 16 independent lanes.
 
 /// Defines `fn $name(args)` that runs `$body` compiled for the best instruction set
-/// the CPU has (AVX-512, else AVX2+FMA, else the baseline), chosen at run time.
+/// the CPU has, chosen at run time by [`crate::isa::dispatch`].
 macro_rules! multiversion {
     ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
         $(#[$meta])*
         $vis fn $name($($arg: $ty),*) {
             #[inline(always)]
             fn body($($arg: $ty),*) $body
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
-                unsafe fn avx512($($arg: $ty),*) {
-                    body($($arg),*)
-                }
-                #[target_feature(enable = "avx2,fma")]
-                unsafe fn avx2($($arg: $ty),*) {
-                    body($($arg),*)
-                }
-                if std::arch::is_x86_feature_detected!("avx512f")
-                    && std::arch::is_x86_feature_detected!("avx512vl")
-                    && std::arch::is_x86_feature_detected!("avx512bw")
-                    && std::arch::is_x86_feature_detected!("avx512dq")
-                {
-                    // SAFETY: the features were detected on this CPU.
-                    return unsafe { avx512($($arg),*) };
-                }
-                if std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("fma")
-                {
-                    // SAFETY: the features were detected on this CPU.
-                    return unsafe { avx2($($arg),*) };
-                }
-            }
-            body($($arg),*)
+            crate::isa::dispatch(
+                crate::isa::IsaToken::best(),
+                crate::isa::Scalar(|| body($($arg),*)),
+            )
         }
     };
 }

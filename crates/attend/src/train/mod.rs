@@ -16,11 +16,11 @@ pub use svg::loss_curve_svg;
 use ndarray::{Array2, Array3, ArrayView2, ArrayView3, Axis};
 
 use crate::attention::AttentionOptions;
+use crate::attention::Dropout;
 use crate::grad::{
     EmbeddingCache, EmbeddingGrads, LinearCache, LinearGrads, MultiHeadAttentionCache,
     MultiHeadAttentionGrads,
 };
-use crate::kernels::backward::Dropout;
 use crate::nn::initialisers::{self, AttentionSpec, QkvLayout, WeightInit};
 use crate::nn::{Embedding, Linear, MultiHeadAttention};
 use crate::optim::{prefixed, AdamW, Optimizer, Parameters, Visitor};

@@ -31,9 +31,10 @@ use std::borrow::Cow;
 use ndarray::{Array4, ArrayView1, ArrayView3, ArrayView4, Axis, Zip};
 use rayon::prelude::*;
 
-use super::{AttentionGrads, Dropout};
-use crate::attention::{along, Problem, SoftmaxAxis};
-use crate::kernels::simd::{portable::Portable, Isa, Simd, LANES};
+use super::AttentionGrads;
+use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
+use crate::kernels::scratch::{carve, with_scratch};
+use crate::problem::{along, Dims, Dropout, Problem, SoftmaxAxis};
 
 /// Queries per block.
 const BR: usize = 64;
@@ -55,19 +56,8 @@ struct Shared(*mut f32);
 // SAFETY: tasks write disjoint regions (see the module docs) and the owner outlives
 // the parallel section.
 unsafe impl Send for Shared {}
+// SAFETY: as for `Send`: no two tasks touch the same element.
 unsafe impl Sync for Shared {}
-
-/// The problem's dimensions.
-#[derive(Clone, Copy)]
-struct Dims {
-    batch: usize,
-    heads: usize,
-    kv_heads: usize,
-    q_len: usize,
-    kv_len: usize,
-    head_dim: usize,
-    value_dim: usize,
-}
 
 /// Everything the tasks read.
 struct Ctx<'a, 'p> {
@@ -123,18 +113,9 @@ pub(crate) fn run(
     lse: ArrayView3<'_, f32>,
     dout: ArrayView4<'_, f32>,
     dropout: Option<&Dropout>,
-    isa: Isa,
+    isa: IsaToken,
 ) -> AttentionGrads {
-    let pd = p.dims();
-    let d = Dims {
-        batch: pd.batch,
-        heads: pd.heads,
-        kv_heads: pd.kv_heads,
-        q_len: pd.q_len,
-        kv_len: pd.kv_len,
-        head_dim: pd.head_dim,
-        value_dim: pd.value_dim,
-    };
+    let d = p.dims();
     let (ep, evp) = (round_up(d.head_dim), round_up(d.value_dim));
     let key_blocks = d.kv_len.div_ceil(BC);
     let units = d.batch * d.kv_heads;
@@ -185,17 +166,18 @@ pub(crate) fn run(
     let tasks: Vec<(usize, usize, usize)> = (0..d.batch)
         .flat_map(|b| (0..d.kv_heads).flat_map(move |h| (0..chunks).map(move |c| (b, h, c))))
         .collect();
+    let len = scratch_len(&d);
     tasks.into_par_iter().for_each(|(b, kvh, c)| {
-        // SAFETY: the caller checked that the CPU has `isa`; task regions are disjoint.
-        unsafe {
-            match isa {
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx512 => task_avx512(&ctx, b, kvh, c),
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 => task_avx2(&ctx, b, kvh, c),
-                _ => task::<Portable>(&ctx, b, kvh, c),
-            }
-        }
+        with_scratch(len, |scratch| {
+            dispatch(
+                isa,
+                TaskJob {
+                    ctx: &ctx,
+                    task: (b, kvh, c),
+                    scratch,
+                },
+            )
+        })
     });
     drop(ctx);
     // dQ = Σ_chunks partials, in chunk order.
@@ -235,234 +217,288 @@ fn unpad(shape: [usize; 4], width: usize, buf: Vec<f32>) -> Array4<f32> {
     out
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn task_avx512(ctx: &Ctx<'_, '_>, b: usize, kvh: usize, c: usize) {
-    task::<crate::kernels::simd::avx512::Avx512>(ctx, b, kvh, c)
+/// Floats of scratch one task needs: the packed key block (`Kᵀ`, `K`), `Vᵀ`, the
+/// block's scores and their gradients, and the `dK`, `dV` accumulators.
+pub fn scratch_len(d: &Dims) -> usize {
+    let (ep, evp) = (round_up(d.head_dim), round_up(d.value_dim));
+    BC * (3 * ep + 2 * evp) + 2 * BR * BC
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn task_avx2(ctx: &Ctx<'_, '_>, b: usize, kvh: usize, c: usize) {
-    task::<crate::kernels::simd::avx2::Avx2>(ctx, b, kvh, c)
+/// One task (a key/value head of a batch row and a chunk of its key blocks), for
+/// [`dispatch`].
+struct TaskJob<'a, 'c, 'p, 's> {
+    ctx: &'a Ctx<'c, 'p>,
+    task: (usize, usize, usize),
+    scratch: &'s mut [f32],
+}
+
+impl SimdJob for TaskJob<'_, '_, '_, '_> {
+    type Output = ();
+    #[inline(always)]
+    fn run<I: Simd>(self, isa: I) {
+        let (b, kvh, c) = self.task;
+        // SAFETY: `run` makes one job per `(b, kvh, c)`, so no other task writes the
+        // same rows of `dK`, `dV` or the same chunk's `dQ` partial; `ctx` outlives
+        // the parallel section.
+        unsafe { task(isa, self.ctx, b, kvh, c, self.scratch) }
+    }
 }
 
 /// One task: key/value head `kvh` of batch row `b`, key chunk `c`.
+///
+/// # Safety
+/// No other call with the same `(b, kvh, c)` may run at the same time (it would
+/// write the same gradient rows), and `ctx`'s gradient buffers must be alive;
+/// `scratch` must hold [`scratch_len`] floats.
 #[inline(always)]
-unsafe fn task<L: Simd>(ctx: &Ctx<'_, '_>, b: usize, kvh: usize, c: usize) {
-    let d = ctx.d;
-    let (ep, evp) = (ctx.ep, ctx.evp);
-    let p = ctx.p;
-    let kb_lo = c * ctx.key_blocks / ctx.chunks;
-    let kb_hi = (c + 1) * ctx.key_blocks / ctx.chunks;
-    let mut kt = vec![0.0f32; ep * BC];
-    let mut krow = vec![0.0f32; BC * ep];
-    let mut vt = vec![0.0f32; evp * BC];
-    let mut s = vec![0.0f32; BR * BC];
-    let mut dp = vec![0.0f32; BR * BC];
-    let mut dk_acc = vec![0.0f32; BC * ep];
-    let mut dv_acc = vec![0.0f32; BC * evp];
-    let q_blocks = d.q_len.div_ceil(BR);
-    let fast = !ctx.elementwise && ctx.dropout.is_none();
-    let dq = ctx.dq[c];
-    for kb in kb_lo..kb_hi {
-        let k0 = kb * BC;
-        let nk = BC.min(d.kv_len - k0);
-        // Pack Kᵀ [ep, BC], K [BC, ep] and Vᵀ [evp, BC], zero-padded.
-        kt.fill(0.0);
-        krow.fill(0.0);
-        vt.fill(0.0);
-        for j in 0..nk {
-            for e in 0..d.head_dim {
-                let x = p.k[[b, kvh, k0 + j, e]];
-                kt[e * BC + j] = x;
-                krow[j * ep + e] = x;
-            }
-            for e in 0..d.value_dim {
-                vt[e * BC + j] = p.v[[b, kvh, k0 + j, e]];
-            }
-        }
-        dk_acc.fill(0.0);
-        dv_acc.fill(0.0);
-        for h in kvh * ctx.group..(kvh + 1) * ctx.group {
-            let bh = b * d.heads + h;
-            for qb in 0..q_blocks {
-                let i0 = qb * BR;
-                let nr = BR.min(d.q_len - i0);
-                // Which rows see this key block, and whether all see all of it.
-                let mut any = false;
-                let mut full = fast && nk == BC;
-                for i in i0..i0 + nr {
-                    let (lo, hi) = p.key_range(i);
-                    let live = ctx.lse[bh * d.q_len + i] != f32::NEG_INFINITY;
-                    any |= live && lo < k0 + nk && hi > k0;
-                    full &= live && lo <= k0 && hi >= k0 + nk;
+unsafe fn task<I: Simd>(
+    isa: I,
+    ctx: &Ctx<'_, '_>,
+    b: usize,
+    kvh: usize,
+    c: usize,
+    scratch: &mut [f32],
+) {
+    // SAFETY: the caller upholds this function's contract (see # Safety).
+    unsafe {
+        let d = ctx.d;
+        let (ep, evp) = (ctx.ep, ctx.evp);
+        let p = ctx.p;
+        let kb_lo = c * ctx.key_blocks / ctx.chunks;
+        let kb_hi = (c + 1) * ctx.key_blocks / ctx.chunks;
+        let rest = &mut &mut scratch[..];
+        let kt = carve(rest, ep * BC);
+        let krow = carve(rest, BC * ep);
+        let vt = carve(rest, evp * BC);
+        let s = carve(rest, BR * BC);
+        let dp = carve(rest, BR * BC);
+        let dk_acc = carve(rest, BC * ep);
+        let dv_acc = carve(rest, BC * evp);
+        let q_blocks = d.q_len.div_ceil(BR);
+        let fast = !ctx.elementwise && ctx.dropout.is_none();
+        let dq = ctx.dq[c];
+        for kb in kb_lo..kb_hi {
+            let k0 = kb * BC;
+            let nk = BC.min(d.kv_len - k0);
+            // Pack Kᵀ [ep, BC], K [BC, ep] and Vᵀ [evp, BC], zero-padded.
+            kt.fill(0.0);
+            krow.fill(0.0);
+            vt.fill(0.0);
+            for j in 0..nk {
+                for e in 0..d.head_dim {
+                    let x = p.k[[b, kvh, k0 + j, e]];
+                    kt[e * BC + j] = x;
+                    krow[j * ep + e] = x;
                 }
-                if !any {
-                    continue;
+                for e in 0..d.value_dim {
+                    vt[e * BC + j] = p.v[[b, kvh, k0 + j, e]];
                 }
-                let qblk = ctx.q.as_ptr().add((bh * d.q_len + i0) * ep);
-                let doblk = ctx.dout.as_ptr().add((bh * d.q_len + i0) * evp);
-                gemm::<L>(
-                    nr,
-                    BC,
-                    ep,
-                    qblk,
-                    ep,
-                    1,
-                    kt.as_ptr(),
-                    BC,
-                    s.as_mut_ptr(),
-                    BC,
-                    false,
-                );
-                gemm::<L>(
-                    nr,
-                    BC,
-                    evp,
-                    doblk,
-                    evp,
-                    1,
-                    vt.as_ptr(),
-                    BC,
-                    dp.as_mut_ptr(),
-                    BC,
-                    false,
-                );
-                // The tile's per-score masks as 2-D views, sliced once: a 4-D
-                // index per score would cost more than the score.
-                let tile = ndarray::s![b, h, i0..i0 + nr, k0..k0 + nk];
-                let mask = p.mask.filter(|_| !full).map(|m| m.slice_move(tile));
-                let bias = p.bias.filter(|_| !full).map(|m| m.slice_move(tile));
-                let pad = p
-                    .key_padding
-                    .map(|m| m.slice_move(ndarray::s![b, k0..k0 + nk]));
-                let mut terms = [0.0f32; BC];
-                for r in 0..nr {
-                    let i = i0 + r;
-                    let l = ctx.lse[bh * d.q_len + i];
-                    let dsum = ctx.dsum[bh * d.q_len + i];
-                    let srow = s.as_mut_ptr().add(r * BC);
-                    let dprow = dp.as_mut_ptr().add(r * BC);
-                    if l == f32::NEG_INFINITY {
-                        std::ptr::write_bytes(srow, 0, BC);
-                        std::ptr::write_bytes(dprow, 0, BC);
+            }
+            dk_acc.fill(0.0);
+            dv_acc.fill(0.0);
+            for h in kvh * ctx.group..(kvh + 1) * ctx.group {
+                let bh = b * d.heads + h;
+                for qb in 0..q_blocks {
+                    let i0 = qb * BR;
+                    let nr = BR.min(d.q_len - i0);
+                    // Which rows see this key block, and whether all see all of it.
+                    let mut any = false;
+                    let mut full = fast && nk == BC;
+                    for i in i0..i0 + nr {
+                        let (lo, hi) = p.key_range(i);
+                        let live = ctx.lse[bh * d.q_len + i] != f32::NEG_INFINITY;
+                        any |= live && lo < k0 + nk && hi > k0;
+                        full &= live && lo <= k0 && hi >= k0 + nk;
+                    }
+                    if !any {
                         continue;
                     }
-                    if full {
-                        exp_row::<L>(srow, ctx.scale, l);
-                    } else {
-                        // Per-score rules: logits, −∞ where masked, then exp.
-                        let (lo, hi) = p.key_range(i);
-                        let (lo, hi) = (lo.clamp(k0, k0 + nk) - k0, hi.clamp(k0, k0 + nk) - k0);
-                        let term = &mut terms[..nk];
-                        mask_terms(
-                            mask.map(|m| m.index_axis_move(Axis(0), r)),
-                            bias.map(|m| m.index_axis_move(Axis(0), r)),
-                            pad,
-                            term,
-                        );
-                        let srow_n = std::slice::from_raw_parts_mut(srow, nk);
-                        for (jj, (x, &t)) in srow_n.iter_mut().zip(term.iter()).enumerate() {
-                            let logit = *x * ctx.scale + t - l;
-                            let visible = (lo <= jj) & (jj < hi);
-                            *x = if visible { logit } else { f32::NEG_INFINITY };
+                    let qblk = ctx.q.as_ptr().add((bh * d.q_len + i0) * ep);
+                    let doblk = ctx.dout.as_ptr().add((bh * d.q_len + i0) * evp);
+                    gemm(
+                        isa,
+                        nr,
+                        BC,
+                        ep,
+                        qblk,
+                        ep,
+                        1,
+                        kt.as_ptr(),
+                        BC,
+                        s.as_mut_ptr(),
+                        BC,
+                        false,
+                    );
+                    gemm(
+                        isa,
+                        nr,
+                        BC,
+                        evp,
+                        doblk,
+                        evp,
+                        1,
+                        vt.as_ptr(),
+                        BC,
+                        dp.as_mut_ptr(),
+                        BC,
+                        false,
+                    );
+                    // The tile's per-score masks as 2-D views, sliced once: a 4-D
+                    // index per score would cost more than the score.
+                    let tile = ndarray::s![b, h, i0..i0 + nr, k0..k0 + nk];
+                    let mask = p.mask.filter(|_| !full).map(|m| m.slice_move(tile));
+                    let bias = p.bias.filter(|_| !full).map(|m| m.slice_move(tile));
+                    let pad = p
+                        .key_padding
+                        .map(|m| m.slice_move(ndarray::s![b, k0..k0 + nk]));
+                    let mut terms = [0.0f32; BC];
+                    for r in 0..nr {
+                        let i = i0 + r;
+                        let l = ctx.lse[bh * d.q_len + i];
+                        let dsum = ctx.dsum[bh * d.q_len + i];
+                        let srow = s.as_mut_ptr().add(r * BC);
+                        let dprow = dp.as_mut_ptr().add(r * BC);
+                        if l == f32::NEG_INFINITY {
+                            std::ptr::write_bytes(srow, 0, BC);
+                            std::ptr::write_bytes(dprow, 0, BC);
+                            continue;
                         }
-                        for jj in nk..BC {
-                            *srow.add(jj) = f32::NEG_INFINITY;
+                        if full {
+                            exp_row(isa, srow, ctx.scale, l);
+                        } else {
+                            // Per-score rules: logits, −∞ where masked, then exp.
+                            let (lo, hi) = p.key_range(i);
+                            let (lo, hi) = (lo.clamp(k0, k0 + nk) - k0, hi.clamp(k0, k0 + nk) - k0);
+                            let term = &mut terms[..nk];
+                            mask_terms(
+                                mask.map(|m| m.index_axis_move(Axis(0), r)),
+                                bias.map(|m| m.index_axis_move(Axis(0), r)),
+                                pad,
+                                term,
+                            );
+                            let srow_n = std::slice::from_raw_parts_mut(srow, nk);
+                            for (jj, (x, &t)) in srow_n.iter_mut().zip(term.iter()).enumerate() {
+                                let logit = *x * ctx.scale + t - l;
+                                let visible = (lo <= jj) & (jj < hi);
+                                *x = if visible { logit } else { f32::NEG_INFINITY };
+                            }
+                            for jj in nk..BC {
+                                *srow.add(jj) = f32::NEG_INFINITY;
+                            }
+                            exp_row(isa, srow, 1.0, 0.0);
                         }
-                        exp_row::<L>(srow, 1.0, 0.0);
-                    }
-                    match ctx.dropout {
-                        None => ds_row::<L>(srow, dprow, dsum, ctx.scale),
-                        Some(dr) => {
-                            let row = dr.row(b, h, i);
-                            for jj in 0..nk {
-                                let z = dr.factor_in_row(row, k0 + jj);
-                                let pr = *srow.add(jj);
-                                *dprow.add(jj) = pr * (*dprow.add(jj) * z - dsum) * ctx.scale;
-                                *srow.add(jj) = pr * z;
+                        match ctx.dropout {
+                            None => ds_row(isa, srow, dprow, dsum, ctx.scale),
+                            Some(dr) => {
+                                let row = dr.row(b, h, i);
+                                for jj in 0..nk {
+                                    let z = dr.factor_in_row(row, k0 + jj);
+                                    let pr = *srow.add(jj);
+                                    *dprow.add(jj) = pr * (*dprow.add(jj) * z - dsum) * ctx.scale;
+                                    *srow.add(jj) = pr * z;
+                                }
                             }
                         }
                     }
+                    // dV += P̃ᵀ dO, dK += dSᵀ Q, dQ += dS K.
+                    gemm(
+                        isa,
+                        nk,
+                        evp,
+                        nr,
+                        s.as_ptr(),
+                        1,
+                        BC,
+                        doblk,
+                        evp,
+                        dv_acc.as_mut_ptr(),
+                        evp,
+                        true,
+                    );
+                    gemm(
+                        isa,
+                        nk,
+                        ep,
+                        nr,
+                        dp.as_ptr(),
+                        1,
+                        BC,
+                        qblk,
+                        ep,
+                        dk_acc.as_mut_ptr(),
+                        ep,
+                        true,
+                    );
+                    let dq_blk = dq.0.add((bh * d.q_len + i0) * ep);
+                    gemm(
+                        isa,
+                        nr,
+                        ep,
+                        nk,
+                        dp.as_ptr(),
+                        BC,
+                        1,
+                        krow.as_ptr(),
+                        ep,
+                        dq_blk,
+                        ep,
+                        true,
+                    );
                 }
-                // dV += P̃ᵀ dO, dK += dSᵀ Q, dQ += dS K.
-                gemm::<L>(
-                    nk,
-                    evp,
-                    nr,
-                    s.as_ptr(),
-                    1,
-                    BC,
-                    doblk,
-                    evp,
-                    dv_acc.as_mut_ptr(),
-                    evp,
-                    true,
-                );
-                gemm::<L>(
-                    nk,
-                    ep,
-                    nr,
-                    dp.as_ptr(),
-                    1,
-                    BC,
-                    qblk,
-                    ep,
-                    dk_acc.as_mut_ptr(),
-                    ep,
-                    true,
-                );
-                let dq_blk = dq.0.add((bh * d.q_len + i0) * ep);
-                gemm::<L>(
-                    nr,
-                    ep,
-                    nk,
-                    dp.as_ptr(),
-                    BC,
-                    1,
-                    krow.as_ptr(),
-                    ep,
-                    dq_blk,
-                    ep,
-                    true,
-                );
             }
+            let kvrow = (b * d.kv_heads + kvh) * d.kv_len + k0;
+            std::ptr::copy_nonoverlapping(dk_acc.as_ptr(), ctx.dk.0.add(kvrow * ep), nk * ep);
+            std::ptr::copy_nonoverlapping(dv_acc.as_ptr(), ctx.dv.0.add(kvrow * evp), nk * evp);
         }
-        let kvrow = (b * d.kv_heads + kvh) * d.kv_len + k0;
-        std::ptr::copy_nonoverlapping(dk_acc.as_ptr(), ctx.dk.0.add(kvrow * ep), nk * ep);
-        std::ptr::copy_nonoverlapping(dv_acc.as_ptr(), ctx.dv.0.add(kvrow * evp), nk * evp);
     }
 }
 
 /// `row[j] = exp(row[j] · scale − shift)` over one block row, computed as
 /// `2^(row[j] · scale·log₂e − shift·log₂e)` like the forward kernel.
+///
+/// # Safety
+/// `row` must be valid for reading and writing `BC` floats.
 #[inline(always)]
-unsafe fn exp_row<L: Simd>(row: *mut f32, scale: f32, shift: f32) {
-    let log2e = std::f32::consts::LOG2_E;
-    let (sc, sh) = (L::splat(scale * log2e), L::splat(shift * log2e));
-    for v in 0..BC / W {
-        let x = L::load(row.add(v * W));
-        L::store(row.add(v * W), L::exp2(L::sub(L::mul(x, sc), sh)));
+unsafe fn exp_row<I: Simd>(isa: I, row: *mut f32, scale: f32, shift: f32) {
+    // SAFETY: the caller upholds this function's contract (see # Safety).
+    unsafe {
+        let log2e = std::f32::consts::LOG2_E;
+        let (sc, sh) = (isa.splat(scale * log2e), isa.splat(shift * log2e));
+        for v in 0..BC / W {
+            let x = isa.load(row.add(v * W));
+            isa.store(row.add(v * W), isa.exp2(isa.sub(isa.mul(x, sc), sh)));
+        }
     }
 }
 
 /// `dp[j] = p[j] · (dp[j] − dsum) · scale` over one block row.
+///
+/// # Safety
+/// `p` must be valid for reading and `dp` for reading and writing `BC` floats.
 #[inline(always)]
-unsafe fn ds_row<L: Simd>(p: *const f32, dp: *mut f32, dsum: f32, scale: f32) {
-    let (ds, sc) = (L::splat(dsum), L::splat(scale));
-    for v in 0..BC / W {
-        let x = L::load(dp.add(v * W));
-        let pr = L::load(p.add(v * W));
-        L::store(dp.add(v * W), L::mul(L::mul(pr, L::sub(x, ds)), sc));
+unsafe fn ds_row<I: Simd>(isa: I, p: *const f32, dp: *mut f32, dsum: f32, scale: f32) {
+    // SAFETY: the caller upholds this function's contract (see # Safety).
+    unsafe {
+        let (ds, sc) = (isa.splat(dsum), isa.splat(scale));
+        for v in 0..BC / W {
+            let x = isa.load(dp.add(v * W));
+            let pr = isa.load(p.add(v * W));
+            isa.store(dp.add(v * W), isa.mul(isa.mul(pr, isa.sub(x, ds)), sc));
+        }
     }
 }
 
 /// `C[m × n] (+)= A[m × k] · B[k × n]` with `n` a multiple of 16. `A[i, kk]` is at
 /// `a + i·rsa + kk·csa` (so `Aᵀ` costs nothing), `B` and `C` are row-major.
+///
+/// # Safety
+/// `a + i·rsa + kk·csa` must be readable for `i < m`, `kk < k`; `b` for `k` rows
+/// of `n` floats `ldb` apart; `c` readable and writable for `m` rows of `n` floats
+/// `ldc` apart.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn gemm<L: Simd>(
+unsafe fn gemm<I: Simd>(
+    isa: I,
     m: usize,
     n: usize,
     k: usize,
@@ -475,20 +511,28 @@ unsafe fn gemm<L: Simd>(
     ldc: usize,
     acc: bool,
 ) {
-    let mut j = 0;
-    while j + 4 * W <= n {
-        rows::<L, 4>(m, k, a, rsa, csa, b.add(j), ldb, c.add(j), ldc, acc);
-        j += 4 * W;
-    }
-    while j < n {
-        rows::<L, 1>(m, k, a, rsa, csa, b.add(j), ldb, c.add(j), ldc, acc);
-        j += W;
+    // SAFETY: the caller upholds this function's contract (see # Safety).
+    unsafe {
+        let mut j = 0;
+        while j + 4 * W <= n {
+            rows::<I, 4>(isa, m, k, a, rsa, csa, b.add(j), ldb, c.add(j), ldc, acc);
+            j += 4 * W;
+        }
+        while j < n {
+            rows::<I, 1>(isa, m, k, a, rsa, csa, b.add(j), ldb, c.add(j), ldc, acc);
+            j += W;
+        }
     }
 }
 
+/// `C[m × NV·16] (+)= A · B`, four rows at a time.
+///
+/// # Safety
+/// As [`gemm`]'s, with `n = NV·16`.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn rows<L: Simd, const NV: usize>(
+unsafe fn rows<I: Simd, const NV: usize>(
+    isa: I,
     m: usize,
     k: usize,
     a: *const f32,
@@ -500,41 +544,50 @@ unsafe fn rows<L: Simd, const NV: usize>(
     ldc: usize,
     acc: bool,
 ) {
-    let mut i = 0;
-    while i + 4 <= m {
-        tile::<L, 4, NV>(
-            k,
-            a.add(i * rsa),
-            rsa,
-            csa,
-            b,
-            ldb,
-            c.add(i * ldc),
-            ldc,
-            acc,
-        );
-        i += 4;
-    }
-    while i < m {
-        tile::<L, 1, NV>(
-            k,
-            a.add(i * rsa),
-            rsa,
-            csa,
-            b,
-            ldb,
-            c.add(i * ldc),
-            ldc,
-            acc,
-        );
-        i += 1;
+    // SAFETY: the caller upholds this function's contract (see # Safety).
+    unsafe {
+        let mut i = 0;
+        while i + 4 <= m {
+            tile::<I, 4, NV>(
+                isa,
+                k,
+                a.add(i * rsa),
+                rsa,
+                csa,
+                b,
+                ldb,
+                c.add(i * ldc),
+                ldc,
+                acc,
+            );
+            i += 4;
+        }
+        while i < m {
+            tile::<I, 1, NV>(
+                isa,
+                k,
+                a.add(i * rsa),
+                rsa,
+                csa,
+                b,
+                ldb,
+                c.add(i * ldc),
+                ldc,
+                acc,
+            );
+            i += 1;
+        }
     }
 }
 
 /// An `MR × (NV·16)` tile of `C`, held in registers across the `k` loop.
+///
+/// # Safety
+/// As [`gemm`]'s, with `m = MR` and `n = NV·16`.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn tile<L: Simd, const MR: usize, const NV: usize>(
+unsafe fn tile<I: Simd, const MR: usize, const NV: usize>(
+    isa: I,
     k: usize,
     a: *const f32,
     rsa: usize,
@@ -545,29 +598,32 @@ unsafe fn tile<L: Simd, const MR: usize, const NV: usize>(
     ldc: usize,
     acc: bool,
 ) {
-    let mut t = [[L::splat(0.0); NV]; MR];
-    if acc {
-        for (r, row) in t.iter_mut().enumerate() {
-            for (v, x) in row.iter_mut().enumerate() {
-                *x = L::load(c.add(r * ldc + v * W));
+    // SAFETY: the caller upholds this function's contract (see # Safety).
+    unsafe {
+        let mut t = [[isa.splat(0.0); NV]; MR];
+        if acc {
+            for (r, row) in t.iter_mut().enumerate() {
+                for (v, x) in row.iter_mut().enumerate() {
+                    *x = isa.load(c.add(r * ldc + v * W));
+                }
             }
         }
-    }
-    for kk in 0..k {
-        let mut bv = [L::splat(0.0); NV];
-        for (v, x) in bv.iter_mut().enumerate() {
-            *x = L::load(b.add(kk * ldb + v * W));
-        }
-        for (r, row) in t.iter_mut().enumerate() {
-            let av = L::splat(*a.add(r * rsa + kk * csa));
-            for (v, x) in row.iter_mut().enumerate() {
-                *x = L::fma(av, bv[v], *x);
+        for kk in 0..k {
+            let mut bv = [isa.splat(0.0); NV];
+            for (v, x) in bv.iter_mut().enumerate() {
+                *x = isa.load(b.add(kk * ldb + v * W));
+            }
+            for (r, row) in t.iter_mut().enumerate() {
+                let av = isa.splat(*a.add(r * rsa + kk * csa));
+                for (v, x) in row.iter_mut().enumerate() {
+                    *x = isa.fma(av, bv[v], *x);
+                }
             }
         }
-    }
-    for (r, row) in t.iter().enumerate() {
-        for (v, x) in row.iter().enumerate() {
-            L::store(c.add(r * ldc + v * W), *x);
+        for (r, row) in t.iter().enumerate() {
+            for (v, x) in row.iter().enumerate() {
+                isa.store(c.add(r * ldc + v * W), *x);
+            }
         }
     }
 }

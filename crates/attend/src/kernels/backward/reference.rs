@@ -16,9 +16,8 @@
 
 use ndarray::{Array2, Array3, Array4, ArrayView4};
 
-use super::Dropout;
-use crate::attention::{Problem, SoftmaxAxis};
 use crate::kernels::reference::{log_sum_exp, softmax_rows};
+use crate::problem::{Dropout, Problem, SoftmaxAxis};
 
 /// Forward results in f64.
 pub(crate) struct Forward {
@@ -36,13 +35,8 @@ pub(crate) struct Backward {
 }
 
 /// The probabilities of head `(b, h)`, `[L, S]`, and the row log-sum-exps.
-fn probabilities(
-    p: &Problem<'_>,
-    q: &ArrayView4<'_, f64>,
-    k: &ArrayView4<'_, f64>,
-    b: usize,
-    h: usize,
-) -> (Array2<f64>, Vec<f64>) {
+fn probabilities(p: &Problem<'_, f64>, b: usize, h: usize) -> (Array2<f64>, Vec<f64>) {
+    let (q, k) = (&p.q, &p.k);
     let d = p.dims();
     let kvh = h / (d.heads / d.kv_heads);
     let scale = p.scale as f64;
@@ -74,13 +68,8 @@ fn dropped(dropout: Option<&Dropout>, b: usize, h: usize, i: usize, j: usize) ->
 }
 
 /// The forward pass: output and log-sum-exp.
-pub(crate) fn forward(
-    p: &Problem<'_>,
-    q: ArrayView4<'_, f64>,
-    k: ArrayView4<'_, f64>,
-    v: ArrayView4<'_, f64>,
-    dropout: Option<&Dropout>,
-) -> Forward {
+pub(crate) fn forward(p: &Problem<'_, f64>, dropout: Option<&Dropout>) -> Forward {
+    let v = &p.v;
     let d = p.dims();
     let group = d.heads / d.kv_heads;
     let mut out = Array4::zeros((d.batch, d.heads, d.q_len, d.value_dim));
@@ -88,7 +77,7 @@ pub(crate) fn forward(
     for b in 0..d.batch {
         for h in 0..d.heads {
             let kvh = h / group;
-            let (probs, l) = probabilities(p, &q, &k, b, h);
+            let (probs, l) = probabilities(p, b, h);
             for i in 0..d.q_len {
                 lse[[b, h, i]] = l[i];
                 for j in 0..d.kv_len {
@@ -107,13 +96,11 @@ pub(crate) fn forward(
 
 /// The backward pass, recomputing the probabilities from `q` and `k`.
 pub(crate) fn backward(
-    p: &Problem<'_>,
-    q: ArrayView4<'_, f64>,
-    k: ArrayView4<'_, f64>,
-    v: ArrayView4<'_, f64>,
+    p: &Problem<'_, f64>,
     dout: ArrayView4<'_, f64>,
     dropout: Option<&Dropout>,
 ) -> Backward {
+    let (q, k, v) = (&p.q, &p.k, &p.v);
     let d = p.dims();
     let group = d.heads / d.kv_heads;
     let scale = p.scale as f64;
@@ -123,7 +110,7 @@ pub(crate) fn backward(
     for b in 0..d.batch {
         for h in 0..d.heads {
             let kvh = h / group;
-            let (probs, _) = probabilities(p, &q, &k, b, h);
+            let (probs, _) = probabilities(p, b, h);
             // dP_ij = Z_ij/(1-p) · dO_i · v_j, and dV_j += P̃_ij dO_i.
             let mut dp = Array2::<f64>::zeros((d.q_len, d.kv_len));
             for i in 0..d.q_len {

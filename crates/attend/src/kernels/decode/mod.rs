@@ -12,17 +12,14 @@
 //! Scores are computed in base 2: queries are pre-multiplied by `scale · log2 e`,
 //! so the softmax needs only `2^x`.
 
-mod simd;
-
 pub use crate::kernels::Isa;
 
 use ndarray::{Array3, Array4, ArrayView4};
 use rayon::prelude::*;
 
-use crate::attention::{Problem, SoftmaxAxis};
-use crate::kernels::simd::portable::Portable;
-use crate::kernels::simd::LANES;
-use simd::DecodeSimd;
+use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
+use crate::kernels::scratch::with_scratch;
+use crate::problem::{Problem, SoftmaxAxis};
 
 /// Where a problem's keys sit in the whole sequence.
 ///
@@ -62,11 +59,6 @@ const MIN_CHUNK: usize = 256;
 /// Keys per block inside a chunk: one vector of scores per query row.
 const BLOCK: usize = LANES;
 
-thread_local! {
-    /// Per-thread score buffer of the chunk being processed.
-    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
 /// Whether this kernel handles the problem (softmax over keys; anything else goes
 /// to the reference).
 pub fn supports(p: &Problem<'_>) -> bool {
@@ -84,14 +76,19 @@ fn chunk_len(e: usize, ev: usize, keys: usize, heads: usize) -> usize {
     ch
 }
 
+/// Floats of scratch one task needs: the scores of one chunk of `chunk` keys for
+/// every query row of a key/value head's group.
+fn scratch_len(rows: usize, chunk: usize) -> usize {
+    rows * chunk.div_ceil(BLOCK) * BLOCK
+}
+
 /// Runs the split-KV kernel: output `[B, Hq, L, Ev]` and natural log-sum-exp
 /// `[B, Hq, L]` (−∞ and zeros for fully masked rows).
 ///
-/// Runs on the current rayon pool; `isa` must be available (see
-/// [`Isa::is_available`]). Panics if the problem's softmax is over queries.
-pub fn run(p: &Problem<'_>, span: KeySpan, isa: Isa) -> (Array4<f32>, Array3<f32>) {
+/// Runs on the current rayon pool. Panics if the problem's softmax is over
+/// queries.
+pub(crate) fn run(p: &Problem<'_>, span: KeySpan, isa: IsaToken) -> (Array4<f32>, Array3<f32>) {
     assert!(supports(p), "the decode kernel needs softmax over keys");
-    assert!(isa.is_available(), "isa {} not available", isa.name());
     let d = p.dims();
     let (group, l) = (d.heads / d.kv_heads, d.q_len);
     let rows = group * l;
@@ -165,6 +162,7 @@ pub fn run(p: &Problem<'_>, span: KeySpan, isa: Isa) -> (Array4<f32>, Array3<f32
         ranges: &ranges,
         elementwise,
     };
+    let len = scratch_len(rows, ch);
     partials
         .par_chunks_mut(stride)
         .enumerate()
@@ -174,7 +172,16 @@ pub fn run(p: &Problem<'_>, span: KeySpan, isa: Isa) -> (Array4<f32>, Array3<f32
             let (b, kvh) = (bh / d.kv_heads, bh % d.kv_heads);
             let j0 = jlo + c * ch;
             let j1 = (j0 + ch).min(jhi);
-            ctx.chunk(isa, b, kvh, j0, j1, part);
+            with_scratch(len, |scores| {
+                let job = ChunkJob {
+                    ctx: &ctx,
+                    at: (b, kvh),
+                    keys: (j0, j1),
+                    part,
+                    scores,
+                };
+                dispatch(isa, job)
+            });
         });
 
     // Merge the chunks of each row in key order.
@@ -236,151 +243,154 @@ struct Ctx<'a, 'p> {
     elementwise: bool,
 }
 
+/// One chunk of one key/value head, for [`dispatch`].
+struct ChunkJob<'a, 'c, 'p, 'o> {
+    ctx: &'a Ctx<'c, 'p>,
+    /// `(b, kvh)`.
+    at: (usize, usize),
+    /// Keys `[j0, j1)`.
+    keys: (usize, usize),
+    /// `m[rows]`, `l[rows]`, `o[rows, Ev]`.
+    part: &'o mut [f32],
+    /// [`scratch_len`] floats for the chunk's scores.
+    scores: &'o mut [f32],
+}
+
+impl SimdJob for ChunkJob<'_, '_, '_, '_> {
+    type Output = ();
+    #[inline(always)]
+    fn run<I: Simd>(self, isa: I) {
+        let ((b, kvh), (j0, j1)) = (self.at, self.keys);
+        // SAFETY: `run` made `(b, kvh)` and `[j0, j1)` inside the problem, `part`
+        // one task's partial and `scores` `scratch_len` floats.
+        unsafe { self.ctx.chunk(isa, b, kvh, j0, j1, self.part, self.scores) }
+    }
+}
+
 impl Ctx<'_, '_> {
     /// Computes chunk `[j0, j1)` of `(b, kvh)` into `part`: `m[rows]` (base-2
     /// running max), `l[rows]` (sum of weights), `o[rows, Ev]` (unnormalised).
-    fn chunk(&self, isa: Isa, b: usize, kvh: usize, j0: usize, j1: usize, part: &mut [f32]) {
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `run` checked that the CPU has avx512f.
-            Isa::Avx512 => unsafe { self.chunk_avx512(b, kvh, j0, j1, part) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `run` checked that the CPU has avx2 and fma.
-            Isa::Avx2 => unsafe { self.chunk_avx2(b, kvh, j0, j1, part) },
-            // SAFETY: the portable vectors need no CPU feature.
-            _ => unsafe { self.chunk_with::<Portable>(b, kvh, j0, j1, part) },
-        }
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn chunk_avx2(&self, b: usize, kvh: usize, j0: usize, j1: usize, part: &mut [f32]) {
-        self.chunk_with::<crate::kernels::simd::avx2::Avx2>(b, kvh, j0, j1, part)
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn chunk_avx512(&self, b: usize, kvh: usize, j0: usize, j1: usize, part: &mut [f32]) {
-        self.chunk_with::<crate::kernels::simd::avx512::Avx512>(b, kvh, j0, j1, part)
-    }
-
+    ///
     /// Two passes over the chunk, each a long sequential read: first every score
     /// (K streamed once for all the group's queries), then the weighted values
     /// (V streamed once). The chunk's scores stay in cache between the passes.
+    ///
+    /// # Safety
+    /// `b < B`, `kvh < Hkv` and `j0 < j1 ≤ S`; `part` holds `rows · (Ev + 2)`
+    /// floats and `scratch` [`scratch_len`] for a chunk of `j1 − j0` keys.
+    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    unsafe fn chunk_with<S: DecodeSimd>(
+    unsafe fn chunk<I: Simd>(
         &self,
+        isa: I,
         b: usize,
         kvh: usize,
         j0: usize,
         j1: usize,
         part: &mut [f32],
+        scratch: &mut [f32],
     ) {
-        let rows = self.rows;
-        let l = rows / self.group;
-        let (e, ev) = (self.k.dim().3, self.v.dim().3);
-        let (m, rest) = part.split_at_mut(rows);
-        let (lsum, o) = rest.split_at_mut(rows);
-        m.fill(f32::NEG_INFINITY);
-        lsum.fill(0.0);
-        o.fill(0.0);
-        let ks = self.k.strides()[2];
-        let vs = self.v.strides()[2];
-        let kbase = self
-            .k
-            .as_ptr()
-            .offset(b as isize * self.k.strides()[0] + kvh as isize * self.k.strides()[1]);
-        let vbase = self
-            .v
-            .as_ptr()
-            .offset(b as isize * self.v.strides()[0] + kvh as isize * self.v.strides()[1]);
-        let qrows = &self.qs[(b * self.k.dim().1 + kvh) * rows * self.ep..][..rows * self.ep];
-        // Scores of the chunk, one row per query, padded to whole blocks.
-        let n = j1 - j0;
-        let width = n.div_ceil(BLOCK) * BLOCK;
-        // Taken out of the thread-local and put back after: a closure would not
-        // inherit this function's target features.
-        let mut scratch = SCRATCH.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
-        if scratch.len() < rows * width {
-            scratch.resize(rows * width, 0.0);
-        }
-        {
-            let s = &mut scratch[..rows * width];
-            s.fill(f32::NEG_INFINITY);
+        // SAFETY: the caller upholds this function's contract (see # Safety).
+        unsafe {
+            let rows = self.rows;
+            let l = rows / self.group;
+            let (e, ev) = (self.k.dim().3, self.v.dim().3);
+            let (m, rest) = part.split_at_mut(rows);
+            let (lsum, o) = rest.split_at_mut(rows);
+            m.fill(f32::NEG_INFINITY);
+            lsum.fill(0.0);
+            o.fill(0.0);
+            let ks = self.k.strides()[2];
+            let vs = self.v.strides()[2];
+            let kbase = self
+                .k
+                .as_ptr()
+                .offset(b as isize * self.k.strides()[0] + kvh as isize * self.k.strides()[1]);
+            let vbase = self
+                .v
+                .as_ptr()
+                .offset(b as isize * self.v.strides()[0] + kvh as isize * self.v.strides()[1]);
+            let qrows = &self.qs[(b * self.k.dim().1 + kvh) * rows * self.ep..][..rows * self.ep];
+            // Scores of the chunk, one row per query, padded to whole blocks.
+            let n = j1 - j0;
+            let width = n.div_ceil(BLOCK) * BLOCK;
+            {
+                let s = &mut scratch[..rows * width];
+                s.fill(f32::NEG_INFINITY);
 
-            // Pass 1: scores.
-            let mut jb = j0;
-            while jb < j1 {
-                let nb = BLOCK.min(j1 - jb);
-                let kb = kbase.offset(jb as isize * ks);
-                for (i, &(lo, hi)) in self.ranges.iter().enumerate() {
-                    if hi <= jb || lo >= jb + nb {
-                        continue; // nothing visible to this query in the block
-                    }
-                    let partial = lo > jb || hi < jb + nb || self.elementwise;
-                    for g in 0..self.group {
-                        let r = g * l + i;
-                        let q = qrows.as_ptr().add(r * self.ep);
-                        let sb = &mut s[r * width + (jb - j0)..][..BLOCK];
-                        if nb == BLOCK {
-                            dots16::<S>(q, kb, ks, e, sb.as_mut_ptr());
-                        } else {
-                            dots::<S>(q, kb, ks, e, nb, sb.as_mut_ptr());
+                // Pass 1: scores.
+                let mut jb = j0;
+                while jb < j1 {
+                    let nb = BLOCK.min(j1 - jb);
+                    let kb = kbase.offset(jb as isize * ks);
+                    for (i, &(lo, hi)) in self.ranges.iter().enumerate() {
+                        if hi <= jb || lo >= jb + nb {
+                            continue; // nothing visible to this query in the block
                         }
-                        if partial {
-                            self.mask_block(b, kvh * self.group + g, i, jb, nb, (lo, hi), sb);
+                        let partial = lo > jb || hi < jb + nb || self.elementwise;
+                        for g in 0..self.group {
+                            let r = g * l + i;
+                            let q = qrows.as_ptr().add(r * self.ep);
+                            let sb = &mut s[r * width + (jb - j0)..][..BLOCK];
+                            if nb == BLOCK {
+                                dots16(isa, q, kb, ks, e, sb.as_mut_ptr());
+                            } else {
+                                dots(isa, q, kb, ks, e, nb, sb.as_mut_ptr());
+                            }
+                            if partial {
+                                self.mask_block(b, kvh * self.group + g, i, jb, nb, (lo, hi), sb);
+                            }
                         }
                     }
+                    jb += nb;
                 }
-                jb += nb;
-            }
 
-            // Softmax numerators per query, in place.
-            for r in 0..rows {
-                let row = &mut s[r * width..][..width];
-                let mut mv = f32::NEG_INFINITY;
-                for blk in row.chunks_exact(BLOCK) {
-                    let x = S::max_lane(S::load(blk.as_ptr()));
-                    if x > mv || x.is_nan() {
-                        mv = x;
+                // Softmax numerators per query, in place.
+                for r in 0..rows {
+                    let row = &mut s[r * width..][..width];
+                    let mut mv = f32::NEG_INFINITY;
+                    for blk in row.chunks_exact(BLOCK) {
+                        let x = isa.max_lane(isa.load(blk.as_ptr()));
+                        if x > mv || x.is_nan() {
+                            mv = x;
+                        }
                     }
-                }
-                m[r] = mv;
-                if mv == f32::NEG_INFINITY {
-                    continue;
-                }
-                let mvv = S::splat(mv);
-                let mut acc = S::splat(0.0);
-                for blk in row.chunks_exact_mut(BLOCK) {
-                    let pv = S::exp2(S::sub(S::load(blk.as_ptr()), mvv));
-                    S::store(blk.as_mut_ptr(), pv);
-                    acc = S::add(acc, pv);
-                }
-                lsum[r] = S::sum(acc);
-            }
-
-            // Pass 2: weighted values.
-            let mut jb = j0;
-            while jb < j1 {
-                let nb = BLOCK.min(j1 - jb);
-                let vb = vbase.offset(jb as isize * vs);
-                for (i, &(lo, hi)) in self.ranges.iter().enumerate() {
-                    if hi <= jb || lo >= jb + nb {
+                    m[r] = mv;
+                    if mv == f32::NEG_INFINITY {
                         continue;
                     }
-                    for g in 0..self.group {
-                        let r = g * l + i;
-                        if m[r] == f32::NEG_INFINITY {
+                    let mvv = isa.splat(mv);
+                    let mut acc = isa.splat(0.0);
+                    for blk in row.chunks_exact_mut(BLOCK) {
+                        let pv = isa.exp2(isa.sub(isa.load(blk.as_ptr()), mvv));
+                        isa.store(blk.as_mut_ptr(), pv);
+                        acc = isa.add(acc, pv);
+                    }
+                    lsum[r] = isa.sum(acc);
+                }
+
+                // Pass 2: weighted values.
+                let mut jb = j0;
+                while jb < j1 {
+                    let nb = BLOCK.min(j1 - jb);
+                    let vb = vbase.offset(jb as isize * vs);
+                    for (i, &(lo, hi)) in self.ranges.iter().enumerate() {
+                        if hi <= jb || lo >= jb + nb {
                             continue;
                         }
-                        let p = s.as_ptr().add(r * width + (jb - j0));
-                        accumulate::<S>(o.as_mut_ptr().add(r * ev), p, vb, vs, ev, nb);
+                        for g in 0..self.group {
+                            let r = g * l + i;
+                            if m[r] == f32::NEG_INFINITY {
+                                continue;
+                            }
+                            let p = s.as_ptr().add(r * width + (jb - j0));
+                            accumulate(isa, o.as_mut_ptr().add(r * ev), p, vb, vs, ev, nb);
+                        }
                     }
+                    jb += nb;
                 }
-                jb += nb;
             }
         }
-        SCRATCH.with(|cell| *cell.borrow_mut() = scratch);
     }
 
     /// Masks the scores of keys `jb..jb + n` for query `i` of head `h`: −∞ outside
@@ -409,34 +419,52 @@ impl Ctx<'_, '_> {
 
 /// `out[j] = q · k_j` for a whole block of 16 keys: sixteen accumulators, summed
 /// with one transpose-and-add tree.
+///
+/// # Safety
+/// `q` must be valid for reading `e` rounded up to 16 floats; `k` for 16 rows of
+/// `e` floats `ks` apart; `out` for writing 16 floats.
 #[inline(always)]
-unsafe fn dots16<S: DecodeSimd>(q: *const f32, k: *const f32, ks: isize, e: usize, out: *mut f32) {
-    let full = e / LANES;
-    let tail = e % LANES;
-    let mut acc = [S::splat(0.0); BLOCK];
-    for c in 0..full {
-        let qv = S::load(q.add(c * LANES));
-        for (j, a) in acc.iter_mut().enumerate() {
-            *a = S::fma(qv, S::load(k.offset(j as isize * ks).add(c * LANES)), *a);
+unsafe fn dots16<I: Simd>(
+    isa: I,
+    q: *const f32,
+    k: *const f32,
+    ks: isize,
+    e: usize,
+    out: *mut f32,
+) {
+    // SAFETY: the caller upholds this function's contract (see # Safety).
+    unsafe {
+        let full = e / LANES;
+        let tail = e % LANES;
+        let mut acc = [isa.splat(0.0); BLOCK];
+        for c in 0..full {
+            let qv = isa.load(q.add(c * LANES));
+            for (j, a) in acc.iter_mut().enumerate() {
+                *a = isa.fma(qv, isa.load(k.offset(j as isize * ks).add(c * LANES)), *a);
+            }
         }
-    }
-    if tail > 0 {
-        let at = full * LANES;
-        let qv = S::load(q.add(at));
-        for (j, a) in acc.iter_mut().enumerate() {
-            *a = S::fma(
-                qv,
-                S::load_part(k.offset(j as isize * ks).add(at), tail),
-                *a,
-            );
+        if tail > 0 {
+            let at = full * LANES;
+            let qv = isa.load(q.add(at));
+            for (j, a) in acc.iter_mut().enumerate() {
+                *a = isa.fma(
+                    qv,
+                    isa.load_part(k.offset(j as isize * ks).add(at), tail),
+                    *a,
+                );
+            }
         }
+        isa.store(out, isa.sum16(&acc));
     }
-    S::store(out, S::sum16(&acc));
 }
 
 /// `out[j] = q · k_j` for the `n ≤ 16` keys at `k`, four keys at a time.
+///
+/// # Safety
+/// As [`dots16`]'s, for `n` rows of `k` and `n` floats of `out`.
 #[inline(always)]
-unsafe fn dots<S: DecodeSimd>(
+unsafe fn dots<I: Simd>(
+    isa: I,
     q: *const f32,
     k: *const f32,
     ks: isize,
@@ -444,55 +472,63 @@ unsafe fn dots<S: DecodeSimd>(
     n: usize,
     out: *mut f32,
 ) {
-    let full = e / LANES;
-    let tail = e % LANES;
-    let mut j = 0;
-    while j + 4 <= n {
-        let k0 = k.offset(j as isize * ks);
-        let k1 = k0.offset(ks);
-        let k2 = k1.offset(ks);
-        let k3 = k2.offset(ks);
-        let z = S::splat(0.0);
-        let (mut a0, mut a1, mut a2, mut a3) = (z, z, z, z);
-        for c in 0..full {
-            let qv = S::load(q.add(c * LANES));
-            a0 = S::fma(qv, S::load(k0.add(c * LANES)), a0);
-            a1 = S::fma(qv, S::load(k1.add(c * LANES)), a1);
-            a2 = S::fma(qv, S::load(k2.add(c * LANES)), a2);
-            a3 = S::fma(qv, S::load(k3.add(c * LANES)), a3);
+    // SAFETY: the caller upholds this function's contract (see # Safety).
+    unsafe {
+        let full = e / LANES;
+        let tail = e % LANES;
+        let mut j = 0;
+        while j + 4 <= n {
+            let k0 = k.offset(j as isize * ks);
+            let k1 = k0.offset(ks);
+            let k2 = k1.offset(ks);
+            let k3 = k2.offset(ks);
+            let z = isa.splat(0.0);
+            let (mut a0, mut a1, mut a2, mut a3) = (z, z, z, z);
+            for c in 0..full {
+                let qv = isa.load(q.add(c * LANES));
+                a0 = isa.fma(qv, isa.load(k0.add(c * LANES)), a0);
+                a1 = isa.fma(qv, isa.load(k1.add(c * LANES)), a1);
+                a2 = isa.fma(qv, isa.load(k2.add(c * LANES)), a2);
+                a3 = isa.fma(qv, isa.load(k3.add(c * LANES)), a3);
+            }
+            if tail > 0 {
+                let at = full * LANES;
+                let qv = isa.load(q.add(at));
+                a0 = isa.fma(qv, isa.load_part(k0.add(at), tail), a0);
+                a1 = isa.fma(qv, isa.load_part(k1.add(at), tail), a1);
+                a2 = isa.fma(qv, isa.load_part(k2.add(at), tail), a2);
+                a3 = isa.fma(qv, isa.load_part(k3.add(at), tail), a3);
+            }
+            *out.add(j) = isa.sum(a0);
+            *out.add(j + 1) = isa.sum(a1);
+            *out.add(j + 2) = isa.sum(a2);
+            *out.add(j + 3) = isa.sum(a3);
+            j += 4;
         }
-        if tail > 0 {
-            let at = full * LANES;
-            let qv = S::load(q.add(at));
-            a0 = S::fma(qv, S::load_part(k0.add(at), tail), a0);
-            a1 = S::fma(qv, S::load_part(k1.add(at), tail), a1);
-            a2 = S::fma(qv, S::load_part(k2.add(at), tail), a2);
-            a3 = S::fma(qv, S::load_part(k3.add(at), tail), a3);
+        while j < n {
+            let kj = k.offset(j as isize * ks);
+            let mut a = isa.splat(0.0);
+            for c in 0..full {
+                a = isa.fma(isa.load(q.add(c * LANES)), isa.load(kj.add(c * LANES)), a);
+            }
+            if tail > 0 {
+                let at = full * LANES;
+                a = isa.fma(isa.load(q.add(at)), isa.load_part(kj.add(at), tail), a);
+            }
+            *out.add(j) = isa.sum(a);
+            j += 1;
         }
-        *out.add(j) = S::sum(a0);
-        *out.add(j + 1) = S::sum(a1);
-        *out.add(j + 2) = S::sum(a2);
-        *out.add(j + 3) = S::sum(a3);
-        j += 4;
-    }
-    while j < n {
-        let kj = k.offset(j as isize * ks);
-        let mut a = S::splat(0.0);
-        for c in 0..full {
-            a = S::fma(S::load(q.add(c * LANES)), S::load(kj.add(c * LANES)), a);
-        }
-        if tail > 0 {
-            let at = full * LANES;
-            a = S::fma(S::load(q.add(at)), S::load_part(kj.add(at), tail), a);
-        }
-        *out.add(j) = S::sum(a);
-        j += 1;
     }
 }
 
 /// `o[..ev] += Σ_j p[j] · v_j` over the `n` value rows at `v`.
+///
+/// # Safety
+/// `o` must be valid for reading and writing `ev` floats, `p` for reading `n`, and
+/// `v` for `n` rows of `ev` floats `vs` apart.
 #[inline(always)]
-unsafe fn accumulate<S: DecodeSimd>(
+unsafe fn accumulate<I: Simd>(
+    isa: I,
     o: *mut f32,
     p: *const f32,
     v: *const f32,
@@ -500,33 +536,36 @@ unsafe fn accumulate<S: DecodeSimd>(
     ev: usize,
     n: usize,
 ) {
-    const T: usize = 8;
-    let mut c = 0;
-    while c + T * LANES <= ev {
-        let mut acc = [S::splat(0.0); T];
-        for (t, a) in acc.iter_mut().enumerate() {
-            *a = S::load(o.add(c + t * LANES));
-        }
-        for j in 0..n {
-            let pj = S::splat(*p.add(j));
-            let vj = v.offset(j as isize * vs).add(c);
+    // SAFETY: the caller upholds this function's contract (see # Safety).
+    unsafe {
+        const T: usize = 8;
+        let mut c = 0;
+        while c + T * LANES <= ev {
+            let mut acc = [isa.splat(0.0); T];
             for (t, a) in acc.iter_mut().enumerate() {
-                *a = S::fma(pj, S::load(vj.add(t * LANES)), *a);
+                *a = isa.load(o.add(c + t * LANES));
             }
+            for j in 0..n {
+                let pj = isa.splat(*p.add(j));
+                let vj = v.offset(j as isize * vs).add(c);
+                for (t, a) in acc.iter_mut().enumerate() {
+                    *a = isa.fma(pj, isa.load(vj.add(t * LANES)), *a);
+                }
+            }
+            for (t, a) in acc.iter().enumerate() {
+                isa.store(o.add(c + t * LANES), *a);
+            }
+            c += T * LANES;
         }
-        for (t, a) in acc.iter().enumerate() {
-            S::store(o.add(c + t * LANES), *a);
+        while c < ev {
+            let w = LANES.min(ev - c);
+            let mut a = isa.load_part(o.add(c), w);
+            for j in 0..n {
+                let vj = v.offset(j as isize * vs).add(c);
+                a = isa.fma(isa.splat(*p.add(j)), isa.load_part(vj, w), a);
+            }
+            isa.store_part(o.add(c), a, w);
+            c += w;
         }
-        c += T * LANES;
-    }
-    while c < ev {
-        let w = LANES.min(ev - c);
-        let mut a = S::load_part(o.add(c), w);
-        for j in 0..n {
-            let vj = v.offset(j as isize * vs).add(c);
-            a = S::fma(S::splat(*p.add(j)), S::load_part(vj, w), a);
-        }
-        S::store_part(o.add(c), a, w);
-        c += w;
     }
 }

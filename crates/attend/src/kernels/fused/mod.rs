@@ -31,9 +31,9 @@
 use ndarray::{Array3, Array4};
 use rayon::prelude::*;
 
-use super::simd::{portable::Portable, Isa, Simd, LANES};
-use crate::attention::{MaskTiles, Problem, SoftmaxAxis};
-use crate::kernels::backward::Dropout;
+use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
+use crate::kernels::scratch::{carve, with_scratch};
+use crate::problem::{Dims, Dropout, MaskTiles, Problem, SoftmaxAxis};
 
 /// Keys per tile.
 const BK: usize = 64;
@@ -47,47 +47,50 @@ pub fn supports(p: &Problem<'_>) -> bool {
     p.softmax_axis == SoftmaxAxis::Keys && p.dims().value_dim > 0
 }
 
-/// Runs the fused forward on the current rayon pool with the given instruction set,
-/// returning the output `[B, Hq, L, Ev]` and the log-sum-exp `[B, Hq, L]`.
-///
-/// # Panics
-/// If `!supports(p)` or `isa` is not available on this CPU (both are checked by
-/// [`crate::attention::attention_with`]).
-pub fn run(p: &Problem<'_>, isa: Isa) -> (Array4<f32>, Array3<f32>) {
-    run_with_dropout(p, isa, None)
+/// Vectors of 16 queries per unit: as many as the queries fill, up to 4.
+fn query_vectors(q_len: usize) -> usize {
+    if q_len > 2 * LANES {
+        4
+    } else if q_len > LANES {
+        2
+    } else {
+        1
+    }
 }
 
-/// [`run`] with dropout on the attention weights (training's forward): the output
-/// is `Σ_j softmax_j · z_j · v_j` with `z` the [`Dropout`] factors, the log-sum-exp
-/// that of the weights before dropout, as the backward expects.
+/// Floats of scratch one unit needs (see [`UnitScratch`]).
+pub fn scratch_len(d: &Dims) -> usize {
+    let w = query_vectors(d.q_len) * LANES;
+    (d.head_dim + 2 * BK + d.value_dim + 3) * w
+}
+
+/// Runs the fused forward on the current rayon pool with `isa`'s vectors,
+/// returning the output `[B, Hq, L, Ev]` and the log-sum-exp `[B, Hq, L]`.
+///
+/// With `dropout` (training's forward) the output is `Σ_j softmax_j · z_j · v_j`
+/// with `z` the [`Dropout`] factors, and the log-sum-exp that of the weights before
+/// dropout, as the backward expects.
 ///
 /// # Panics
-/// As [`run`].
-pub fn run_with_dropout(
+/// If `!supports(p)` (checked by [`crate::attention::attention_with`]).
+pub(crate) fn run(
     p: &Problem<'_>,
-    isa: Isa,
+    isa: IsaToken,
     dropout: Option<&Dropout>,
 ) -> (Array4<f32>, Array3<f32>) {
     assert!(supports(p), "fused kernel does not support this problem");
-    assert!(isa.is_available(), "{isa:?} is not available on this CPU");
     let d = p.dims();
     let mut out = Array4::<f32>::zeros((d.batch, d.heads, d.q_len, d.value_dim));
     let mut lse = Array3::<f32>::zeros((d.batch, d.heads, d.q_len));
     if out.is_empty() {
         return (out, lse);
     }
-    let nq = if d.q_len > 2 * LANES {
-        4
-    } else if d.q_len > LANES {
-        2
-    } else {
-        1
-    };
+    let nq = query_vectors(d.q_len);
     let w = nq * LANES;
     let plan = Plan {
         group: d.heads / d.kv_heads,
         scale: p.scale,
-        mr: mr_for(isa, nq),
+        nq,
         masks: p.mask_tiles(),
         dropout: dropout.copied(),
     };
@@ -110,12 +113,20 @@ pub fn run_with_dropout(
             });
         }
     }
-    let entry = entry_point(isa, nq);
-    units.into_par_iter().for_each_init(
-        || Scratch::new(d.head_dim, d.value_dim, w),
-        // SAFETY: `entry` was chosen for an available ISA and this unit's `nq`.
-        |scratch, unit| unsafe { entry(p, &plan, unit, scratch) },
-    );
+    let len = scratch_len(&d);
+    units.into_par_iter().for_each(|unit| {
+        with_scratch(len, |scratch| {
+            dispatch(
+                isa,
+                UnitJob {
+                    p,
+                    plan: &plan,
+                    unit,
+                    scratch,
+                },
+            )
+        })
+    });
     (out, lse)
 }
 
@@ -123,8 +134,8 @@ pub fn run_with_dropout(
 struct Plan {
     group: usize,
     scale: f32,
-    /// Register block: keys per [`qk_rows`] call and value columns per [`pv_cols`].
-    mr: usize,
+    /// Vectors of 16 queries per unit.
+    nq: usize,
     /// The per-score masks, combined and transposed once.
     masks: MaskTiles,
     dropout: Option<Dropout>,
@@ -141,130 +152,104 @@ struct Unit<'o> {
     lse: &'o mut [f32],
 }
 
-/// Per-thread buffers, reused across units.
-struct Scratch {
+/// A unit's buffers, carved from the thread's scratch.
+struct UnitScratch<'s> {
     /// `Qᵀ`, `[E][W]`.
-    qt: Vec<f32>,
+    qt: &'s mut [f32],
     /// Scores, then probabilities, `[BK][W]`.
-    s: Vec<f32>,
+    s: &'s mut [f32],
     /// Additive mask tile, `[BK][W]`.
-    mb: Vec<f32>,
+    mb: &'s mut [f32],
     /// `Oᵀ`, `[Ev][W]`.
-    ot: Vec<f32>,
+    ot: &'s mut [f32],
     /// Running max (log₂ units), running sum, and this tile's rescale factor, `[W]`.
-    m: Vec<f32>,
-    l: Vec<f32>,
-    alpha: Vec<f32>,
+    m: &'s mut [f32],
+    l: &'s mut [f32],
+    alpha: &'s mut [f32],
 }
 
-impl Scratch {
-    fn new(e: usize, ev: usize, w: usize) -> Self {
-        Scratch {
-            qt: vec![0.0; e * w],
-            s: vec![0.0; BK * w],
-            mb: vec![0.0; BK * w],
-            ot: vec![0.0; ev * w],
-            m: vec![0.0; w],
-            l: vec![0.0; w],
-            alpha: vec![0.0; w],
+impl<'s> UnitScratch<'s> {
+    /// Splits `buf` ([`scratch_len`] floats) for units `w` queries wide.
+    fn new(mut buf: &'s mut [f32], e: usize, ev: usize, w: usize) -> Self {
+        let rest = &mut buf;
+        UnitScratch {
+            qt: carve(rest, e * w),
+            s: carve(rest, BK * w),
+            mb: carve(rest, BK * w),
+            ot: carve(rest, ev * w),
+            m: carve(rest, w),
+            l: carve(rest, w),
+            alpha: carve(rest, w),
         }
     }
 }
 
-/// The register block for an ISA: as many accumulators as fit in about
-/// three quarters of its vector registers (counted in 16-lane vectors).
-fn mr_for(isa: Isa, nq: usize) -> usize {
-    let regs = match isa {
-        Isa::Avx512 => 32,
-        Isa::Avx2 => 8,
-        Isa::Portable => 4,
-    };
-    (regs * 3 / 4 / nq).clamp(1, 12)
+/// The register block for an instruction set: as many accumulators as fit in
+/// about three quarters of its vector registers (counted in 16-lane vectors).
+fn register_block<I: Simd>(nq: usize) -> usize {
+    (I::REGISTERS * 3 / 4 / nq).clamp(1, 12)
 }
 
-type Entry = unsafe fn(&Problem<'_>, &Plan, Unit<'_>, &mut Scratch);
+/// One unit of work, for [`dispatch`].
+struct UnitJob<'a, 'p, 'o, 's> {
+    p: &'a Problem<'p>,
+    plan: &'a Plan,
+    unit: Unit<'o>,
+    scratch: &'s mut [f32],
+}
 
-fn entry_point(isa: Isa, nq: usize) -> Entry {
-    macro_rules! by_nq {
-        ($f:ident) => {
-            match nq {
-                1 => $f::<1> as Entry,
-                2 => $f::<2> as Entry,
-                _ => $f::<4> as Entry,
-            }
-        };
+impl SimdJob for UnitJob<'_, '_, '_, '_> {
+    type Output = ();
+    #[inline(always)]
+    fn run<I: Simd>(self, isa: I) {
+        let UnitJob {
+            p,
+            plan,
+            unit: u,
+            scratch,
+        } = self;
+        match plan.nq {
+            1 => unit::<I, 1>(isa, p, plan, u, scratch),
+            2 => unit::<I, 2>(isa, p, plan, u, scratch),
+            _ => unit::<I, 4>(isa, p, plan, u, scratch),
+        }
     }
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => by_nq!(unit_avx512),
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => by_nq!(unit_avx2),
-        _ => by_nq!(unit_portable),
-    }
 }
 
-/// # Safety
-/// None beyond [`unit`]'s.
-unsafe fn unit_portable<const NQ: usize>(
-    p: &Problem<'_>,
-    plan: &Plan,
-    u: Unit<'_>,
-    s: &mut Scratch,
-) {
-    unit::<Portable, NQ>(p, plan, u, s)
-}
-
-/// # Safety
-/// The CPU must support AVX-512F.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn unit_avx512<const NQ: usize>(p: &Problem<'_>, plan: &Plan, u: Unit<'_>, s: &mut Scratch) {
-    unit::<super::simd::avx512::Avx512, NQ>(p, plan, u, s)
-}
-
-/// # Safety
-/// The CPU must support AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn unit_avx2<const NQ: usize>(p: &Problem<'_>, plan: &Plan, u: Unit<'_>, s: &mut Scratch) {
-    unit::<super::simd::avx2::Avx2, NQ>(p, plan, u, s)
-}
-
-/// Calls `$f::<$S, $NQ, n>(args)` for a runtime `n` in `1..=12`.
+/// Calls `$f::<$I, $NQ, n>(args)` for a runtime `n` in `1..=12`.
 macro_rules! with_block {
-    ($n:expr, $f:ident::<$S:ty, $NQ:ident>($($arg:expr),* $(,)?)) => {
+    ($n:expr, $f:ident::<$I:ty, $NQ:ident>($($arg:expr),* $(,)?)) => {
         match $n {
-            1 => $f::<$S, $NQ, 1>($($arg),*),
-            2 => $f::<$S, $NQ, 2>($($arg),*),
-            3 => $f::<$S, $NQ, 3>($($arg),*),
-            4 => $f::<$S, $NQ, 4>($($arg),*),
-            5 => $f::<$S, $NQ, 5>($($arg),*),
-            6 => $f::<$S, $NQ, 6>($($arg),*),
-            7 => $f::<$S, $NQ, 7>($($arg),*),
-            8 => $f::<$S, $NQ, 8>($($arg),*),
-            9 => $f::<$S, $NQ, 9>($($arg),*),
-            10 => $f::<$S, $NQ, 10>($($arg),*),
-            11 => $f::<$S, $NQ, 11>($($arg),*),
-            12 => $f::<$S, $NQ, 12>($($arg),*),
+            1 => $f::<$I, $NQ, 1>($($arg),*),
+            2 => $f::<$I, $NQ, 2>($($arg),*),
+            3 => $f::<$I, $NQ, 3>($($arg),*),
+            4 => $f::<$I, $NQ, 4>($($arg),*),
+            5 => $f::<$I, $NQ, 5>($($arg),*),
+            6 => $f::<$I, $NQ, 6>($($arg),*),
+            7 => $f::<$I, $NQ, 7>($($arg),*),
+            8 => $f::<$I, $NQ, 8>($($arg),*),
+            9 => $f::<$I, $NQ, 9>($($arg),*),
+            10 => $f::<$I, $NQ, 10>($($arg),*),
+            11 => $f::<$I, $NQ, 11>($($arg),*),
+            12 => $f::<$I, $NQ, 12>($($arg),*),
             _ => unreachable!("register block out of range"),
         }
     };
 }
 
 /// One unit: pack `Qᵀ`, sweep the key tiles, normalise and write out.
-///
-/// # Safety
-/// `S` must be usable on this CPU; `NQ` must equal `plan.nq`.
 #[inline(always)]
-unsafe fn unit<S: Simd, const NQ: usize>(
+fn unit<I: Simd, const NQ: usize>(
+    isa: I,
     p: &Problem<'_>,
     plan: &Plan,
     u: Unit<'_>,
-    scr: &mut Scratch,
+    scratch: &mut [f32],
 ) {
     let d = p.dims();
     let w = NQ * LANES;
     let (e, ev) = (d.head_dim, d.value_dim);
+    let scr = UnitScratch::new(scratch, e, ev, w);
     let rows = u.lse.len();
     let (b, h, i0) = (u.b, u.h, u.i0);
     let kvh = h / plan.group;
@@ -286,12 +271,7 @@ unsafe fn unit<S: Simd, const NQ: usize>(
     let (k_ptr, krs, kcs) = head_ptr(&p.k, b, kvh);
     let (v_ptr, vrs, vcs) = head_ptr(&p.v, b, kvh);
     let (jlo, jhi) = p.block_key_range(i0, i0 + rows);
-    let mr = plan.mr;
-    // Each query row's dropout hash prefix, taken once for all key tiles.
-    let drop_rows: Vec<u64> = plan
-        .dropout
-        .map(|dr| (i0..i0 + rows).map(|i| dr.row(b, h, i)).collect())
-        .unwrap_or_default();
+    let mr = register_block::<I>(NQ);
     let mut t = jlo / BK;
     while t * BK < jhi {
         let j0 = (t * BK).max(jlo);
@@ -305,10 +285,7 @@ unsafe fn unit<S: Simd, const NQ: usize>(
         // read in place where neither the causal/window band nor key padding cuts
         // through the tile, else a copy with the cuts made.
         let (mb, mbs): (*const f32, usize) = if plan.masks.needs_copy(p, b, (i0, rows), (j0, nk)) {
-            if !plan
-                .masks
-                .tile(p, (b, h), (i0, rows), (j0, nk), &mut scr.mb, w)
-            {
+            if !plan.masks.tile(p, (b, h), (i0, rows), (j0, nk), scr.mb, w) {
                 continue; // every score of the tile is masked
             }
             for jj in 0..nk {
@@ -326,27 +303,48 @@ unsafe fn unit<S: Simd, const NQ: usize>(
         let mut r0 = 0;
         while r0 < nk {
             let n = mr.min(nk - r0);
-            let kp = k_ptr.offset((j0 + r0) as isize * krs);
-            let sp = scr.s.as_mut_ptr().add(r0 * w);
-            let mbp = if mb.is_null() { mb } else { mb.add(r0 * mbs) };
-            with_block!(
-                n,
-                qk_rows::<S, NQ>(scr.qt.as_ptr(), e, kp, krs, kcs, plan.scale, sp, mbp, mbs)
-            );
+            // SAFETY: keys `j0 + r0 .. j0 + r0 + n` are inside the head (`j1 ≤ S`),
+            // read through the view's own strides; `s` holds `BK ≥ nk` rows and the
+            // mask rows (a tile copy or `MaskTiles` rows) `nk` rows of `w` floats.
+            unsafe {
+                let kp = k_ptr.offset((j0 + r0) as isize * krs);
+                let sp = scr.s.as_mut_ptr().add(r0 * w);
+                let mbp = if mb.is_null() { mb } else { mb.add(r0 * mbs) };
+                with_block!(
+                    n,
+                    qk_rows::<I, NQ>(
+                        isa,
+                        scr.qt.as_ptr(),
+                        e,
+                        kp,
+                        krs,
+                        kcs,
+                        plan.scale,
+                        sp,
+                        mbp,
+                        mbs
+                    )
+                );
+            }
             r0 += n;
         }
 
-        softmax_tile::<S, NQ>(
-            scr.s.as_mut_ptr(),
-            nk,
-            scr.m.as_mut_ptr(),
-            scr.l.as_mut_ptr(),
-            scr.alpha.as_mut_ptr(),
-        );
+        // SAFETY: `s` holds `nk ≤ BK` rows of `w` floats, the statistics `w` each.
+        unsafe {
+            softmax_tile::<I, NQ>(
+                isa,
+                scr.s.as_mut_ptr(),
+                nk,
+                scr.m.as_mut_ptr(),
+                scr.l.as_mut_ptr(),
+                scr.alpha.as_mut_ptr(),
+            )
+        };
         if let Some(dr) = &plan.dropout {
             // The running sum `l` above is over the weights before dropout; only
             // the values' weights are dropped (and the kept ones scaled).
-            for (ii, &row) in drop_rows.iter().enumerate() {
+            for ii in 0..rows {
+                let row = dr.row(b, h, i0 + ii);
                 for jj in 0..nk {
                     scr.s[jj * w + ii] *= dr.factor_in_row(row, j0 + jj);
                 }
@@ -357,12 +355,25 @@ unsafe fn unit<S: Simd, const NQ: usize>(
         let mut c0 = 0;
         while c0 < ev {
             let n = mr.min(ev - c0);
-            let vp = v_ptr.offset(j0 as isize * vrs + c0 as isize * vcs);
-            let op = scr.ot.as_mut_ptr().add(c0 * w);
-            with_block!(
-                n,
-                pv_cols::<S, NQ>(scr.s.as_ptr(), nk, vp, vrs, vcs, op, scr.alpha.as_ptr())
-            );
+            // SAFETY: value rows `j0..j1` and columns `c0..c0 + n` are inside the
+            // head; `ot` holds `ev` rows of `w` floats, `s` `nk` rows.
+            unsafe {
+                let vp = v_ptr.offset(j0 as isize * vrs + c0 as isize * vcs);
+                let op = scr.ot.as_mut_ptr().add(c0 * w);
+                with_block!(
+                    n,
+                    pv_cols::<I, NQ>(
+                        isa,
+                        scr.s.as_ptr(),
+                        nk,
+                        vp,
+                        vrs,
+                        vcs,
+                        op,
+                        scr.alpha.as_ptr()
+                    )
+                );
+            }
             c0 += n;
         }
     }
@@ -405,7 +416,8 @@ fn head_ptr(a: &ndarray::ArrayView4<'_, f32>, b: usize, h: usize) -> (*const f32
 /// and (when not null) `mb` for `e`, `MR` and `MR` rows of `16·NQ` floats.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn qk_rows<S: Simd, const NQ: usize, const MR: usize>(
+unsafe fn qk_rows<I: Simd, const NQ: usize, const MR: usize>(
+    isa: I,
     qt: *const f32,
     e: usize,
     k: *const f32,
@@ -416,50 +428,53 @@ unsafe fn qk_rows<S: Simd, const NQ: usize, const MR: usize>(
     mb: *const f32,
     mbs: usize,
 ) {
-    let w = NQ * LANES;
-    let zero = S::splat(0.0);
-    let mut kc = k;
-    // Blocked summation: each chunk of `DOT_CHUNK` products is summed in registers,
-    // then added to the running total in `s`. This keeps the rounding error of long
-    // dot products (E = 128, 256) well below the naive sequential sum's.
-    let mut c0 = 0;
-    while c0 < e.max(1) {
-        let c1 = (c0 + DOT_CHUNK).min(e);
-        let mut acc = [[zero; NQ]; MR];
-        for c in c0..c1 {
-            let mut qv = [zero; NQ];
-            for (v, q) in qv.iter_mut().enumerate() {
-                *q = S::load(qt.add(c * w + v * LANES));
-            }
-            for (r, row) in acc.iter_mut().enumerate() {
-                let kb = S::splat_load(kc.offset(r as isize * krs));
-                for v in 0..NQ {
-                    row[v] = S::fma(qv[v], kb, row[v]);
+    // SAFETY: the caller upholds this function's contract (see # Safety).
+    unsafe {
+        let w = NQ * LANES;
+        let zero = isa.splat(0.0);
+        let mut kc = k;
+        // Blocked summation: each chunk of `DOT_CHUNK` products is summed in registers,
+        // then added to the running total in `s`. This keeps the rounding error of long
+        // dot products (E = 128, 256) well below the naive sequential sum's.
+        let mut c0 = 0;
+        while c0 < e.max(1) {
+            let c1 = (c0 + DOT_CHUNK).min(e);
+            let mut acc = [[zero; NQ]; MR];
+            for c in c0..c1 {
+                let mut qv = [zero; NQ];
+                for (v, q) in qv.iter_mut().enumerate() {
+                    *q = isa.load(qt.add(c * w + v * LANES));
                 }
-            }
-            kc = kc.offset(kcs);
-        }
-        let (first, last) = (c0 == 0, c1 >= e);
-        for (r, row) in acc.iter().enumerate() {
-            for (v, &x) in row.iter().enumerate() {
-                let off = r * w + v * LANES;
-                let mut x = x;
-                if !first {
-                    x = S::add(S::load(s.add(off)), x);
-                }
-                if last {
-                    // scale · (q·k) + mask, rounded once, like the reference.
-                    if mb.is_null() {
-                        x = S::fma(x, S::splat(scale), zero);
-                    } else {
-                        let add = S::load(mb.add(r * mbs + v * LANES));
-                        x = S::masked(S::fma(x, S::splat(scale), add), add);
+                for (r, row) in acc.iter_mut().enumerate() {
+                    let kb = isa.splat(*kc.offset(r as isize * krs));
+                    for v in 0..NQ {
+                        row[v] = isa.fma(qv[v], kb, row[v]);
                     }
                 }
-                S::store(s.add(off), x);
+                kc = kc.offset(kcs);
             }
+            let (first, last) = (c0 == 0, c1 >= e);
+            for (r, row) in acc.iter().enumerate() {
+                for (v, &x) in row.iter().enumerate() {
+                    let off = r * w + v * LANES;
+                    let mut x = x;
+                    if !first {
+                        x = isa.add(isa.load(s.add(off)), x);
+                    }
+                    if last {
+                        // scale · (q·k) + mask, rounded once, like the reference.
+                        if mb.is_null() {
+                            x = isa.fma(x, isa.splat(scale), zero);
+                        } else {
+                            let add = isa.load(mb.add(r * mbs + v * LANES));
+                            x = isa.masked(isa.fma(x, isa.splat(scale), add), add);
+                        }
+                    }
+                    isa.store(s.add(off), x);
+                }
+            }
+            c0 = c1.max(c0 + 1);
         }
-        c0 = c1.max(c0 + 1);
     }
 }
 
@@ -472,37 +487,41 @@ unsafe fn qk_rows<S: Simd, const NQ: usize, const MR: usize>(
 /// # Safety
 /// `s` valid for `nk` rows of `16·NQ` floats; `m`, `l`, `alpha` for `16·NQ`.
 #[inline(always)]
-unsafe fn softmax_tile<S: Simd, const NQ: usize>(
+unsafe fn softmax_tile<I: Simd, const NQ: usize>(
+    isa: I,
     s: *mut f32,
     nk: usize,
     m: *mut f32,
     l: *mut f32,
     alpha: *mut f32,
 ) {
-    let w = NQ * LANES;
-    let log2e = S::splat(std::f32::consts::LOG2_E);
-    for v in 0..NQ {
-        let o = v * LANES;
-        let m_old = S::load(m.add(o));
-        let mut mx = m_old;
-        for j in 0..nk {
-            mx = S::max(mx, S::load(s.add(j * w + o)));
+    // SAFETY: the caller upholds this function's contract (see # Safety).
+    unsafe {
+        let w = NQ * LANES;
+        let log2e = isa.splat(std::f32::consts::LOG2_E);
+        for v in 0..NQ {
+            let o = v * LANES;
+            let m_old = isa.load(m.add(o));
+            let mut mx = m_old;
+            for j in 0..nk {
+                mx = isa.max(mx, isa.load(s.add(j * w + o)));
+            }
+            isa.store(m.add(o), mx);
+            // While every score so far is masked the max is −∞; subtract the lowest
+            // finite float instead, so that masked scores give 0 rather than NaN
+            // (max keeps a NaN in its second operand).
+            let m_use = isa.max(isa.splat(f32::MIN), mx);
+            let a = isa.exp2(isa.mul(isa.sub(m_old, m_use), log2e));
+            let mut sum = isa.splat(0.0);
+            for j in 0..nk {
+                let ptr = s.add(j * w + o);
+                let pj = isa.exp2(isa.mul(isa.sub(isa.load(ptr), m_use), log2e));
+                isa.store(ptr, pj);
+                sum = isa.add(sum, pj);
+            }
+            isa.store(l.add(o), isa.fma(isa.load(l.add(o)), a, sum));
+            isa.store(alpha.add(o), a);
         }
-        S::store(m.add(o), mx);
-        // While every score so far is masked the max is −∞; subtract the lowest
-        // finite float instead, so that masked scores give 0 rather than NaN
-        // (max keeps a NaN in its second operand).
-        let m_use = S::max(S::splat(f32::MIN), mx);
-        let a = S::exp2(S::mul(S::sub(m_old, m_use), log2e));
-        let mut sum = S::splat(0.0);
-        for j in 0..nk {
-            let ptr = s.add(j * w + o);
-            let pj = S::exp2(S::mul(S::sub(S::load(ptr), m_use), log2e));
-            S::store(ptr, pj);
-            sum = S::add(sum, pj);
-        }
-        S::store(l.add(o), S::fma(S::load(l.add(o)), a, sum));
-        S::store(alpha.add(o), a);
     }
 }
 
@@ -512,7 +531,9 @@ unsafe fn softmax_tile<S: Simd, const NQ: usize>(
 /// `v` valid for `nk` rows × `MC` columns with the given strides; `p` for `nk` rows
 /// and `ot` for `MC` rows of `16·NQ` floats; `alpha` for `16·NQ`.
 #[inline(always)]
-unsafe fn pv_cols<S: Simd, const NQ: usize, const MC: usize>(
+#[allow(clippy::too_many_arguments)]
+unsafe fn pv_cols<I: Simd, const NQ: usize, const MC: usize>(
+    isa: I,
     p: *const f32,
     nk: usize,
     v: *const f32,
@@ -521,33 +542,36 @@ unsafe fn pv_cols<S: Simd, const NQ: usize, const MC: usize>(
     ot: *mut f32,
     alpha: *const f32,
 ) {
-    let w = NQ * LANES;
-    let zero = S::splat(0.0);
-    let mut a = [zero; NQ];
-    for (x, al) in a.iter_mut().enumerate() {
-        *al = S::load(alpha.add(x * LANES));
-    }
-    // The tile's sum starts from zero and joins `alpha · ot` at the end (blocked
-    // summation over keys, as for the dot products).
-    let mut acc = [[zero; NQ]; MC];
-    let mut vj = v;
-    for j in 0..nk {
-        let mut pv = [zero; NQ];
-        for (x, pp) in pv.iter_mut().enumerate() {
-            *pp = S::load(p.add(j * w + x * LANES));
+    // SAFETY: the caller upholds this function's contract (see # Safety).
+    unsafe {
+        let w = NQ * LANES;
+        let zero = isa.splat(0.0);
+        let mut a = [zero; NQ];
+        for (x, al) in a.iter_mut().enumerate() {
+            *al = isa.load(alpha.add(x * LANES));
         }
-        for (c, row) in acc.iter_mut().enumerate() {
-            let vb = S::splat_load(vj.offset(c as isize * vcs));
-            for x in 0..NQ {
-                row[x] = S::fma(pv[x], vb, row[x]);
+        // The tile's sum starts from zero and joins `alpha · ot` at the end (blocked
+        // summation over keys, as for the dot products).
+        let mut acc = [[zero; NQ]; MC];
+        let mut vj = v;
+        for j in 0..nk {
+            let mut pv = [zero; NQ];
+            for (x, pp) in pv.iter_mut().enumerate() {
+                *pp = isa.load(p.add(j * w + x * LANES));
             }
+            for (c, row) in acc.iter_mut().enumerate() {
+                let vb = isa.splat(*vj.offset(c as isize * vcs));
+                for x in 0..NQ {
+                    row[x] = isa.fma(pv[x], vb, row[x]);
+                }
+            }
+            vj = vj.offset(vrs);
         }
-        vj = vj.offset(vrs);
-    }
-    for (c, row) in acc.iter().enumerate() {
-        for (x, &val) in row.iter().enumerate() {
-            let o = ot.add(c * w + x * LANES);
-            S::store(o, S::fma(S::load(o), a[x], val));
+        for (c, row) in acc.iter().enumerate() {
+            for (x, &val) in row.iter().enumerate() {
+                let o = ot.add(c * w + x * LANES);
+                isa.store(o, isa.fma(isa.load(o), a[x], val));
+            }
         }
     }
 }

@@ -1,22 +1,82 @@
-//! A validated attention call: shapes checked, masks broadcast, scale resolved.
+//! What an attention call asks for, independent of how it is computed: the
+//! options ([`AttentionOptions`]), the validated call ([`Problem`]: shapes checked,
+//! masks broadcast, scale resolved), the per-tile view of its masks
+//! ([`MaskTiles`]) and dropout on its weights ([`Dropout`]).
 //!
 //! Every kernel takes a [`Problem`], so validation and mask semantics live in
-//! exactly one place.
+//! exactly one place. This module is a leaf: it imports neither
+//! [`crate::attention`] (the dispatch above the kernels) nor [`crate::kernels`]
+//! (see docs/design.md, "Layers").
+
+mod dropout;
+mod mask_tiles;
+
+pub use dropout::Dropout;
+pub(crate) use mask_tiles::along;
+pub use mask_tiles::MaskTiles;
 
 use ndarray::{ArrayView2, ArrayView4, ArrayViewD, IxDyn};
 
-use super::{AttentionOptions, Causal, SoftmaxAxis};
 use crate::{Error, Result};
 
+/// How a causal mask lines up queries with keys when `L ≠ S`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Causal {
+    /// Query `i` sees keys `j ≤ i` (PyTorch's `is_causal=True`).
+    TopLeft,
+    /// Query `i` sees keys `j ≤ i + S − L`: the last query sees every key
+    /// (FlashAttention, KV-cache decoding).
+    BottomRight,
+}
+
+/// The axis the softmax normalises over.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SoftmaxAxis {
+    /// Each query's weights over the keys sum to one (standard attention).
+    #[default]
+    Keys,
+    /// Each key's weights over the queries sum to one (notebook 004's `softmax(dim=0)`).
+    Queries,
+}
+
+/// Everything about an attention call except the tensors themselves.
+///
+/// All masks combine: a score is kept only if every mask keeps it.
+#[derive(Clone, Debug, Default)]
+pub struct AttentionOptions<'a> {
+    /// Multiplies `q·k`; defaults to `1/√E`.
+    pub scale: Option<f32>,
+    /// Causal masking and its alignment.
+    pub causal: Option<Causal>,
+    /// Sliding window `(left, right)`: query `i` sees keys `j` with
+    /// `i' − left ≤ j ≤ i' + right`, where `i'` is `i` aligned as `causal` says
+    /// (bottom-right when `causal` is `None`, as in FlashAttention).
+    pub window: Option<(usize, usize)>,
+    /// Boolean mask broadcastable to `[B, Hq, L, S]`; `true` means attend.
+    pub mask: Option<ArrayViewD<'a, bool>>,
+    /// Additive mask broadcastable to `[B, Hq, L, S]`, added to the scaled scores.
+    pub bias: Option<ArrayViewD<'a, f32>>,
+    /// `[B, S]`, `true` marks a padding key that no query may attend to.
+    /// (This is `nn.MultiheadAttention`'s `key_padding_mask` convention, the
+    /// opposite of [`AttentionOptions::mask`].)
+    pub key_padding: Option<ArrayView2<'a, bool>>,
+    /// Normalise over keys (default) or over queries.
+    pub softmax_axis: SoftmaxAxis,
+}
+
 /// A checked attention call, ready for any kernel.
+///
+/// The element type `T` is that of the tensors: `f32` for the kernels, `f64` for
+/// the oracle that judges them ([`crate::kernels::reference`]). The masks are the
+/// caller's, in their own types, whatever `T` is.
 #[derive(Clone, Debug)]
-pub struct Problem<'a> {
+pub struct Problem<'a, T = f32> {
     /// Queries `[B, Hq, L, E]`.
-    pub q: ArrayView4<'a, f32>,
+    pub q: ArrayView4<'a, T>,
     /// Keys `[B, Hkv, S, E]`.
-    pub k: ArrayView4<'a, f32>,
+    pub k: ArrayView4<'a, T>,
     /// Values `[B, Hkv, S, Ev]`.
-    pub v: ArrayView4<'a, f32>,
+    pub v: ArrayView4<'a, T>,
     /// Boolean mask broadcast to `[B, Hq, L, S]` (true = attend).
     pub mask: Option<ArrayView4<'a, bool>>,
     /// Additive mask broadcast to `[B, Hq, L, S]`.
@@ -52,12 +112,12 @@ pub struct Dims {
     pub value_dim: usize,
 }
 
-impl<'a> Problem<'a> {
+impl<'a, T> Problem<'a, T> {
     /// Checks shapes and options and broadcasts the masks.
     pub fn new<'q: 'a, 'k: 'a, 'v: 'a, 'o: 'a>(
-        q: ArrayView4<'q, f32>,
-        k: ArrayView4<'k, f32>,
-        v: ArrayView4<'v, f32>,
+        q: ArrayView4<'q, T>,
+        k: ArrayView4<'k, T>,
+        v: ArrayView4<'v, T>,
         opts: &'a AttentionOptions<'o>,
     ) -> Result<Self> {
         // ndarray views are invariant in their lifetime; shorten them explicitly.
@@ -211,7 +271,7 @@ impl<'a> Problem<'a> {
 /// They restate [`Problem::key_range`], [`Problem::keeps`] and [`Problem::bias_at`]
 /// for a block of queries and keys at once, so a tiled kernel decides which tiles to
 /// skip and what to add to each score without re-deriving any mask rule.
-impl Problem<'_> {
+impl<T> Problem<'_, T> {
     /// Whether a boolean mask, additive mask or key padding is present, so that
     /// scores must be masked one by one even inside the causal/window band.
     pub fn has_elementwise_masks(&self) -> bool {

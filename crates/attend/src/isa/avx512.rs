@@ -1,0 +1,154 @@
+//! [`Simd`] on AVX-512: one `__m512` per vector.
+
+use std::arch::x86_64::*;
+
+use super::{Simd, EXP2_POLY, LANES};
+
+/// Proof that the CPU has AVX-512 F, VL, BW and DQ (and AVX2 with FMA): only
+/// [`Avx512::new`] makes one.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Avx512(());
+
+impl Avx512 {
+    /// The token, if this CPU has the features.
+    pub(crate) fn new() -> Option<Self> {
+        super::has_avx512().then_some(Avx512(()))
+    }
+}
+
+/// The first `n ≤ 16` lanes, as a mask.
+#[inline(always)]
+fn lanes(n: usize) -> __mmask16 {
+    ((1u32 << n) - 1) as __mmask16
+}
+
+// SAFETY: an `Avx512` exists only on CPUs with AVX-512 F, VL, BW and DQ
+// (`Avx512::new`), which cover every instruction used here.
+unsafe impl Simd for Avx512 {
+    type V = __m512;
+    const REGISTERS: usize = 32;
+    #[inline(always)]
+    unsafe fn load(self, p: *const f32) -> __m512 {
+        // SAFETY: the caller guarantees 16 readable floats; the token, AVX-512F.
+        unsafe { _mm512_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32, v: __m512) {
+        // SAFETY: the caller guarantees 16 writable floats; the token, AVX-512F.
+        unsafe { _mm512_storeu_ps(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn load_part(self, p: *const f32, n: usize) -> __m512 {
+        // SAFETY: masked-off lanes are not read; the caller guarantees `n` floats.
+        unsafe { _mm512_maskz_loadu_ps(lanes(n), p) }
+    }
+    #[inline(always)]
+    unsafe fn store_part(self, p: *mut f32, v: __m512, n: usize) {
+        // SAFETY: masked-off lanes are not written; the caller guarantees `n` floats.
+        unsafe { _mm512_mask_storeu_ps(p, lanes(n), v) }
+    }
+    #[inline(always)]
+    fn splat(self, x: f32) -> __m512 {
+        // SAFETY: the token proves AVX-512F.
+        unsafe { _mm512_set1_ps(x) }
+    }
+    #[inline(always)]
+    fn fma(self, a: __m512, b: __m512, c: __m512) -> __m512 {
+        // SAFETY: the token proves AVX-512F.
+        unsafe { _mm512_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    fn add(self, a: __m512, b: __m512) -> __m512 {
+        // SAFETY: the token proves AVX-512F.
+        unsafe { _mm512_add_ps(a, b) }
+    }
+    #[inline(always)]
+    fn sub(self, a: __m512, b: __m512) -> __m512 {
+        // SAFETY: the token proves AVX-512F.
+        unsafe { _mm512_sub_ps(a, b) }
+    }
+    #[inline(always)]
+    fn mul(self, a: __m512, b: __m512) -> __m512 {
+        // SAFETY: the token proves AVX-512F.
+        unsafe { _mm512_mul_ps(a, b) }
+    }
+    #[inline(always)]
+    fn max(self, a: __m512, b: __m512) -> __m512 {
+        // SAFETY: the token proves AVX-512F. vmaxps returns its second operand when
+        // either is NaN.
+        unsafe { _mm512_max_ps(a, b) }
+    }
+    #[inline(always)]
+    fn masked(self, y: __m512, mask: __m512) -> __m512 {
+        // SAFETY: the token proves AVX-512F.
+        unsafe {
+            let hidden = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(mask, _mm512_set1_ps(f32::NEG_INFINITY));
+            _mm512_mask_blend_ps(hidden, y, mask)
+        }
+    }
+    #[inline(always)]
+    fn exp2(self, x: __m512) -> __m512 {
+        // SAFETY: the token proves AVX-512F.
+        unsafe {
+            // max(-150, x) keeps a NaN x (second operand).
+            let x = _mm512_max_ps(_mm512_set1_ps(-150.0), x);
+            let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+            let f = _mm512_sub_ps(x, n);
+            let c = EXP2_POLY;
+            let mut p = _mm512_set1_ps(c[7]);
+            for &ci in c[..7].iter().rev() {
+                p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(ci));
+            }
+            // p · 2^n with correct underflow.
+            _mm512_scalef_ps(p, n)
+        }
+    }
+    #[inline(always)]
+    fn sum(self, a: __m512) -> f32 {
+        // SAFETY: the token proves AVX-512F. Pairwise halves, like the portable tree.
+        unsafe {
+            let lo = _mm512_castps512_ps256(a);
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a)));
+            let s8 = _mm256_add_ps(lo, hi);
+            let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
+            let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+            let s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
+            _mm_cvtss_f32(s1)
+        }
+    }
+    #[inline(always)]
+    fn sum16(self, a: &[__m512; LANES]) -> __m512 {
+        // SAFETY: the token proves AVX-512F.
+        unsafe {
+            // Pairs of vectors: per 128-bit lane [x0+x2, y0+y2, x1+x3, y1+y3].
+            let pair = |x: __m512, y: __m512| {
+                _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y))
+            };
+            // Pairs of pairs: per 128-bit lane the four vectors' partial sums.
+            let quad = |x: __m512, y: __m512| {
+                let (x, y) = (_mm512_castps_pd(x), _mm512_castps_pd(y));
+                _mm512_add_ps(
+                    _mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                    _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)),
+                )
+            };
+            // Across 128-bit lanes: [x.L0+x.L1, x.L2+x.L3, y.L0+y.L1, y.L2+y.L3].
+            let lanes = |x: __m512, y: __m512| {
+                _mm512_add_ps(
+                    _mm512_shuffle_f32x4::<0b10_00_10_00>(x, y),
+                    _mm512_shuffle_f32x4::<0b11_01_11_01>(x, y),
+                )
+            };
+            let c0 = quad(pair(a[0], a[1]), pair(a[2], a[3]));
+            let c1 = quad(pair(a[4], a[5]), pair(a[6], a[7]));
+            let c2 = quad(pair(a[8], a[9]), pair(a[10], a[11]));
+            let c3 = quad(pair(a[12], a[13]), pair(a[14], a[15]));
+            lanes(lanes(c0, c1), lanes(c2, c3))
+        }
+    }
+    #[inline(always)]
+    fn max_lane(self, a: __m512) -> f32 {
+        // SAFETY: the token proves AVX-512F.
+        unsafe { _mm512_reduce_max_ps(a) }
+    }
+}

@@ -1,0 +1,404 @@
+//! Instruction sets: the one place that detects CPU features and the one place
+//! that enters code compiled for them (docs/design.md, "Instruction sets").
+//!
+//! Each instruction set is a *token* type ([`Portable`], `Avx2`, `Avx512`) that
+//! implements [`Simd`], sixteen-lane f32 vectors. A token of a SIMD type can only be
+//! made by [`Isa::token`] after the CPU was found to have its features, so the
+//! vector operations are safe to call given the token; only raw-pointer loads and
+//! stores stay `unsafe`. Kernels are written once, generic over `I: Simd`, as a
+//! [`SimdJob`]; [`dispatch`] runs a job inside a function compiled for the token's
+//! features (`#[target_feature]`), so everything the job inlines is compiled for them
+//! too. Every implementation has 16 lanes, so tiles have the same shape whatever the
+//! instruction set.
+//!
+//! Adding an instruction set means a new token type (its [`Simd`] impl is a compile
+//! error until every operation exists), a variant of [`Isa`] and of [`IsaToken`], and
+//! an arm in [`dispatch`]; no kernel names an instruction set.
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod portable;
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) use avx2::Avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use avx512::Avx512;
+pub(crate) use portable::Portable;
+
+use crate::{Error, Result};
+
+/// An instruction set the kernels can run on, by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// Plain Rust, vectorised by the compiler for the build target; runs anywhere.
+    Portable,
+    /// x86-64 AVX2 with FMA.
+    Avx2,
+    /// x86-64 AVX-512 (F, VL, BW and DQ, as on every AVX-512 server CPU since
+    /// Skylake).
+    Avx512,
+}
+
+impl Isa {
+    /// Every instruction set, worst first.
+    pub const ALL: [Isa; 3] = [Isa::Portable, Isa::Avx2, Isa::Avx512];
+
+    /// The best instruction set this CPU supports.
+    pub fn detect() -> Isa {
+        let best = Isa::ALL.into_iter().rev().find(|isa| isa.is_available());
+        best.unwrap_or(Isa::Portable)
+    }
+
+    /// The requested instruction set, or the best this CPU has; an error if the CPU
+    /// cannot run the requested one.
+    pub fn resolve(requested: Option<Isa>) -> Result<Isa> {
+        let isa = requested.unwrap_or_else(Isa::detect);
+        isa.token().map(|_| isa)
+    }
+
+    /// Whether this CPU can run kernels built for `self`.
+    pub fn is_available(self) -> bool {
+        self.token().is_ok()
+    }
+
+    /// Every instruction set this CPU can run, best last.
+    pub fn available() -> Vec<Isa> {
+        Isa::ALL
+            .into_iter()
+            .filter(|isa| isa.is_available())
+            .collect()
+    }
+
+    /// Lower-case name (`portable`, `avx2`, `avx512`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Portable => "portable",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+
+    /// The token that lets kernels run on `self`; an error naming the instruction
+    /// set if this CPU does not have it.
+    pub(crate) fn token(self) -> Result<IsaToken> {
+        let token = match self {
+            Isa::Portable => Some(IsaToken::Portable(Portable)),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => Avx2::new().map(IsaToken::Avx2),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => Avx512::new().map(IsaToken::Avx512),
+            #[cfg(not(target_arch = "x86_64"))]
+            Isa::Avx2 | Isa::Avx512 => None,
+        };
+        token.ok_or(Error::IsaUnavailable(self))
+    }
+}
+
+impl std::fmt::Display for Isa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Whether the CPU has AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+fn has_avx2() -> bool {
+    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+}
+
+/// Whether the CPU has AVX-512 F, VL, BW and DQ (and AVX2 with FMA, which every
+/// such CPU has).
+#[cfg(target_arch = "x86_64")]
+fn has_avx512() -> bool {
+    has_avx2()
+        && std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512dq")
+}
+
+/// A detected instruction set: one of the token types, which exist only when the
+/// CPU has their features.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum IsaToken {
+    Portable(Portable),
+    #[cfg(target_arch = "x86_64")]
+    Avx2(Avx2),
+    #[cfg(target_arch = "x86_64")]
+    Avx512(Avx512),
+}
+
+impl IsaToken {
+    /// The best instruction set of this CPU, detected once.
+    pub(crate) fn best() -> IsaToken {
+        static BEST: std::sync::OnceLock<IsaToken> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| {
+            let best = Isa::detect().token();
+            best.unwrap_or(IsaToken::Portable(Portable))
+        })
+    }
+}
+
+/// A computation written once for every instruction set.
+pub(crate) trait SimdJob {
+    /// What the job returns.
+    type Output;
+    /// Runs the job with the vectors of `isa`. Implementations are
+    /// `#[inline(always)]`, so that they (and the vector operations they call) are
+    /// compiled inside [`dispatch`]'s per-instruction-set entry points.
+    fn run<I: Simd>(self, isa: I) -> Self::Output;
+}
+
+/// A job of plain scalar code (a closure): [`dispatch`] compiles it for the
+/// instruction set's features, so that the compiler vectorises its loops with
+/// them.
+pub(crate) struct Scalar<F>(pub F);
+
+impl<R, F: FnOnce() -> R> SimdJob for Scalar<F> {
+    type Output = R;
+    #[inline(always)]
+    fn run<I: Simd>(self, _isa: I) -> R {
+        (self.0)()
+    }
+}
+
+/// Runs `job` with `token`'s vectors, compiled for its features.
+#[inline]
+pub(crate) fn dispatch<J: SimdJob>(token: IsaToken, job: J) -> J::Output {
+    match token {
+        IsaToken::Portable(t) => job.run(t),
+        // SAFETY: a token exists only on a CPU with its features (`Isa::token`).
+        #[cfg(target_arch = "x86_64")]
+        IsaToken::Avx2(t) => unsafe { run_avx2(t, job) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        IsaToken::Avx512(t) => unsafe { run_avx512(t, job) },
+    }
+}
+
+/// # Safety
+/// The CPU must have AVX2 and FMA (the token proves it).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn run_avx2<J: SimdJob>(token: Avx2, job: J) -> J::Output {
+    job.run(token)
+}
+
+/// # Safety
+/// The CPU must have AVX-512 F, VL, BW, DQ, AVX2 and FMA (the token proves it).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
+unsafe fn run_avx512<J: SimdJob>(token: Avx512, job: J) -> J::Output {
+    job.run(token)
+}
+
+/// Lanes in every [`Simd`] vector.
+pub(crate) const LANES: usize = 16;
+
+/// Sixteen-lane f32 vectors and their operations, on one instruction set.
+///
+/// Operations on vectors are safe: the token (`self`) proves the CPU has the
+/// instructions. Loads and stores through raw pointers are `unsafe`. All are
+/// `#[inline(always)]`, so that they inline into [`dispatch`]'s entry points.
+///
+/// # Safety
+/// An implementing type must be constructible only on CPUs that support every
+/// instruction its methods use.
+pub(crate) unsafe trait Simd: Copy + Send + Sync {
+    /// The vector.
+    type V: Copy;
+    /// Sixteen-lane vector registers, for choosing register blocks.
+    const REGISTERS: usize;
+    /// Loads 16 contiguous floats.
+    ///
+    /// # Safety
+    /// `p` must be valid for reading 16 floats.
+    unsafe fn load(self, p: *const f32) -> Self::V;
+    /// Stores 16 contiguous floats.
+    ///
+    /// # Safety
+    /// `p` must be valid for writing 16 floats.
+    unsafe fn store(self, p: *mut f32, v: Self::V);
+    /// Loads the first `n ≤ 16` floats at `p`, zeros in the other lanes.
+    ///
+    /// # Safety
+    /// `p` must be valid for reading `n` floats.
+    unsafe fn load_part(self, p: *const f32, n: usize) -> Self::V;
+    /// Stores the first `n ≤ 16` lanes.
+    ///
+    /// # Safety
+    /// `p` must be valid for writing `n` floats.
+    unsafe fn store_part(self, p: *mut f32, v: Self::V, n: usize);
+    /// Broadcasts `x`.
+    fn splat(self, x: f32) -> Self::V;
+    /// `a · b + c`, fused.
+    fn fma(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    /// `a + b`.
+    fn add(self, a: Self::V, b: Self::V) -> Self::V;
+    /// `a − b`.
+    fn sub(self, a: Self::V, b: Self::V) -> Self::V;
+    /// `a · b`.
+    fn mul(self, a: Self::V, b: Self::V) -> Self::V;
+    /// Lane-wise maximum; a NaN in `b` is returned as is, so NaN scores propagate.
+    fn max(self, a: Self::V, b: Self::V) -> Self::V;
+    /// `y`, but −∞ in the lanes where `mask` is −∞: a masked score stays masked
+    /// even when it is NaN (NaN + −∞ is NaN), so a NaN never reaches a row that
+    /// cannot see it.
+    fn masked(self, y: Self::V, mask: Self::V) -> Self::V;
+    /// `2^x` for `x ≤ 0` (also correct, but not fast-path, for small positive `x`):
+    /// about 1 ulp, 0 below `2^−150`, NaN for NaN, 0 for −∞.
+    fn exp2(self, x: Self::V) -> Self::V;
+    /// Sum of the lanes, as a pairwise tree.
+    fn sum(self, a: Self::V) -> f32;
+    /// Lane `j` of the result is the sum of the lanes of `a[j]` (sixteen horizontal
+    /// sums at once, as a transpose-and-add tree).
+    fn sum16(self, a: &[Self::V; LANES]) -> Self::V;
+    /// Maximum of the lanes (−∞ lanes are ignored unless all are −∞; NaN if any
+    /// lane is NaN).
+    fn max_lane(self, a: Self::V) -> f32;
+}
+
+/// `2^f` on `f ∈ [−½, ½]`: Taylor coefficients of `e^(f ln 2)` to degree 7
+/// (truncation error below 6e−9, under a tenth of an f32 ulp).
+pub(crate) const EXP2_POLY: [f32; 8] = [
+    1.0,
+    std::f32::consts::LN_2,
+    0.240_226_5,
+    0.055_504_11,
+    0.009_618_129,
+    0.001_333_355_8,
+    0.000_154_035_3,
+    0.000_015_252_734,
+];
+
+/// The scalar `2^x` every implementation follows lane by lane: the same reduction
+/// `x = n + f`, the same polynomial, then an exact scaling by `2^n`.
+#[inline(always)]
+pub(crate) fn exp2_scalar(x: f32) -> f32 {
+    // NaN fails the comparison and stays NaN; −∞ and tiny values clamp to −150.
+    let x = if x < -150.0 { -150.0 } else { x };
+    // Round to nearest with the 1.5·2^23 trick (exact for |x| < 2^22).
+    const MAGIC: f32 = 12_582_912.0;
+    let n = (x + MAGIC) - MAGIC;
+    let f = x - n;
+    let c = EXP2_POLY;
+    let mut p = c[7];
+    p = p.mul_add(f, c[6]);
+    p = p.mul_add(f, c[5]);
+    p = p.mul_add(f, c[4]);
+    p = p.mul_add(f, c[3]);
+    p = p.mul_add(f, c[2]);
+    p = p.mul_add(f, c[1]);
+    p = p.mul_add(f, c[0]);
+    // Scale by 2^n in two exact steps so that n down to −150 underflows gracefully.
+    let n = n as i32; // NaN becomes 0: p is NaN anyway.
+    let n1 = n / 2;
+    let n2 = n - n1;
+    p * pow2i(n1) * pow2i(n2)
+}
+
+/// `2^n` for `−126 ≤ n ≤ 127`, built from its bits.
+#[inline(always)]
+fn pow2i(n: i32) -> f32 {
+    f32::from_bits(((n + 127) as u32) << 23)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp2_is_accurate() {
+        let mut worst = 0.0f64;
+        let mut x = -149.0f32;
+        while x <= 0.0 {
+            let want = (x as f64).exp2();
+            let got = exp2_scalar(x) as f64;
+            if want > 1e-30 {
+                worst = worst.max(((got - want) / want).abs());
+            }
+            x += 0.0137;
+        }
+        assert!(
+            worst < 3.0 * f32::EPSILON as f64,
+            "worst relative error {worst}"
+        );
+        assert_eq!(exp2_scalar(0.0), 1.0);
+        assert_eq!(exp2_scalar(f32::NEG_INFINITY), 0.0);
+        assert!(exp2_scalar(f32::NAN).is_nan());
+        for isa in Isa::available() {
+            let token = isa.token().expect("available");
+            let xs: [f32; 16] = std::array::from_fn(|i| -(i as f32) * 7.3 - 0.37);
+            let got = dispatch(token, Exp2Lanes(xs));
+            for (x, g) in xs.iter().zip(got) {
+                let want = (*x as f64).exp2();
+                assert!(((g as f64 - want) / want).abs() < 3.0 * f32::EPSILON as f64);
+            }
+            let mut special = [0.0f32; 16];
+            special[1] = f32::NEG_INFINITY;
+            special[2] = f32::NAN;
+            special[3] = -1000.0;
+            let got = dispatch(token, Exp2Lanes(special));
+            assert_eq!(got[0], 1.0, "{isa:?}");
+            assert_eq!(got[1], 0.0, "{isa:?}");
+            assert!(got[2].is_nan(), "{isa:?}");
+            assert_eq!(got[3], 0.0, "{isa:?}");
+        }
+    }
+
+    /// `2^x` of sixteen floats.
+    struct Exp2Lanes([f32; 16]);
+
+    impl SimdJob for Exp2Lanes {
+        type Output = [f32; 16];
+        #[inline(always)]
+        fn run<I: Simd>(self, isa: I) -> [f32; 16] {
+            let mut out = [0.0f32; 16];
+            // SAFETY: both arrays hold 16 floats.
+            unsafe { isa.store(out.as_mut_ptr(), isa.exp2(isa.load(self.0.as_ptr()))) };
+            out
+        }
+    }
+
+    #[test]
+    fn reductions_and_partial_access() {
+        for isa in Isa::available() {
+            dispatch(isa.token().expect("available"), CheckReductions);
+        }
+    }
+
+    /// Partial loads and stores, sums and maxima against plain loops.
+    struct CheckReductions;
+
+    impl SimdJob for CheckReductions {
+        type Output = ();
+        #[inline(always)]
+        fn run<I: Simd>(self, isa: I) {
+            let xs: Vec<f32> = (0..16).map(|i| -(i as f32) * 7.3 - 0.37).collect();
+            // SAFETY: every buffer holds at least 16 floats.
+            unsafe {
+                let v = isa.load_part(xs.as_ptr(), 5);
+                let want: f32 = xs[..5].iter().sum();
+                assert!((isa.sum(v) - want).abs() <= 4.0 * f32::EPSILON * want.abs());
+                assert_eq!(isa.max_lane(isa.load(xs.as_ptr())), xs[0]);
+                let mut out = [1.0f32; 16];
+                isa.store_part(out.as_mut_ptr(), isa.load(xs.as_ptr()), 3);
+                assert_eq!(&out[..3], &xs[..3]);
+                assert!(out[3..].iter().all(|&x| x == 1.0));
+                let mut vs = [isa.splat(0.0); LANES];
+                for (j, v) in vs.iter_mut().enumerate() {
+                    let row: Vec<f32> = (0..16).map(|c| (j * 16 + c) as f32).collect();
+                    *v = isa.load(row.as_ptr());
+                }
+                let mut sums = [0.0f32; 16];
+                isa.store(sums.as_mut_ptr(), isa.sum16(&vs));
+                for (j, x) in sums.iter().enumerate() {
+                    let want: f32 = (0..16).map(|c| (j * 16 + c) as f32).sum();
+                    assert_eq!(*x, want, "sum16 lane {j}");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! The portable [`Simd`]: plain arrays that the compiler vectorises for the build
+//! target. Slower than the intrinsics, but it runs everywhere and passes every test.
+
+use super::{exp2_scalar, Simd, LANES};
+
+/// Sixteen f32 lanes as a plain array; needs no CPU feature.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Portable;
+
+type V = [f32; LANES];
+
+#[inline(always)]
+fn map2(a: V, b: V, f: impl Fn(f32, f32) -> f32) -> V {
+    std::array::from_fn(|i| f(a[i], b[i]))
+}
+
+// SAFETY: uses no instruction beyond the build target's.
+unsafe impl Simd for Portable {
+    type V = V;
+    const REGISTERS: usize = 4;
+    #[inline(always)]
+    unsafe fn load(self, p: *const f32) -> V {
+        // SAFETY: the caller guarantees 16 readable floats.
+        unsafe { std::ptr::read_unaligned(p as *const V) }
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32, v: V) {
+        // SAFETY: the caller guarantees 16 writable floats.
+        unsafe { std::ptr::write_unaligned(p as *mut V, v) }
+    }
+    #[inline(always)]
+    unsafe fn load_part(self, p: *const f32, n: usize) -> V {
+        let mut out = [0.0; LANES];
+        // SAFETY: the caller guarantees `n ≤ 16` readable floats.
+        unsafe { std::ptr::copy_nonoverlapping(p, out.as_mut_ptr(), n) };
+        out
+    }
+    #[inline(always)]
+    unsafe fn store_part(self, p: *mut f32, v: V, n: usize) {
+        // SAFETY: the caller guarantees `n ≤ 16` writable floats.
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), p, n) };
+    }
+    #[inline(always)]
+    fn splat(self, x: f32) -> V {
+        [x; LANES]
+    }
+    #[inline(always)]
+    fn fma(self, a: V, b: V, c: V) -> V {
+        // Fused, like the SIMD kernels: one rounding. (Where the build target has
+        // no FMA instruction this is a library call: slow, but exact.)
+        std::array::from_fn(|i| a[i].mul_add(b[i], c[i]))
+    }
+    #[inline(always)]
+    fn add(self, a: V, b: V) -> V {
+        map2(a, b, |x, y| x + y)
+    }
+    #[inline(always)]
+    fn sub(self, a: V, b: V) -> V {
+        map2(a, b, |x, y| x - y)
+    }
+    #[inline(always)]
+    fn mul(self, a: V, b: V) -> V {
+        map2(a, b, |x, y| x * y)
+    }
+    #[inline(always)]
+    fn max(self, a: V, b: V) -> V {
+        // Like x86 `maxps`: returns b unless a > b, so a NaN in b survives.
+        map2(a, b, |x, y| if x > y { x } else { y })
+    }
+    #[inline(always)]
+    fn masked(self, y: V, mask: V) -> V {
+        map2(y, mask, |y, m| if m == f32::NEG_INFINITY { m } else { y })
+    }
+    #[inline(always)]
+    fn exp2(self, x: V) -> V {
+        x.map(exp2_scalar)
+    }
+    #[inline(always)]
+    fn sum(self, a: V) -> f32 {
+        let mut w = a;
+        let mut n = LANES / 2;
+        while n > 0 {
+            for i in 0..n {
+                w[i] += w[i + n];
+            }
+            n /= 2;
+        }
+        w[0]
+    }
+    #[inline(always)]
+    fn sum16(self, a: &[V; LANES]) -> V {
+        std::array::from_fn(|j| self.sum(a[j]))
+    }
+    #[inline(always)]
+    fn max_lane(self, a: V) -> f32 {
+        a.iter().copied().fold(
+            f32::NEG_INFINITY,
+            |m, x| {
+                if x > m || x.is_nan() {
+                    x
+                } else {
+                    m
+                }
+            },
+        )
+    }
+}
