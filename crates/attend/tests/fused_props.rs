@@ -41,6 +41,12 @@ fn width() -> impl Strategy<Value = usize> {
     ]
 }
 
+/// A window side: small, or so large that any arithmetic on it in `usize` or `i64`
+/// would wrap (`usize::MAX` is how callers say "unbounded").
+fn window_side() -> impl Strategy<Value = usize> {
+    prop_oneof![4 => 0usize..40, 1 => Just(usize::MAX), 1 => Just(usize::MAX - 1)]
+}
+
 fn case() -> impl Strategy<Value = Case> {
     (
         (1usize..=2, 1usize..=2, 1usize..=3),
@@ -52,7 +58,7 @@ fn case() -> impl Strategy<Value = Case> {
         (
             0u8..5,
             0u8..3,
-            prop::option::of((0usize..40, 0usize..40)),
+            prop::option::of((window_side(), window_side())),
             0u8..4,
         ),
         (prop::option::of(0.01f32..2.0), any::<u64>()),

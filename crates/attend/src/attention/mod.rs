@@ -112,14 +112,14 @@ pub fn attention_with(
         Kernel::Fused => {
             return Err(Error::Unsupported {
                 kernel: "fused",
-                reason: "it supports only softmax over keys and value width > 0",
+                reason: "supports only softmax over keys and value width > 0",
             })
         }
         Kernel::Decode if decode::supports(&problem) => Kernel::Decode,
         Kernel::Decode => {
             return Err(Error::Unsupported {
                 kernel: "decode",
-                reason: "it supports only softmax over keys",
+                reason: "supports only softmax over keys",
             })
         }
     };

@@ -154,6 +154,11 @@ impl<'a, T> Problem<'a, T> {
                 k.shape()
             )));
         }
+        // Every size a kernel computes from these dimensions is at most one of these
+        // products (or the inputs' own), so kernels may multiply them unchecked.
+        let ev = v.dim().3;
+        crate::limits::elements("attention output [B, Hq, L, Ev]", &[b, hq, l, ev])?;
+        crate::limits::elements("attention scores [B, Hq, L, S]", &[b, hq, l, s])?;
         let full = [b, hq, l, s];
         let mask = opts
             .mask
