@@ -207,10 +207,7 @@ pub fn run(args: Args) -> Result<(), Error> {
         isa: Some(isa),
         threads: None,
     };
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(args.threads)
-        .build()
-        .map_err(|e| Error::value(format!("--threads: {e}")))?;
+    let pool = attend::threads::pool(args.threads)?;
     let dout = if args.backward {
         random((b, h, l, e), 4)
     } else {

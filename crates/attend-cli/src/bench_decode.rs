@@ -82,15 +82,7 @@ pub fn run(a: &DecodeArgs) -> Result<serde_json::Value, Error> {
     let v = Array4::from_shape_fn((b, hkv, s, d), |_| rnd());
     let kv_bytes = 2.0 * (b * hkv * s * d) as f64 * 4.0;
 
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(a.threads)
-        .build()
-        .map_err(|e| {
-            Error::value(format!(
-                "--threads: cannot start {} threads: {e}",
-                a.threads
-            ))
-        })?;
+    let pool = attend::threads::pool(a.threads)?;
     let cfg = DecodeConfig {
         isa: Some(isa),
         threads: None,

@@ -81,10 +81,7 @@ pub fn run(args: Args) -> Result<(), Error> {
         dropout: args.dropout,
         seed: args.seed,
     };
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(args.threads)
-        .build()
-        .map_err(|e| Error::value(format!("--threads: {e}")))?;
+    let pool = attend::threads::pool(args.threads)?;
     let start = Instant::now();
     let mut running = None::<f32>;
     let steps = args.steps;

@@ -1,4 +1,4 @@
-//! The error variants a caller can match on (docs/design.md, "Errors"), and the
+//! The error variants a caller can match on (docs/design.md, "Conventions"), and the
 //! size checks that keep every kernel's arithmetic in range.
 
 use attend::attention::{
@@ -88,9 +88,12 @@ fn an_instruction_set_this_cpu_lacks_is_a_typed_error() {
             isa: Some(*isa),
             ..Default::default()
         };
-        let err = attention_with(q.view(), q.view(), q.view(), &Default::default(), &config)
-            .unwrap_err();
-        assert!(matches!(err, Error::IsaUnavailable(i) if i == *isa), "{err:?}");
+        let err =
+            attention_with(q.view(), q.view(), q.view(), &Default::default(), &config).unwrap_err();
+        assert!(
+            matches!(err, Error::IsaUnavailable(i) if i == *isa),
+            "{err:?}"
+        );
         assert_eq!(
             err.to_string(),
             format!("isa {} is not available on this CPU", isa.name())

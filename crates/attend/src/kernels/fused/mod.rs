@@ -58,7 +58,8 @@ fn query_vectors(q_len: usize) -> usize {
     }
 }
 
-/// Floats of scratch one unit needs (see [`UnitScratch`]).
+/// Floats of scratch one unit of work (16, 32 or 64 queries of one head) needs:
+/// `Qᵀ`, a tile of scores and one of mask terms, `Oᵀ` and the running statistics.
 pub fn scratch_len(d: &Dims) -> usize {
     let w = query_vectors(d.q_len) * LANES;
     (d.head_dim + 2 * BK + d.value_dim + 3) * w
