@@ -1,7 +1,7 @@
 //! Attention kernels. [`mod@reference`] is the oracle every other kernel is judged by;
 //! [`fused`] is the fast forward and [`backward`] the gradients, both written once
-//! over the 16-lane vectors of each instruction set (`Isa`); [`decode`] is the split-KV kernel for short
-//! queries against long key caches.
+//! over the 16-lane vectors of each instruction set (`Isa`); [`decode`] is the
+//! split-KV kernel for short queries against long key caches.
 //!
 //! Kernels take a validated [`Problem`](crate::problem::Problem) and a detected
 //! instruction set; choosing the kernel, the instruction set and the threads is the
