@@ -317,30 +317,18 @@ unsafe fn task<I: Simd>(
                     let doblk = ctx.dout.as_ptr().add((bh * d.q_len + i0) * evp);
                     gemm(
                         isa,
-                        nr,
-                        BC,
-                        ep,
-                        qblk,
-                        ep,
-                        1,
-                        kt.as_ptr(),
-                        BC,
-                        s.as_mut_ptr(),
-                        BC,
+                        [nr, BC, ep],
+                        Strided::new(qblk, ep, 1),
+                        Strided::new(kt.as_ptr(), BC, 1),
+                        Rows::new(s.as_mut_ptr(), BC),
                         false,
                     );
                     gemm(
                         isa,
-                        nr,
-                        BC,
-                        evp,
-                        doblk,
-                        evp,
-                        1,
-                        vt.as_ptr(),
-                        BC,
-                        dp.as_mut_ptr(),
-                        BC,
+                        [nr, BC, evp],
+                        Strided::new(doblk, evp, 1),
+                        Strided::new(vt.as_ptr(), BC, 1),
+                        Rows::new(dp.as_mut_ptr(), BC),
                         false,
                     );
                     // The tile's per-score masks as 2-D views, sliced once: a 4-D
@@ -403,45 +391,27 @@ unsafe fn task<I: Simd>(
                     // dV += P̃ᵀ dO, dK += dSᵀ Q, dQ += dS K.
                     gemm(
                         isa,
-                        nk,
-                        evp,
-                        nr,
-                        s.as_ptr(),
-                        1,
-                        BC,
-                        doblk,
-                        evp,
-                        dv_acc.as_mut_ptr(),
-                        evp,
+                        [nk, evp, nr],
+                        Strided::new(s.as_ptr(), 1, BC),
+                        Strided::new(doblk, evp, 1),
+                        Rows::new(dv_acc.as_mut_ptr(), evp),
                         true,
                     );
                     gemm(
                         isa,
-                        nk,
-                        ep,
-                        nr,
-                        dp.as_ptr(),
-                        1,
-                        BC,
-                        qblk,
-                        ep,
-                        dk_acc.as_mut_ptr(),
-                        ep,
+                        [nk, ep, nr],
+                        Strided::new(dp.as_ptr(), 1, BC),
+                        Strided::new(qblk, ep, 1),
+                        Rows::new(dk_acc.as_mut_ptr(), ep),
                         true,
                     );
                     let dq_blk = dq.0.add((bh * d.q_len + i0) * ep);
                     gemm(
                         isa,
-                        nr,
-                        ep,
-                        nk,
-                        dp.as_ptr(),
-                        BC,
-                        1,
-                        krow.as_ptr(),
-                        ep,
-                        dq_blk,
-                        ep,
+                        [nr, ep, nk],
+                        Strided::new(dp.as_ptr(), BC, 1),
+                        Strided::new(krow.as_ptr(), ep, 1),
+                        Rows::new(dq_blk, ep),
                         true,
                     );
                 }
@@ -488,38 +458,73 @@ unsafe fn ds_row<I: Simd>(isa: I, p: *const f32, dp: *mut f32, dsum: f32, scale:
     }
 }
 
-/// `C[m × n] (+)= A[m × k] · B[k × n]` with `n` a multiple of 16. `A[i, kk]` is at
-/// `a + i·rsa + kk·csa` (so `Aᵀ` costs nothing), `B` and `C` are row-major.
+/// A matrix read through strides: element `(i, j)` at `ptr + i·row + j·col`.
+#[derive(Clone, Copy)]
+struct Strided {
+    ptr: *const f32,
+    row: usize,
+    col: usize,
+}
+
+impl Strided {
+    fn new(ptr: *const f32, row: usize, col: usize) -> Self {
+        Strided { ptr, row, col }
+    }
+
+    /// The matrix from row `i` and column `j` on.
+    ///
+    /// # Safety
+    /// `(i, j)` must be inside the matrix's allocation.
+    #[inline(always)]
+    unsafe fn at(self, i: usize, j: usize) -> Self {
+        // SAFETY: the caller keeps `(i, j)` inside the allocation.
+        let ptr = unsafe { self.ptr.add(i * self.row + j * self.col) };
+        Strided { ptr, ..self }
+    }
+}
+
+/// A row-major matrix being written: row `i` starts at `ptr + i·ld`.
+#[derive(Clone, Copy)]
+struct Rows {
+    ptr: *mut f32,
+    ld: usize,
+}
+
+impl Rows {
+    fn new(ptr: *mut f32, ld: usize) -> Self {
+        Rows { ptr, ld }
+    }
+
+    /// The matrix from row `i` and column `j` on.
+    ///
+    /// # Safety
+    /// `(i, j)` must be inside the matrix's allocation.
+    #[inline(always)]
+    unsafe fn at(self, i: usize, j: usize) -> Self {
+        // SAFETY: the caller keeps `(i, j)` inside the allocation.
+        let ptr = unsafe { self.ptr.add(i * self.ld + j) };
+        Rows { ptr, ..self }
+    }
+}
+
+/// `C[m × n] (+)= A[m × k] · B[k × n]` for `[m, n, k]`, with `n` a multiple of 16:
+/// `A` through any strides (so `Aᵀ` costs nothing), `B` with unit column stride,
+/// `C` row-major; `acc` adds to `C` instead of overwriting it.
 ///
 /// # Safety
-/// `a + i·rsa + kk·csa` must be readable for `i < m`, `kk < k`; `b` for `k` rows
-/// of `n` floats `ldb` apart; `c` readable and writable for `m` rows of `n` floats
-/// `ldc` apart.
-#[allow(clippy::too_many_arguments)]
+/// `A` must be readable at every `(i, kk)`, `i < m`, `kk < k`; `B` at every
+/// `(kk, j)`, `j < n`; `C` readable and writable at every `(i, j)`.
 #[inline(always)]
-unsafe fn gemm<I: Simd>(
-    isa: I,
-    m: usize,
-    n: usize,
-    k: usize,
-    a: *const f32,
-    rsa: usize,
-    csa: usize,
-    b: *const f32,
-    ldb: usize,
-    c: *mut f32,
-    ldc: usize,
-    acc: bool,
-) {
-    // SAFETY: the caller upholds this function's contract (see # Safety).
+unsafe fn gemm<I: Simd>(isa: I, [m, n, k]: [usize; 3], a: Strided, b: Strided, c: Rows, acc: bool) {
+    // SAFETY: every block below lies inside the caller's `m × n` (and `k`).
     unsafe {
         let mut j = 0;
         while j + 4 * W <= n {
-            rows::<I, 4>(isa, m, k, a, rsa, csa, b.add(j), ldb, c.add(j), ldc, acc);
+            rows::<I, 4>(isa, [m, k], a, b.at(0, j), c.at(0, j), acc);
             j += 4 * W;
         }
         while j < n {
-            rows::<I, 1>(isa, m, k, a, rsa, csa, b.add(j), ldb, c.add(j), ldc, acc);
+            rows::<I, 1>(isa, [m, k], a, b.at(0, j), c.at(0, j), acc);
             j += W;
         }
     }
@@ -529,52 +534,24 @@ unsafe fn gemm<I: Simd>(
 ///
 /// # Safety
 /// As [`gemm`]'s, with `n = NV·16`.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn rows<I: Simd, const NV: usize>(
     isa: I,
-    m: usize,
-    k: usize,
-    a: *const f32,
-    rsa: usize,
-    csa: usize,
-    b: *const f32,
-    ldb: usize,
-    c: *mut f32,
-    ldc: usize,
+    [m, k]: [usize; 2],
+    a: Strided,
+    b: Strided,
+    c: Rows,
     acc: bool,
 ) {
-    // SAFETY: the caller upholds this function's contract (see # Safety).
+    // SAFETY: every tile below lies inside the caller's `m` rows.
     unsafe {
         let mut i = 0;
         while i + 4 <= m {
-            tile::<I, 4, NV>(
-                isa,
-                k,
-                a.add(i * rsa),
-                rsa,
-                csa,
-                b,
-                ldb,
-                c.add(i * ldc),
-                ldc,
-                acc,
-            );
+            tile::<I, 4, NV>(isa, k, a.at(i, 0), b, c.at(i, 0), acc);
             i += 4;
         }
         while i < m {
-            tile::<I, 1, NV>(
-                isa,
-                k,
-                a.add(i * rsa),
-                rsa,
-                csa,
-                b,
-                ldb,
-                c.add(i * ldc),
-                ldc,
-                acc,
-            );
+            tile::<I, 1, NV>(isa, k, a.at(i, 0), b, c.at(i, 0), acc);
             i += 1;
         }
     }
@@ -584,37 +561,32 @@ unsafe fn rows<I: Simd, const NV: usize>(
 ///
 /// # Safety
 /// As [`gemm`]'s, with `m = MR` and `n = NV·16`.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn tile<I: Simd, const MR: usize, const NV: usize>(
     isa: I,
     k: usize,
-    a: *const f32,
-    rsa: usize,
-    csa: usize,
-    b: *const f32,
-    ldb: usize,
-    c: *mut f32,
-    ldc: usize,
+    a: Strided,
+    b: Strided,
+    c: Rows,
     acc: bool,
 ) {
-    // SAFETY: the caller upholds this function's contract (see # Safety).
+    // SAFETY: the caller guarantees the tile's reads and writes are in bounds.
     unsafe {
         let mut t = [[isa.splat(0.0); NV]; MR];
         if acc {
             for (r, row) in t.iter_mut().enumerate() {
                 for (v, x) in row.iter_mut().enumerate() {
-                    *x = isa.load(c.add(r * ldc + v * W));
+                    *x = isa.load(c.ptr.add(r * c.ld + v * W));
                 }
             }
         }
         for kk in 0..k {
             let mut bv = [isa.splat(0.0); NV];
             for (v, x) in bv.iter_mut().enumerate() {
-                *x = isa.load(b.add(kk * ldb + v * W));
+                *x = isa.load(b.ptr.add(kk * b.row + v * W));
             }
             for (r, row) in t.iter_mut().enumerate() {
-                let av = isa.splat(*a.add(r * rsa + kk * csa));
+                let av = isa.splat(*a.ptr.add(r * a.row + kk * a.col));
                 for (v, x) in row.iter_mut().enumerate() {
                     *x = isa.fma(av, bv[v], *x);
                 }
@@ -622,7 +594,7 @@ unsafe fn tile<I: Simd, const MR: usize, const NV: usize>(
         }
         for (r, row) in t.iter().enumerate() {
             for (v, x) in row.iter().enumerate() {
-                isa.store(c.add(r * ldc + v * W), *x);
+                isa.store(c.ptr.add(r * c.ld + v * W), *x);
             }
         }
     }
