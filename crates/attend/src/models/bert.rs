@@ -126,6 +126,9 @@ pub struct BertTrace {
     /// Last hidden state, `[B, T, d]`, padding positions included (as transformers
     /// computes them).
     pub hidden: Array3<f32>,
+    /// MPNet's relative-position bias `[1, H, T, T]`, added to every layer's scaled
+    /// scores; `None` for the other families.
+    pub position_bias: Option<Array4<f32>>,
 }
 
 impl BertModel {
@@ -548,6 +551,7 @@ impl BertModel {
             inputs,
             attention: traces,
             hidden: h,
+            position_bias: bias,
         })
     }
 }

@@ -74,7 +74,10 @@ pub struct HeadTrace {
     pub v: Array2<f32>,
     /// Raw `q·kᵀ`, `[T, T]`.
     pub scores: Array2<f32>,
-    /// Scores times `1/√head_dim`, plus MPNet's relative-position bias (nothing is
+    /// MPNet's relative-position bias of this head, `[T, T]` (`None` for the
+    /// other families).
+    pub position_bias: Option<Array2<f32>>,
+    /// Scores times `1/√head_dim`, plus the position bias if any (nothing is
     /// masked for a single text), `[T, T]`.
     pub scaled: Array2<f32>,
     /// Softmax over keys, `[T, T]`; row `i` is where token `i` looks.
@@ -104,6 +107,11 @@ impl SentenceTrace {
             k: m.k.slice(s![0, head, .., ..]).to_owned(),
             v: m.v.slice(s![0, head, .., ..]).to_owned(),
             scores: a.scores.slice(s![0, head, .., ..]).to_owned(),
+            position_bias: self
+                .trace
+                .position_bias
+                .as_ref()
+                .map(|b| b.slice(s![0, head, .., ..]).to_owned()),
             scaled: a.scaled.slice(s![0, head, .., ..]).to_owned(),
             weights: a.weights.slice(s![0, head, .., ..]).to_owned(),
             output: a.output.slice(s![0, head, .., ..]).to_owned(),
