@@ -224,7 +224,13 @@ impl BertModel {
         let position = if config.sinusoidal_positions
             && !file.contains(&format!("{root}{}", family::POSITION_EMBEDDINGS))
         {
-            sinusoidal_table(config.max_position_embeddings, d)
+            // The only table sized by config.json alone, not by a tensor in the file.
+            let rows = config.max_position_embeddings;
+            crate::limits::check_memory(
+                "config.json's max_position_embeddings (the sinusoidal position table)",
+                crate::limits::array_bytes(&[rows, d], 4),
+            )?;
+            sinusoidal_table(rows, d)
         } else {
             matrix(
                 family::POSITION_EMBEDDINGS,
@@ -884,6 +890,26 @@ mod tests {
             .fold(0.0f32, |x, &y| x.max(y));
         assert!(err < 1e-6, "{err}");
         assert!(bias.iter().any(|&x| x != 0.0));
+    }
+
+    #[test]
+    fn an_absurd_sinusoidal_table_is_refused_before_it_is_made() {
+        let (mut config, tensors) = tiny_family_weights(Family::DistilBert, |x| x);
+        config.max_position_embeddings = 1 << 40;
+        let views: Vec<_> = tensors
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.view()))
+            .collect();
+        let file = SafeTensors::from_bytes(serialize(&views, None).unwrap(), "tiny").unwrap();
+        let err = BertModel::from_safetensors(config, &file)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with(
+                "config.json's max_position_embeddings (the sinusoidal position table) would need"
+            ),
+            "{err}"
+        );
     }
 
     #[test]

@@ -83,16 +83,21 @@ impl Family {
 pub(crate) struct Names {
     /// The encoder layers' common prefix (`encoder.layer`).
     pub layers: &'static str,
-    /// Query, key, value and output projections (each with `.weight` and `.bias`).
+    /// The query projection (`.weight` and `.bias` under it, as for each linear map).
     pub query: &'static str,
+    /// The key projection.
     pub key: &'static str,
+    /// The value projection.
     pub value: &'static str,
+    /// The attention's output projection.
     pub attention_output: &'static str,
     /// The LayerNorm after the attention's residual.
     pub attention_norm: &'static str,
-    /// The feed-forward's two projections and the LayerNorm after its residual.
+    /// The feed-forward's first projection, `d → intermediate_size`.
     pub intermediate: &'static str,
+    /// The feed-forward's second projection, `intermediate_size → d`.
     pub output: &'static str,
+    /// The LayerNorm after the feed-forward's residual.
     pub output_norm: &'static str,
 }
 

@@ -217,7 +217,8 @@ impl SentenceEncoder {
             let tok = self.tokenizer.encode(text)?;
             if text.trim().is_empty() {
                 warnings.push(format!(
-                    "text {i} is empty: it is encoded as its special tokens alone ([CLS] [SEP] or <s> </s>), as sentence-transformers does"
+                    "text {i} is empty: it is encoded as {} alone, as sentence-transformers does",
+                    tok.tokens.join(" ")
                 ));
             }
             if let Some(n) = tok.truncated_from {
