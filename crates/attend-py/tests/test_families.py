@@ -230,3 +230,22 @@ def test_all_mpnet_base_v2_embeddings(mpnet_dir):
 @pytest.mark.parametrize("text", TRACED)
 def test_all_mpnet_base_v2_attention(mpnet_dir, text):
     _check_attention(mpnet_dir, text)
+
+
+@pytest.mark.parametrize("name", ["distilbert-learned-mean_sqrt_len", "roberta-cls+mean-dense", "mpnet-max-dense"])
+def test_explain_walks_through_any_family(checkpoints, name):
+    # One head's walkthrough recomputes its weights from its own q, k (and MPNet's
+    # position bias, a step of its own): softmax(q kᵀ / √d_head + bias).
+    text = TRACED[0]
+    ex = attend.explain(model=checkpoints[name], text=text, layer=1, head=2)
+    q, k = ex.q.astype(np.float64), ex.k.astype(np.float64)
+    scaled = q @ k.T / np.sqrt(q.shape[1])
+    if name.startswith("mpnet"):
+        scaled = scaled + ex.position_bias
+        assert "scaled = scores / √d_head + position bias" in str(ex)
+    else:
+        assert "position_bias" not in dir(ex)
+    w = np.exp(scaled - scaled.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    assert np.abs(w - ex.weights).max() < 1e-5
+    assert np.array_equal(ex.weights, _attend_maps(checkpoints[name], text)[1, 2].astype(np.float32))
