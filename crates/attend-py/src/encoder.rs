@@ -40,7 +40,7 @@ impl SentenceEncoder {
     /// The embedding width.
     #[getter]
     fn dimension(&self) -> usize {
-        self.inner.model.config.hidden_size
+        self.inner.dimension()
     }
 
     /// The longest input in tokens; longer texts are truncated.
@@ -52,7 +52,7 @@ impl SentenceEncoder {
     /// Whether the checkpoint normalises its embeddings itself.
     #[getter]
     fn normalizes(&self) -> bool {
-        self.inner.normalize
+        self.inner.normalizes()
     }
 
     /// The number of tokens of each text, special tokens included, after truncation.

@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use attend::models::{pool, SentenceEncoder, Timings};
+use attend::models::{SentenceEncoder, Timings};
 
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
@@ -49,7 +49,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut timings = Timings::default();
         let hidden = enc.model.forward_timed(&batch, &mut timings)?;
         let t2 = Instant::now();
-        let v = pool(hidden.view(), &batch.lengths, enc.pooling, enc.normalize)?;
+        let v = enc.pool(hidden.view(), &batch.lengths)?;
         let t3 = Instant::now();
         std::hint::black_box(v);
         tokens = batch.lengths.iter().sum::<usize>();

@@ -209,7 +209,21 @@ pub fn head_steps(t: HeadTrace, attention: &MultiHeadAttention, head: usize) -> 
         step("k", "k = x W_kᵀ + b_k, this head", t.k.into_dyn()),
         step("v", "v = x W_vᵀ + b_v, this head", t.v.into_dyn()),
         step("scores", "scores = q kᵀ", t.scores.into_dyn()),
-        step("scaled", "scaled = scores / √d_head", t.scaled.into_dyn()),
+    ]);
+    // MPNet adds a bias from the relative positions of query and key.
+    let scaled_title = match t.position_bias {
+        Some(bias) => {
+            steps.push(step(
+                "position_bias",
+                "position bias, this head (from the key's position relative to the query)",
+                bias.into_dyn(),
+            ));
+            "scaled = scores / √d_head + position bias"
+        }
+        None => "scaled = scores / √d_head",
+    };
+    steps.extend([
+        step("scaled", scaled_title, t.scaled.into_dyn()),
         step(
             "weights",
             "weights = softmax(scaled) over keys (each row sums to 1)",

@@ -1,4 +1,5 @@
-"""``attend.SentenceEncoder``: sentence-transformers' ``encode`` on attend's BERT."""
+"""``attend.SentenceEncoder``: sentence-transformers' ``encode`` on attend's encoders
+(BERT, DistilBERT, RoBERTa, XLM-RoBERTa, MPNet)."""
 
 from __future__ import annotations
 
@@ -26,8 +27,9 @@ def _progress(total: int, enabled: bool):
 
 
 class SentenceEncoder:
-    """A sentence-transformers checkpoint directory (e.g. all-MiniLM-L6-v2) run by
-    attend's BERT encoder: no torch needed.
+    """A sentence-transformers checkpoint directory (e.g. all-MiniLM-L6-v2 or
+    all-mpnet-base-v2; ``model_type`` bert, distilbert, roberta, xlm-roberta or mpnet)
+    run by attend's own encoder: no torch needed.
 
     Example::
 
@@ -42,7 +44,8 @@ class SentenceEncoder:
 
     @property
     def dimension(self) -> int:
-        """The embedding width (384 for all-MiniLM-L6-v2)."""
+        """The embedding width (384 for all-MiniLM-L6-v2, 768 for all-mpnet-base-v2;
+        a Dense module's output width when the checkpoint has one)."""
         return self._inner.dimension
 
     def get_embedding_dimension(self) -> int:

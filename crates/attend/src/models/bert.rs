@@ -1,10 +1,15 @@
-//! The BERT encoder: embeddings, then layers of self-attention and feed-forward,
-//! each followed by a residual connection and LayerNorm (post-norm).
+//! The BERT-family encoder: embeddings, then layers of self-attention and
+//! feed-forward, each followed by a residual connection and LayerNorm (post-norm).
+//! BERT, DistilBERT, RoBERTa, XLM-RoBERTa and MPNet all have this shape; what
+//! differs between them is in [`Family`] (names, positions, token types) and, for
+//! MPNet, a relative-position bias added to every layer's scores.
 
 use std::path::Path;
 
-use ndarray::{s, Array2, Array3, ArrayView2, Axis};
+use ndarray::{s, Array2, Array3, Array4, ArrayView2, Axis};
 
+use super::family::{self, Family};
+use super::positions::{mpnet_bias, position_ids, sinusoidal_table, MPNET_BUCKETS};
 use super::BertConfig;
 use crate::attention::{attention, AttentionOptions};
 use crate::io::safetensors::SafeTensors;
@@ -67,10 +72,12 @@ impl TokenBatch {
 pub struct BertEmbeddings {
     /// `[vocab_size, d]`.
     pub word: Array2<f32>,
-    /// `[max_position_embeddings, d]`.
+    /// `[max_position_embeddings, d]`, read at the rows
+    /// [`BertConfig::position_padding_idx`] says.
     pub position: Array2<f32>,
-    /// `[type_vocab_size, d]`.
-    pub token_type: Array2<f32>,
+    /// `[type_vocab_size, d]`; `None` for families without token types
+    /// (DistilBERT, MPNet).
+    pub token_type: Option<Array2<f32>>,
     /// LayerNorm over the sum.
     pub norm: LayerNorm,
 }
@@ -91,7 +98,8 @@ pub struct BertLayer {
     pub output_norm: LayerNorm,
 }
 
-/// A BERT encoder (`transformers.BertModel` without the pooler).
+/// A BERT-family encoder (`transformers.BertModel`, `DistilBertModel`,
+/// `RobertaModel`, `XLMRobertaModel` or `MPNetModel`, without the pooler).
 #[derive(Clone, Debug)]
 pub struct BertModel {
     /// The hyper-parameters.
@@ -100,6 +108,10 @@ pub struct BertModel {
     pub embeddings: BertEmbeddings,
     /// The encoder layers.
     pub layers: Vec<BertLayer>,
+    /// MPNet's relative-position bias table `[buckets, H]`
+    /// (`encoder.relative_attention_bias`), shared by every layer; `None` for the
+    /// other families.
+    pub relative_attention_bias: Option<Array2<f32>>,
 }
 
 /// Every intermediate of a [`BertModel::trace`] run.
@@ -114,6 +126,9 @@ pub struct BertTrace {
     /// Last hidden state, `[B, T, d]`, padding positions included (as transformers
     /// computes them).
     pub hidden: Array3<f32>,
+    /// MPNet's relative-position bias `[1, H, T, T]`, added to every layer's scaled
+    /// scores; `None` for the other families.
+    pub position_bias: Option<Array4<f32>>,
 }
 
 impl BertModel {
@@ -140,21 +155,30 @@ impl BertModel {
         })
     }
 
-    /// Builds the model from Hugging Face tensor names (with or without a `bert.`
-    /// prefix), checking every shape against `config`.
+    /// Builds the model from Hugging Face tensor names of `config.family` (with or
+    /// without a task model's prefix, `bert.`, `roberta.`, …), checking every shape
+    /// against `config`.
     pub fn from_safetensors(config: BertConfig, file: &SafeTensors) -> Result<Self> {
-        let root = if file.contains("embeddings.word_embeddings.weight") {
+        let family = config.family;
+        let names = family.names();
+        let root = if file.contains(family::WORD_EMBEDDINGS) {
             ""
-        } else if file.contains("bert.embeddings.word_embeddings.weight") {
-            "bert."
+        } else if file.contains(&format!("{}{}", family.prefix(), family::WORD_EMBEDDINGS)) {
+            family.prefix()
         } else {
             return Err(Error::format(format!(
-                "{}: no tensor embeddings.word_embeddings.weight: not a BERT checkpoint",
-                file.origin()
+                "{}: no tensor {}: not a {} checkpoint",
+                file.origin(),
+                family::WORD_EMBEDDINGS,
+                family.model_type()
             )));
         };
         // NaN or infinite weights would give NaN embeddings that look like results.
-        let used = [format!("{root}embeddings."), format!("{root}encoder.")];
+        let layers_root = names.layers.split('.').next().unwrap_or_default();
+        let used = [
+            format!("{root}embeddings."),
+            format!("{root}{layers_root}."),
+        ];
         for name in file.names() {
             if used.iter().any(|p| name.starts_with(p.as_str())) {
                 file.check_finite(name)?;
@@ -197,50 +221,87 @@ impl BertModel {
             }
             Ok(l.column_major())
         };
-        let embeddings = BertEmbeddings {
-            word: matrix("embeddings.word_embeddings.weight", config.vocab_size, d)?,
-            position: matrix(
-                "embeddings.position_embeddings.weight",
+        let position = if config.sinusoidal_positions
+            && !file.contains(&format!("{root}{}", family::POSITION_EMBEDDINGS))
+        {
+            // The only table sized by config.json alone, not by a tensor in the file.
+            let rows = config.max_position_embeddings;
+            crate::limits::check_memory(
+                "config.json's max_position_embeddings (the sinusoidal position table)",
+                crate::limits::array_bytes(&[rows, d], 4),
+            )?;
+            sinusoidal_table(rows, d)
+        } else {
+            matrix(
+                family::POSITION_EMBEDDINGS,
                 config.max_position_embeddings,
                 d,
-            )?,
-            token_type: matrix(
-                "embeddings.token_type_embeddings.weight",
-                config.type_vocab_size,
-                d,
-            )?,
-            norm: norm("embeddings.LayerNorm")?,
+            )?
+        };
+        let embeddings = BertEmbeddings {
+            word: matrix(family::WORD_EMBEDDINGS, config.vocab_size, d)?,
+            position,
+            token_type: if family.has_token_types() {
+                Some(matrix(
+                    family::TOKEN_TYPE_EMBEDDINGS,
+                    config.type_vocab_size,
+                    d,
+                )?)
+            } else {
+                None
+            },
+            norm: norm(family::EMBEDDINGS_NORM)?,
+        };
+        let relative_attention_bias = if family == Family::MpNet {
+            if config.relative_attention_buckets < MPNET_BUCKETS {
+                return Err(Error::format(format!(
+                    "relative_attention_num_buckets is {}, fewer than the {MPNET_BUCKETS} buckets MPNet's relative positions use",
+                    config.relative_attention_buckets
+                )));
+            }
+            Some(matrix(
+                family::RELATIVE_ATTENTION_BIAS,
+                config.relative_attention_buckets,
+                config.num_attention_heads,
+            )?)
+        } else {
+            None
         };
         // Grown layer by layer: the count comes from config.json, and reserving it up
         // front would let a wrong count claim memory before a missing tensor is found.
         let mut layers = Vec::new();
         for i in 0..config.num_hidden_layers {
-            let p = format!("encoder.layer.{i}");
+            let p = format!("{}.{i}", names.layers);
             let heads = config.num_attention_heads;
             let attention = MultiHeadAttention::new(
-                linear(&format!("{p}.attention.self.query"), d, d)?,
-                linear(&format!("{p}.attention.self.key"), d, d)?,
-                linear(&format!("{p}.attention.self.value"), d, d)?,
-                Some(linear(&format!("{p}.attention.output.dense"), d, d)?),
+                linear(&format!("{p}.{}", names.query), d, d)?,
+                linear(&format!("{p}.{}", names.key), d, d)?,
+                linear(&format!("{p}.{}", names.value), d, d)?,
+                Some(linear(&format!("{p}.{}", names.attention_output), d, d)?),
                 heads,
                 heads,
             )?;
             layers.push(BertLayer {
                 attention,
-                attention_norm: norm(&format!("{p}.attention.output.LayerNorm"))?,
+                attention_norm: norm(&format!("{p}.{}", names.attention_norm))?,
                 intermediate: linear(
-                    &format!("{p}.intermediate.dense"),
+                    &format!("{p}.{}", names.intermediate),
                     config.intermediate_size,
                     d,
                 )?,
-                output: linear(&format!("{p}.output.dense"), d, config.intermediate_size)?,
-                output_norm: norm(&format!("{p}.output.LayerNorm"))?,
+                output: linear(
+                    &format!("{p}.{}", names.output),
+                    d,
+                    config.intermediate_size,
+                )?,
+                output_norm: norm(&format!("{p}.{}", names.output_norm))?,
             });
         }
         Ok(BertModel {
             config,
             embeddings,
             layers,
+            relative_attention_bias,
         })
     }
 
@@ -254,12 +315,17 @@ impl BertModel {
                 batch.lengths.len()
             )));
         }
-        if t > self.config.max_position_embeddings {
+        if t > self.config.max_tokens() {
             return Err(Error::value(format!(
                 "sequences of {t} tokens are longer than the model's maximum of {}",
-                self.config.max_position_embeddings
+                self.config.max_tokens()
             )));
         }
+        let types = self
+            .embeddings
+            .token_type
+            .as_ref()
+            .map_or(0, |table| table.nrows());
         for (bi, &len) in batch.lengths.iter().enumerate() {
             if len > t {
                 return Err(Error::value(format!(
@@ -274,10 +340,10 @@ impl BertModel {
                         self.config.vocab_size
                     )));
                 }
-                if ty as usize >= self.config.type_vocab_size {
+                // Families without token types ignore them, as transformers does.
+                if types > 0 && ty as usize >= types {
                     return Err(Error::value(format!(
-                        "token type {ty} at [{bi}, {ti}] is out of range for {} types",
-                        self.config.type_vocab_size
+                        "token type {ty} at [{bi}, {ti}] is out of range for {types} types"
                     )));
                 }
             }
@@ -288,14 +354,26 @@ impl BertModel {
     /// Embedding-block output for the given `(batch, position)` pairs, one row each.
     fn embed_rows(&self, batch: &TokenBatch, rows: &[(usize, usize)]) -> Result<Array2<f32>> {
         let e = &self.embeddings;
+        let padding_idx = self.config.position_padding_idx();
+        let positions: Vec<Vec<usize>> = batch
+            .ids
+            .rows()
+            .into_iter()
+            .map(|ids| position_ids(ids.iter().copied(), padding_idx))
+            .collect();
         let mut x = Array2::zeros((rows.len(), self.config.hidden_size));
         for (r, &(bi, ti)) in rows.iter().enumerate() {
             let id = (batch.ids[[bi, ti]] as usize).min(self.config.vocab_size - 1);
-            let ty = (batch.type_ids[[bi, ti]] as usize).min(self.config.type_vocab_size - 1);
             let mut row = x.row_mut(r);
             row.assign(&e.word.row(id));
-            row += &e.position.row(ti);
-            row += &e.token_type.row(ty);
+            // `check` bounds the length by the rows the numbering can reach.
+            row += &e
+                .position
+                .row(positions[bi][ti].min(e.position.nrows() - 1));
+            if let Some(table) = &e.token_type {
+                let ty = (batch.type_ids[[bi, ti]] as usize).min(table.nrows() - 1);
+                row += &table.row(ty);
+            }
         }
         e.norm.forward_inplace(x.view_mut(), None)?;
         Ok(x)
@@ -328,8 +406,10 @@ impl BertModel {
         }
         let packed = rows.len() == b * t;
         let padding = batch.padding_mask();
+        let bias = self.position_bias(t);
         let opts = AttentionOptions {
             key_padding: (!packed).then(|| padding.view()),
+            bias: bias.as_ref().map(|a| a.view().into_dyn()),
             ..Default::default()
         };
         // [n, d] rows → [B, T, d] (a copy into a padded buffer only when some
@@ -405,6 +485,16 @@ impl BertModel {
         Ok(out)
     }
 
+    /// MPNet's relative-position bias `[1, H, t, t]` for sequences padded to `t`
+    /// tokens: made once per call, shared by every layer, and broadcast over the
+    /// batch by the attention call (no `[B, H, t, t]` copy). `None` for the other
+    /// families.
+    fn position_bias(&self, t: usize) -> Option<Array4<f32>> {
+        self.relative_attention_bias
+            .as_ref()
+            .map(|table| mpnet_bias(table.view(), t))
+    }
+
     /// `LayerNorm(a + output(act(intermediate(a))))` on rows `[n, d]`.
     fn feed_forward(&self, layer: &BertLayer, a: Array2<f32>) -> Result<Array2<f32>> {
         let mut inter = layer.intermediate.forward(a.view())?;
@@ -429,8 +519,10 @@ impl BertModel {
             .flat_map(|bi| (0..t).map(move |ti| (bi, ti)))
             .collect();
         let padding = batch.padding_mask();
+        let bias = self.position_bias(t);
         let opts = AttentionOptions {
             key_padding: Some(padding.view()),
+            bias: bias.as_ref().map(|a| a.view().into_dyn()),
             ..Default::default()
         };
         let mut h = self
@@ -465,12 +557,13 @@ impl BertModel {
             inputs,
             attention: traces,
             hidden: h,
+            position_bias: bias,
         })
     }
 }
 
 fn no_out_proj() -> Error {
-    Error::value("a BERT layer's attention needs an output projection (out_proj is None)")
+    Error::value("an encoder layer's attention needs an output projection (out_proj is None)")
 }
 
 /// Time spent in each kind of work by [`BertModel::forward_timed`], accumulated.
@@ -512,6 +605,25 @@ pub enum Pooling {
     Max,
     /// Sum over the real tokens divided by √(count).
     MeanSqrtLen,
+    /// Mean over the real tokens weighted by position, 1 for the first token.
+    WeightedMean,
+    /// The last real token (decoder-style embedding models).
+    LastToken,
+}
+
+impl Pooling {
+    /// The mode of a sentence-transformers `pooling_mode` name.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Some(match name {
+            "cls" => Pooling::Cls,
+            "max" => Pooling::Max,
+            "mean" => Pooling::Mean,
+            "mean_sqrt_len_tokens" => Pooling::MeanSqrtLen,
+            "weightedmean" => Pooling::WeightedMean,
+            "lasttoken" => Pooling::LastToken,
+            _ => return None,
+        })
+    }
 }
 
 /// Pools `hidden [B, T, d]` over the first `lengths[b]` tokens of each sequence,
@@ -539,6 +651,18 @@ pub fn pool(
                 if len > 0 {
                     row.assign(&tokens.row(0));
                 }
+            }
+            Pooling::LastToken => {
+                if len > 0 {
+                    row.assign(&tokens.row(len - 1));
+                }
+            }
+            Pooling::WeightedMean => {
+                for (i, token) in tokens.rows().into_iter().enumerate() {
+                    row.scaled_add((i + 1) as f32, &token);
+                }
+                let total = (len * (len + 1) / 2) as f32;
+                row /= total.max(1e-9);
             }
             Pooling::Max => {
                 if len > 0 {
@@ -572,7 +696,12 @@ mod tests {
 
     /// A two-layer BERT of width 8 with arbitrary weights, in memory.
     fn tiny() -> BertModel {
-        let (config, tensors) = tiny_weights(|x| x);
+        tiny_of(Family::Bert)
+    }
+
+    /// A two-layer model of `family`, width 8, with arbitrary weights, in memory.
+    fn tiny_of(family: Family) -> BertModel {
+        let (config, tensors) = tiny_family_weights(family, |x| x);
         let views: Vec<_> = tensors
             .iter()
             .map(|(n, t)| (n.as_str(), t.view()))
@@ -583,11 +712,28 @@ mod tests {
 
     /// The configuration and named weights of [`tiny`], each value passed through `f`.
     fn tiny_weights(f: impl Fn(f32) -> f32) -> (BertConfig, Vec<(String, ArrayD<f32>)>) {
-        let config = BertConfig::from_json(
-            r#"{"vocab_size": 11, "hidden_size": 8, "num_hidden_layers": 2,
-                "num_attention_heads": 2, "intermediate_size": 12, "hidden_act": "gelu",
-                "max_position_embeddings": 16, "type_vocab_size": 2}"#,
-        )
+        tiny_family_weights(Family::Bert, f)
+    }
+
+    /// The configuration and named weights of [`tiny_of`], each value passed through
+    /// `f`, under the family's own tensor names.
+    fn tiny_family_weights(
+        family: Family,
+        f: impl Fn(f32) -> f32,
+    ) -> (BertConfig, Vec<(String, ArrayD<f32>)>) {
+        let config = BertConfig::from_json(&if family == Family::DistilBert {
+            r#"{"model_type": "distilbert", "vocab_size": 11, "dim": 8, "n_layers": 2,
+                "n_heads": 2, "hidden_dim": 12, "activation": "relu",
+                "max_position_embeddings": 16, "sinusoidal_pos_embds": true}"#
+                .to_string()
+        } else {
+            format!(
+                r#"{{"model_type": "{}", "vocab_size": 11, "hidden_size": 8,
+                    "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 12,
+                    "hidden_act": "gelu", "max_position_embeddings": 16, "type_vocab_size": 2}}"#,
+                family.model_type()
+            )
+        })
         .unwrap();
         let mut tensors: Vec<(String, ArrayD<f32>)> = Vec::new();
         let mut seed = 1u32;
@@ -604,25 +750,34 @@ mod tests {
                 ArrayD::from_shape_vec(IxDyn(shape), v).unwrap(),
             ));
         };
-        add("embeddings.word_embeddings.weight", &[11, 8]);
-        add("embeddings.position_embeddings.weight", &[16, 8]);
-        add("embeddings.token_type_embeddings.weight", &[2, 8]);
-        add("embeddings.LayerNorm.weight", &[8]);
-        add("embeddings.LayerNorm.bias", &[8]);
+        add(family::WORD_EMBEDDINGS, &[11, 8]);
+        // DistilBERT's sinusoidal table is computed when the file lacks it.
+        if family != Family::DistilBert {
+            add(family::POSITION_EMBEDDINGS, &[16, 8]);
+        }
+        if family.has_token_types() {
+            add(family::TOKEN_TYPE_EMBEDDINGS, &[2, 8]);
+        }
+        add(&format!("{}.weight", family::EMBEDDINGS_NORM), &[8]);
+        add(&format!("{}.bias", family::EMBEDDINGS_NORM), &[8]);
+        if family == Family::MpNet {
+            add(family::RELATIVE_ATTENTION_BIAS, &[32, 2]);
+        }
+        let names = family.names();
         for l in 0..2 {
-            let p = format!("encoder.layer.{l}");
+            let p = format!("{}.{l}", names.layers);
             for (name, shape) in [
-                ("attention.self.query", [8, 8]),
-                ("attention.self.key", [8, 8]),
-                ("attention.self.value", [8, 8]),
-                ("attention.output.dense", [8, 8]),
-                ("intermediate.dense", [12, 8]),
-                ("output.dense", [8, 12]),
+                (names.query, [8, 8]),
+                (names.key, [8, 8]),
+                (names.value, [8, 8]),
+                (names.attention_output, [8, 8]),
+                (names.intermediate, [12, 8]),
+                (names.output, [8, 12]),
             ] {
                 add(&format!("{p}.{name}.weight"), &shape);
                 add(&format!("{p}.{name}.bias"), &shape[..1]);
             }
-            for ln in ["attention.output.LayerNorm", "output.LayerNorm"] {
+            for ln in [names.attention_norm, names.output_norm] {
                 add(&format!("{p}.{ln}.weight"), &[8]);
                 add(&format!("{p}.{ln}.bias"), &[8]);
             }
@@ -664,7 +819,21 @@ mod tests {
 
     #[test]
     fn batches_equal_single_sequences_and_the_traced_path() {
-        let m = tiny();
+        for family in [
+            Family::Bert,
+            Family::DistilBert,
+            Family::Roberta,
+            Family::XlmRoberta,
+            Family::MpNet,
+        ] {
+            batches_equal_single_sequences(&tiny_of(family), family);
+        }
+    }
+
+    /// The batched forward (fused attention, padding keys masked, MPNet's bias
+    /// broadcast over the batch) equals each sequence alone and the traced path
+    /// (reference attention) on the padded batch.
+    fn batches_equal_single_sequences(m: &BertModel, family: Family) {
         let seqs = vec![
             (vec![1, 5, 7, 2], vec![0, 0, 1, 1]),
             (vec![1, 2], vec![0, 0]),
@@ -682,15 +851,93 @@ mod tests {
             let err = (&a - &one.slice(s![0, .., ..]))
                 .mapv(f32::abs)
                 .fold(0.0f32, |x, &y| x.max(y));
-            assert!(err < 1e-5, "sequence {i}: {err}");
+            assert!(err < 1e-5, "{family:?} sequence {i}: {err}");
             let err = (&a - &traced.hidden.slice(s![i, ..n, ..]))
                 .mapv(f32::abs)
                 .fold(0.0f32, |x, &y| x.max(y));
-            assert!(err < 1e-5, "traced {i}: {err}");
+            assert!(err < 1e-5, "{family:?} traced {i}: {err}");
             assert!(all.slice(s![i, n.., ..]).iter().all(|&x| x == 0.0));
         }
         assert_eq!(traced.attention.len(), 2);
         assert_eq!(traced.attention[0].attention.weights.dim(), (3, 2, 6, 6));
+    }
+
+    #[test]
+    fn each_family_reads_its_own_positions_and_bias() {
+        let one = TokenBatch::from_sequences(&[(vec![3, 4, 5], vec![0; 3])], 0).unwrap();
+        // DistilBERT without a stored table uses the sinusoids.
+        let m = tiny_of(Family::DistilBert);
+        assert_eq!(m.embeddings.position, sinusoidal_table(16, 8));
+        assert!(m.embeddings.token_type.is_none());
+        // RoBERTa numbers positions from padding_idx + 1 (here 2), so the table's
+        // last two rows are out of reach: 14 tokens fit, 15 do not.
+        let m = tiny_of(Family::Roberta);
+        assert_eq!(m.config.max_tokens(), 14);
+        let long = TokenBatch::from_sequences(&[(vec![3; 15], vec![0; 15])], 1).unwrap();
+        assert!(m
+            .forward(&long)
+            .unwrap_err()
+            .to_string()
+            .contains("maximum of 14"));
+        // MPNet's scaled scores are the scaled dot products plus its bias.
+        let m = tiny_of(Family::MpNet);
+        let traced = m.trace(&one).unwrap();
+        let bias = m.position_bias(3).unwrap();
+        let a = &traced.attention[1].attention;
+        let scale = 1.0 / 2f32;
+        let err = (&a.scaled - &(&a.scores * scale + &bias))
+            .mapv(f32::abs)
+            .fold(0.0f32, |x, &y| x.max(y));
+        assert!(err < 1e-6, "{err}");
+        assert!(bias.iter().any(|&x| x != 0.0));
+    }
+
+    #[test]
+    fn an_absurd_sinusoidal_table_is_refused_before_it_is_made() {
+        let (mut config, tensors) = tiny_family_weights(Family::DistilBert, |x| x);
+        config.max_position_embeddings = 1 << 40;
+        let views: Vec<_> = tensors
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.view()))
+            .collect();
+        let file = SafeTensors::from_bytes(serialize(&views, None).unwrap(), "tiny").unwrap();
+        let err = BertModel::from_safetensors(config, &file)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with(
+                "config.json's max_position_embeddings (the sinusoidal position table) would need"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_checkpoint_of_another_family_is_a_clear_error() {
+        let (_, tensors) = tiny_family_weights(Family::Bert, |x| x);
+        let views: Vec<_> = tensors
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.view()))
+            .collect();
+        let file = SafeTensors::from_bytes(serialize(&views, None).unwrap(), "bert.st").unwrap();
+        let (distil, _) = tiny_family_weights(Family::DistilBert, |x| x);
+        let err = BertModel::from_safetensors(distil, &file)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(
+                "bert.st: has no tensor named \"transformer.layer.0.attention.q_lin.weight\""
+            ),
+            "{err}"
+        );
+        let (mpnet, _) = tiny_family_weights(Family::MpNet, |x| x);
+        let err = BertModel::from_safetensors(mpnet, &file)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("encoder.relative_attention_bias.weight"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -738,6 +985,12 @@ mod tests {
         assert_eq!(cls.row(1).to_vec(), [6.0, 7.0]);
         let max = pool(h.view(), &[2, 3], Pooling::Max, false).unwrap();
         assert_eq!(max.row(0).to_vec(), [2.0, 3.0]);
+        let last = pool(h.view(), &[2, 3], Pooling::LastToken, false).unwrap();
+        assert_eq!(last.row(0).to_vec(), [2.0, 3.0]);
+        assert_eq!(last.row(1).to_vec(), [10.0, 11.0]);
+        // Tokens [0, 1], [2, 3] weighted 1 and 2: (0 + 4) / 3, (1 + 6) / 3.
+        let weighted = pool(h.view(), &[2, 3], Pooling::WeightedMean, false).unwrap();
+        assert_eq!(weighted.row(0).to_vec(), [4.0 / 3.0, 7.0 / 3.0]);
         let norm = pool(h.view(), &[2, 3], Pooling::Mean, true).unwrap();
         assert!((norm.row(1).dot(&norm.row(1)) - 1.0).abs() < 1e-6);
         assert!(pool(h.view(), &[4, 1], Pooling::Mean, false).is_err());

@@ -1,4 +1,5 @@
-//! Pretrained models: BERT-family encoders loaded from Hugging Face checkpoint
+//! Pretrained models: BERT-family encoders (BERT, DistilBERT, RoBERTa,
+//! XLM-RoBERTa, MPNet; see [`Family`]) loaded from Hugging Face checkpoint
 //! directories (`config.json`, `model.safetensors`, `tokenizer.json`).
 //!
 //! * [`BertModel`] runs token ids through the encoder; its self-attention is the
@@ -11,6 +12,9 @@
 
 mod bert;
 mod config;
+mod family;
+mod modules;
+mod positions;
 #[cfg(feature = "tokenizers")]
 mod sentence;
 #[cfg(feature = "tokenizers")]
@@ -20,6 +24,8 @@ pub use bert::{
     pool, BertEmbeddings, BertLayer, BertModel, BertTrace, Pooling, Timings, TokenBatch,
 };
 pub use config::BertConfig;
+pub use family::{Family, SUPPORTED_MODEL_TYPES};
+pub use modules::{Dense, DenseActivation, SentenceModules};
 
 /// A checkpoint directory's last component, as a readable model name for titles.
 pub fn model_name(dir: &std::path::Path) -> String {

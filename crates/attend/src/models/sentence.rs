@@ -2,14 +2,16 @@
 
 use std::path::Path;
 
-use ndarray::{s, Array2, ArrayView2};
+use ndarray::{s, Array2, ArrayView2, ArrayView3};
 use serde_json::Value;
 
+use super::modules::{read_json, SentenceModules};
 use super::tokenize::{short, Tokenized, Tokenizer};
-use super::{pool, BertModel, BertTrace, Pooling, TokenBatch};
+use super::{BertModel, BertTrace, TokenBatch};
 use crate::{Error, Result};
 
-/// A BERT encoder with its tokenizer and pooling: text in, sentence embeddings out.
+/// A BERT-family encoder (BERT, DistilBERT, RoBERTa, XLM-RoBERTa, MPNet) with its
+/// tokenizer and sentence-transformers' modules: text in, sentence embeddings out.
 ///
 /// ```no_run
 /// use attend::models::SentenceEncoder;
@@ -33,10 +35,8 @@ pub struct SentenceEncoder {
     pub model: BertModel,
     /// The tokenizer, with the maximum sequence length.
     pub tokenizer: Tokenizer,
-    /// How token vectors become one vector.
-    pub pooling: Pooling,
-    /// Whether embeddings are L2-normalised (a `Normalize` module in `modules.json`).
-    pub normalize: bool,
+    /// How token vectors become one vector: pooling, Dense layers, normalisation.
+    pub modules: SentenceModules,
 }
 
 /// Sentence embeddings and what was noticed on the way.
@@ -74,7 +74,11 @@ pub struct HeadTrace {
     pub v: Array2<f32>,
     /// Raw `q·kᵀ`, `[T, T]`.
     pub scores: Array2<f32>,
-    /// Scores times `1/√head_dim` (nothing is masked for a single text), `[T, T]`.
+    /// MPNet's relative-position bias of this head, `[T, T]` (`None` for the
+    /// other families).
+    pub position_bias: Option<Array2<f32>>,
+    /// Scores times `1/√head_dim`, plus the position bias if any (nothing is
+    /// masked for a single text), `[T, T]`.
     pub scaled: Array2<f32>,
     /// Softmax over keys, `[T, T]`; row `i` is where token `i` looks.
     pub weights: Array2<f32>,
@@ -103,6 +107,11 @@ impl SentenceTrace {
             k: m.k.slice(s![0, head, .., ..]).to_owned(),
             v: m.v.slice(s![0, head, .., ..]).to_owned(),
             scores: a.scores.slice(s![0, head, .., ..]).to_owned(),
+            position_bias: self
+                .trace
+                .position_bias
+                .as_ref()
+                .map(|b| b.slice(s![0, head, .., ..]).to_owned()),
             scaled: a.scaled.slice(s![0, head, .., ..]).to_owned(),
             weights: a.weights.slice(s![0, head, .., ..]).to_owned(),
             output: a.output.slice(s![0, head, .., ..]).to_owned(),
@@ -151,16 +160,6 @@ impl SentenceTrace {
     }
 }
 
-fn read_json(path: &Path) -> Result<Option<Value>> {
-    if !path.is_file() {
-        return Ok(None);
-    }
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    serde_json::from_str(&text)
-        .map(Some)
-        .map_err(|e| Error::format(format!("{}: not valid JSON: {e}", path.display())))
-}
-
 impl SentenceEncoder {
     /// Loads a checkpoint directory: `config.json`, `model.safetensors`,
     /// `tokenizer.json`, and, if present, sentence-transformers' `modules.json`,
@@ -172,7 +171,7 @@ impl SentenceEncoder {
     pub fn load(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref();
         let model = BertModel::load(dir)?;
-        let mut max_len = model.config.max_position_embeddings;
+        let mut max_len = model.config.max_tokens();
         let st_config = read_json(&dir.join("sentence_bert_config.json"))?;
         let tok_config = read_json(&dir.join("tokenizer_config.json"))?;
         let limit = st_config
@@ -184,65 +183,29 @@ impl SentenceEncoder {
             max_len = max_len.min(l as usize);
         }
         let tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"), max_len)?;
-        let (pooling, normalize) = Self::read_modules(dir)?;
+        let modules = SentenceModules::load(dir, model.config.hidden_size)?;
         Ok(SentenceEncoder {
             model,
             tokenizer,
-            pooling,
-            normalize,
+            modules,
         })
     }
 
-    fn read_modules(dir: &Path) -> Result<(Pooling, bool)> {
-        let path = dir.join("modules.json");
-        let Some(modules) = read_json(&path)? else {
-            return Ok((Pooling::Mean, false));
-        };
-        let list = modules.as_array().ok_or_else(|| {
-            Error::format(format!("{}: expected a list of modules", path.display()))
-        })?;
-        let mut pooling = Pooling::Mean;
-        let mut normalize = false;
-        for m in list {
-            let kind = m.get("type").and_then(Value::as_str).unwrap_or_default();
-            let sub = m.get("path").and_then(Value::as_str).unwrap_or_default();
-            match kind.rsplit('.').next().unwrap_or_default() {
-                "Transformer" => {}
-                "Normalize" => normalize = true,
-                "Pooling" => {
-                    let cfg_path = dir.join(sub).join("config.json");
-                    let cfg = read_json(&cfg_path)?
-                        .ok_or_else(|| Error::io(&cfg_path, "pooling config not found"))?;
-                    let on = |k: &str| cfg.get(k).and_then(Value::as_bool).unwrap_or(false);
-                    let chosen: Vec<Pooling> = [
-                        ("pooling_mode_mean_tokens", Pooling::Mean),
-                        ("pooling_mode_cls_token", Pooling::Cls),
-                        ("pooling_mode_max_tokens", Pooling::Max),
-                        ("pooling_mode_mean_sqrt_len_tokens", Pooling::MeanSqrtLen),
-                    ]
-                    .into_iter()
-                    .filter(|(k, _)| on(k))
-                    .map(|(_, p)| p)
-                    .collect();
-                    pooling = match chosen[..] {
-                        [p] => p,
-                        _ => {
-                            return Err(Error::format(format!(
-                                "{}: exactly one of mean, cls, max and mean_sqrt_len pooling must be on",
-                                cfg_path.display()
-                            )))
-                        }
-                    };
-                }
-                other => {
-                    return Err(Error::format(format!(
-                    "{}: module type {other:?} is not supported (Transformer, Pooling, Normalize)",
-                    path.display()
-                )))
-                }
-            }
-        }
-        Ok((pooling, normalize))
+    /// The width of the sentence vectors (the last Dense layer's, else the
+    /// encoder's times the number of pooling modes).
+    pub fn dimension(&self) -> usize {
+        self.modules.dimension(self.model.config.hidden_size)
+    }
+
+    /// Whether the vectors are L2-normalised (a `Normalize` module).
+    pub fn normalizes(&self) -> bool {
+        self.modules.normalize
+    }
+
+    /// Sentence vectors from the encoder's last hidden state `[B, T, d]` of
+    /// sequences of the given lengths: pooling, Dense layers, normalisation.
+    pub fn pool(&self, hidden: ArrayView3<'_, f32>, lengths: &[usize]) -> Result<Array2<f32>> {
+        self.modules.apply(hidden, lengths)
     }
 
     /// Tokenises `texts` and pads them into one batch, with a warning for each
@@ -254,7 +217,8 @@ impl SentenceEncoder {
             let tok = self.tokenizer.encode(text)?;
             if text.trim().is_empty() {
                 warnings.push(format!(
-                    "text {i} is empty: it is encoded as [CLS] [SEP] alone, as sentence-transformers does"
+                    "text {i} is empty: it is encoded as {} alone, as sentence-transformers does",
+                    tok.tokens.join(" ")
                 ));
             }
             if let Some(n) = tok.truncated_from {
@@ -281,12 +245,12 @@ impl SentenceEncoder {
         let (_, batch, warnings) = self.tokenize(texts)?;
         if texts.is_empty() {
             return Ok(Embeddings {
-                vectors: Array2::zeros((0, self.model.config.hidden_size)),
+                vectors: Array2::zeros((0, self.dimension())),
                 warnings,
             });
         }
         let hidden = self.model.forward(&batch)?;
-        let vectors = pool(hidden.view(), &batch.lengths, self.pooling, self.normalize)?;
+        let vectors = self.pool(hidden.view(), &batch.lengths)?;
         Ok(Embeddings { vectors, warnings })
     }
 
