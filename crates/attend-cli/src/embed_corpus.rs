@@ -10,7 +10,8 @@ use std::io::{BufRead, BufReader, BufWriter, IsTerminal};
 use std::path::{Path, PathBuf};
 
 use attend::corpus::{
-    embed_corpus, CorpusOptions, InputFormat, JsonlWriter, OutputFormat, TextReader, VectorSink,
+    embed_corpus, CorpusOptions, InputFormat, JsonlWriter, OutputFormat, Summary, TextReader,
+    VectorSink,
 };
 use attend::io::npy::RowWriter;
 use attend::models::SentenceEncoder;
@@ -72,8 +73,8 @@ pub fn run(job: Job) -> Result<(), Error> {
     let mut bar = std::io::stderr()
         .is_terminal()
         .then(|| ProgressBar::new(size));
-    let mut finished = None;
-    outputs.write("--output", |temp| {
+    let mut summary = Summary::default();
+    let written = outputs.write("--output", |temp| {
         let file = File::create(temp).map_err(|e| Error::io(temp, e))?;
         let out = BufWriter::new(file);
         let mut run = |sink: &mut dyn VectorSink| {
@@ -83,7 +84,7 @@ pub fn run(job: Job) -> Result<(), Error> {
                 }
             })
         };
-        finished = Some(match format {
+        summary = match format {
             OutputFormat::Npy => {
                 let width = encoder.model.config.hidden_size;
                 let mut sink = RowWriter::new(out, width, temp.display().to_string())?;
@@ -97,11 +98,14 @@ pub fn run(job: Job) -> Result<(), Error> {
                 sync(sink.finish()?, temp)?;
                 summary
             }
-        });
+        };
         Ok(())
-    })?;
+    });
+    if let (Err(_), Some(bar)) = (&written, &bar) {
+        bar.clear(); // the error gets a line of its own
+    }
+    written?;
     outputs.commit()?;
-    let summary = finished.expect("written when write succeeded");
     if let Some(bar) = bar {
         bar.finish(summary.texts, &job.output);
     }

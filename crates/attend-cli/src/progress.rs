@@ -72,6 +72,13 @@ impl ProgressBar {
         let _ = err.flush();
     }
 
+    /// Erases the line.
+    pub fn clear(&self) {
+        if self.last.is_some() {
+            eprint!("\r\x1b[K");
+        }
+    }
+
     /// Replaces the line with the run's total.
     pub fn finish(self, texts: u64, output: &Path) {
         let secs = self.start.elapsed().as_secs_f64();

@@ -42,7 +42,7 @@ pub struct Progress {
 }
 
 /// What a finished run did.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Summary {
     /// Texts embedded.
     pub texts: u64,
@@ -71,11 +71,7 @@ pub fn embed_corpus<R: BufRead>(
         )));
     }
     let width = encoder.model.config.hidden_size;
-    let mut summary = Summary {
-        texts: 0,
-        truncated: 0,
-        first_truncated: None,
-    };
+    let mut summary = Summary::default();
     let mut read = 0u64;
     loop {
         let chunk = reader.read_chunk(options.chunk_size)?;
