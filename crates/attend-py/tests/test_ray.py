@@ -14,6 +14,8 @@ runs may differ by 2·D plus the floor, 4 ulps of the largest |entry|.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -21,6 +23,7 @@ ray = pytest.importorskip("ray")
 
 import attend  # noqa: E402
 import attend.ray  # noqa: E402
+from conftest import REPO  # noqa: E402
 
 N_TEXTS = 10_000
 WORDS = (
@@ -44,16 +47,23 @@ def local_cluster():
     ray.shutdown()
 
 
-def naive_error(model_dir, texts) -> float:
-    """D: attend's max distance from sentence-transformers (float32) on ``texts``."""
+@pytest.fixture(scope="module")
+def naive_error(model_dir) -> float:
+    """D: attend's max distance from sentence-transformers (float32) on 256 of the texts."""
     st = pytest.importorskip("sentence_transformers")
+    texts = corpus(N_TEXTS)[:256]
     model = st.SentenceTransformer(str(model_dir), device="cpu")
     theirs = model.encode(texts, batch_size=32, convert_to_numpy=True)
     ours = attend.SentenceEncoder(model_dir).encode(texts, batch_size=32)
     return float(np.abs(ours - theirs).max())
 
 
-def test_ray_embeds_like_one_process(model_dir, local_cluster):
+def tolerance(naive_error: float, want: np.ndarray) -> float:
+    """2·D plus 4 ulps of the largest |entry| (see the module's docstring)."""
+    return 2 * naive_error + 4 * np.finfo(np.float32).eps * float(np.abs(want).max())
+
+
+def test_ray_embeds_like_one_process(model_dir, local_cluster, naive_error):
     texts = corpus(N_TEXTS)
     ds = ray.data.from_items([{"id": i, "text": t} for i, t in enumerate(texts)], override_num_blocks=20)
     ds = ds.map_batches(
@@ -70,15 +80,34 @@ def test_ray_embeds_like_one_process(model_dir, local_cluster):
     assert got.dtype == np.float32 and got.shape == (N_TEXTS, 384)
 
     want = attend.SentenceEncoder(model_dir).encode(texts, batch_size=32)
-    d = naive_error(model_dir, texts[:256])
-    tol = 2 * d + 4 * np.finfo(np.float32).eps * float(np.abs(want).max())
+    tol = tolerance(naive_error, want)
     worst = float(np.abs(got - want).max())
-    print(f"Ray vs one process: max abs diff {worst:.3g}, tolerance {tol:.3g} (D = {d:.3g})")
+    print(f"Ray vs one process: max abs diff {worst:.3g}, tolerance {tol:.3g} (D = {naive_error:.3g})")
     assert worst <= tol
     # Each row is nearest its own text's vector: a shuffle could not pass.
     sample = np.arange(0, N_TEXTS, 97)
     dist = np.abs(got[sample][:, None, :] - want[None, :, :]).max(axis=2)
     assert (dist.argmin(axis=1) == sample).all()
+
+
+def test_readme_ray_example_runs(model_dir, local_cluster, naive_error, tmp_path):
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("### Out to a cluster: Ray Data") :]
+    block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    texts = corpus(40)
+    (tmp_path / "corpus.txt").write_text("\n".join(texts) + "\n")
+    # The workers resolve relative paths against the directory Ray started in, so
+    # the example's file names become absolute ones here.
+    for name in ('"corpus.txt"', '"embedded/"'):
+        assert block.count(name) == 1, f"the README example no longer names {name}"
+        block = block.replace(name, repr(str(tmp_path / name.strip('"'))))
+    exec(compile(block, "README.md (Ray Data)", "exec"), dict(model_dir=str(model_dir)))
+    rows = ray.data.read_parquet(str(tmp_path / "embedded")).take_all()
+    by_text = {r["text"]: np.asarray(r["embedding"]) for r in rows}
+    assert sorted(by_text) == sorted(texts)
+    got = np.stack([by_text[t] for t in texts])
+    want = attend.SentenceEncoder(model_dir).encode(texts)
+    assert float(np.abs(got - want).max()) <= tolerance(naive_error, want)
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ The one-line swaps::
 
     import attend.ray                                                    # Ray Data (needs ray[data])
     ds = ds.map_batches(attend.ray.Embedder, fn_constructor_args=(model_dir,),
-                        compute=ray.data.ActorPoolStrategy(size=4))
+                        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=4))
 """
 
 from ._attend import __version__, isa

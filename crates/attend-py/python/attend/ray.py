@@ -11,7 +11,7 @@ batch after batch, adding the vectors as a column::
     ds = ds.map_batches(
         attend.ray.Embedder,
         fn_constructor_args=("~/.cache/attend/all-minilm-l6-v2",),
-        compute=ray.data.ActorPoolStrategy(size=4),            # four encoders
+        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=4),  # up to four encoders
         batch_size=512,
     )
     ds.write_parquet("embedded/")                              # text + embedding
