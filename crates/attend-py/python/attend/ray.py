@@ -16,7 +16,8 @@ batch after batch, adding the vectors as a column::
     )
     ds.write_parquet("embedded/")                              # text + embedding
 
-Importing this module needs ``ray[data]``; ``import attend`` alone does not.
+Running it needs ``ray[data]`` (``pip install "attend[ray]"``); the module itself
+imports Ray only to ask, inside a worker, how many CPUs the worker was given.
 """
 
 from __future__ import annotations
