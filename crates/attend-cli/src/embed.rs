@@ -1,9 +1,12 @@
-//! `attend embed`: sentence embeddings from a BERT-family model.
+//! `attend embed`: sentence embeddings from a BERT-family model, of the sentences
+//! on the command line or of a whole corpus (`--input`, see [`crate::embed_corpus`]).
 
 use std::path::PathBuf;
 
 use attend::models::SentenceEncoder;
+use attend::Error;
 
+use crate::embed_corpus;
 use crate::model_dir::{self, Format};
 
 /// Flags of `attend embed`.
@@ -13,23 +16,82 @@ pub struct Args {
     /// $ATTEND_MODEL_DIR, then ~/.cache/attend/all-minilm-l6-v2 (scripts/fetch-model).
     #[arg(long, value_name = "DIR")]
     model: Option<PathBuf>,
-    /// `text`: one line of numbers per sentence; `json`: {"embeddings": [[...], ...]}.
-    #[arg(long, value_enum, default_value = "text")]
-    format: Format,
+    /// Sentences: `text` (one line of numbers per sentence) or `json`
+    /// ({"embeddings": [[...], ...]}). With --output: `npy` or `jsonl` (default: the
+    /// output's extension).
+    #[arg(long, value_enum)]
+    format: Option<EmbedFormat>,
     /// The sentences, embedded together in one padded batch.
-    #[arg(required = true, value_name = "SENTENCE")]
+    #[arg(
+        required_unless_present = "input",
+        conflicts_with = "input",
+        value_name = "SENTENCE"
+    )]
     sentences: Vec<String>,
+    /// A corpus to embed, one text per line (or, with --field, one JSON object per
+    /// line); `-` reads standard input.
+    #[arg(long, value_name = "FILE|-", requires = "output")]
+    input: Option<PathBuf>,
+    /// With --input: each line is a JSON object and its text is in this field.
+    #[arg(long, value_name = "NAME", requires = "input")]
+    field: Option<String>,
+    /// With --input: where the vectors go, `.npy` (float32 [texts, dim]) or `.jsonl`
+    /// (one object per text, in input order). Written in full or not at all.
+    #[arg(long, value_name = "FILE", requires = "input")]
+    output: Option<PathBuf>,
+    /// With --input: texts per forward pass (texts of similar length share one).
+    #[arg(long, value_name = "N", default_value_t = 32, requires = "input")]
+    batch_size: usize,
+    /// With --input: texts read and sorted at once; memory is bounded by this, not
+    /// by the corpus.
+    #[arg(long, value_name = "N", default_value_t = 4096, requires = "input")]
+    chunk_size: usize,
+}
+
+/// `--format`: the sentence formats and the corpus formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum EmbedFormat {
+    /// Sentences: one line of numbers per sentence.
+    Text,
+    /// Sentences: one JSON object.
+    Json,
+    /// --output: a float32 .npy array.
+    Npy,
+    /// --output: one JSON object per text.
+    Jsonl,
 }
 
 /// Runs `attend embed`.
-pub fn run(args: Args) -> Result<(), attend::Error> {
+pub fn run(args: Args) -> Result<(), Error> {
+    if let (Some(input), Some(output)) = (args.input, args.output) {
+        let job = embed_corpus::Job {
+            model: model_dir::resolve(args.model),
+            input,
+            field: args.field,
+            output,
+            format: args.format,
+            batch_size: args.batch_size,
+            chunk_size: args.chunk_size,
+        };
+        return embed_corpus::run(job);
+    }
+    let format = match args.format {
+        None | Some(EmbedFormat::Text) => Format::Text,
+        Some(EmbedFormat::Json) => Format::Json,
+        Some(other) => {
+            return Err(Error::value(format!(
+                "--format {} is for --input/--output; sentences print as text or json",
+                format_name(other)
+            )))
+        }
+    };
     let encoder = SentenceEncoder::load(model_dir::resolve(args.model))?;
     let texts: Vec<&str> = args.sentences.iter().map(String::as_str).collect();
     let out = encoder.embed(&texts)?;
     for w in &out.warnings {
         eprintln!("warning: {w}");
     }
-    match args.format {
+    match format {
         Format::Json => {
             println!(
                 "{{\"embeddings\":{}}}",
@@ -44,4 +106,14 @@ pub fn run(args: Args) -> Result<(), attend::Error> {
         }
     }
     Ok(())
+}
+
+/// The flag value naming `format`.
+pub fn format_name(format: EmbedFormat) -> &'static str {
+    match format {
+        EmbedFormat::Text => "text",
+        EmbedFormat::Json => "json",
+        EmbedFormat::Npy => "npy",
+        EmbedFormat::Jsonl => "jsonl",
+    }
 }

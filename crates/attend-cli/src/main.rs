@@ -12,6 +12,7 @@ mod attention_cmd;
 mod bench;
 mod bench_decode;
 mod embed;
+mod embed_corpus;
 mod experiment_args;
 mod explain;
 mod flags;
@@ -19,6 +20,7 @@ mod json_input;
 mod model_args;
 mod model_dir;
 mod outputs;
+mod progress;
 mod sdpa;
 mod train;
 mod view;
@@ -41,7 +43,7 @@ enum Command {
     Sdpa(sdpa::Args),
     /// Time the fused attention forward, or forward + backward (pairs with shared/bench/torch_sdpa.py).
     Bench(bench::Args),
-    /// Sentence embeddings from a BERT-family model (e.g. all-MiniLM-L6-v2).
+    /// Sentence embeddings from a BERT-family model (e.g. all-MiniLM-L6-v2), of sentences or a whole corpus (--input).
     Embed(embed::Args),
     /// One head's attention weights for a sentence, from a BERT-family model.
     Attention(attention_cmd::Args),

@@ -5,6 +5,7 @@
 #![warn(missing_docs)]
 
 pub mod attention;
+pub mod corpus;
 pub mod decode;
 pub mod error;
 pub mod experiment;

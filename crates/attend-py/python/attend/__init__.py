@@ -12,6 +12,10 @@ The one-line swaps::
     vectors = attend.SentenceEncoder(model_dir).encode(sentences)       # SentenceTransformer.encode
 
     attend.explain(sentence="Life is short, eat dessert first", embed_dim=16)  # the notebooks' walkthrough
+
+    import attend.ray                                                    # Ray Data (needs ray[data])
+    ds = ds.map_batches(attend.ray.Embedder, fn_constructor_args=(model_dir,),
+                        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=4))
 """
 
 from ._attend import __version__, isa

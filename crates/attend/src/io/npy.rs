@@ -1,7 +1,8 @@
 //! NumPy `.npy` files: f32 and boolean arrays, as `numpy.save` writes them.
 //!
 //! Reads format versions 1–3, little-endian `<f4` and `|b1`, C or Fortran order;
-//! writes version 1.0, `<f4`, C order. Anything else is an [`Error::Format`] naming
+//! writes version 1.0, `<f4`, C order, whole ([`write_f32`]) or row by row
+//! ([`RowWriter`]). Anything else is an [`Error::Format`] naming
 //! the file.
 
 use std::io::Write;
@@ -12,7 +13,9 @@ use ndarray::{ArrayD, ArrayViewD, IxDyn, ShapeBuilder};
 use crate::{Error, Result};
 
 mod header;
+mod rows;
 use header::Header;
+pub use rows::RowWriter;
 
 const MAGIC: &[u8] = b"\x93NUMPY";
 
