@@ -86,7 +86,7 @@ pub fn run(job: Job) -> Result<(), Error> {
         };
         summary = match format {
             OutputFormat::Npy => {
-                let width = encoder.model.config.hidden_size;
+                let width = encoder.dimension();
                 let mut sink = RowWriter::new(out, width, temp.display().to_string())?;
                 let summary = run(&mut sink)?;
                 sync(sink.finish()?, temp)?;
@@ -139,6 +139,8 @@ fn output_format(flag: Option<EmbedFormat>, output: &Path) -> Result<OutputForma
 
 /// Flushes the buffered file to disk, so that the rename publishes a complete file.
 fn sync(out: BufWriter<File>, path: &Path) -> Result<(), Error> {
-    let file = out.into_inner().map_err(|e| Error::io(path, e.error()))?;
+    let file = out
+        .into_inner()
+        .map_err(|e| Error::io(path, e.into_error()))?;
     file.sync_all().map_err(|e| Error::io(path, e))
 }

@@ -70,7 +70,7 @@ pub fn embed_corpus<R: BufRead>(
             options.batch_size, options.chunk_size
         )));
     }
-    let width = encoder.model.config.hidden_size;
+    let width = encoder.dimension();
     let mut summary = Summary::default();
     let mut read = 0u64;
     loop {
