@@ -49,8 +49,8 @@ pub(crate) fn available() -> bool {
     has!("avx2") && has!("fma") && !has!("avx512f")
 }
 
-/// `act(x · wᵀ + bias)` for `x [m, k]` and `w [n, k]` (any strides; row-major or
-/// column-major weights are read in place), `bias [n]`. Call only when
+/// `act(x · wᵀ + bias)` for `x [m, k]` and `w [n, k]` (any strides), `bias [n]`;
+/// the weight is read from `packed`, its packing, when given. Call only when
 /// [`available`] says so.
 pub(crate) fn linear<'a>(
     x: ArrayView2<'_, f32>,
