@@ -306,6 +306,25 @@ mod tests {
     }
 
     #[test]
+    fn an_inference_layer_follows_a_weight_changed_after_packing() {
+        let w = Array::from_shape_fn((40, 30), |(i, j)| ((i * 7 + j * 3) % 17) as f32 / 8.0 - 1.0);
+        let x = Array::from_shape_fn((9, 30), |(i, j)| ((i + 2 * j) % 5) as f32 - 2.0);
+        let l = Linear::new(w, Some(Array::from_elem(40, 0.5))).unwrap();
+        let mut fast = l.clone().for_inference();
+        assert_eq!(fast, l);
+        let err = |a: &Array2<f32>, b: &Array2<f32>| {
+            (a - b).mapv(f32::abs).fold(0.0f32, |m, &v| m.max(v))
+        };
+        let (y, want) = (fast.forward(x.view()).unwrap(), naive(&x, &l));
+        assert!(err(&y, &want) < 1e-4, "{}", err(&y, &want));
+        // An optimiser step after packing: the result must be the new weight's.
+        fast.weight.mapv_inplace(|v| v * 0.5);
+        let changed = Linear::new(fast.weight.clone(), fast.bias.clone()).unwrap();
+        let (y, want) = (fast.forward(x.view()).unwrap(), naive(&x, &changed));
+        assert!(err(&y, &want) < 1e-4, "{}", err(&y, &want));
+    }
+
+    #[test]
     fn wrong_width_is_an_error() {
         let l = Linear::new(Array2::zeros((2, 3)), None).unwrap();
         assert!(l.forward(Array2::<f32>::zeros((4, 5)).view()).is_err());
