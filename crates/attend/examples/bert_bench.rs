@@ -69,7 +69,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "breakdown_ms": {
             "matmul": part(|t| t.matmul),
             "attention": part(|t| t.attention),
-            "activation": part(|t| t.activation),
             "other": part(|t| t.other),
         },
     });

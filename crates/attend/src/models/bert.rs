@@ -219,7 +219,7 @@ impl BertModel {
                     l.weight.shape()
                 )));
             }
-            Ok(l.column_major())
+            Ok(l.for_inference())
         };
         let position = if config.sinusoidal_positions
             && !file.contains(&format!("{root}{}", family::POSITION_EMBEDDINGS))
@@ -392,6 +392,12 @@ impl BertModel {
     /// [`forward`](Self::forward), adding the time spent in each kind of work to
     /// `timings` (for benchmarks: where does the time go?).
     pub fn forward_timed(&self, batch: &TokenBatch, timings: &mut Timings) -> Result<Array3<f32>> {
+        if rayon::current_thread_index().is_none() {
+            // Run on a worker of the thread pool: each parallel step is then a join
+            // the worker completes itself if the other thread is late, where a call
+            // from outside the pool would hand each step over and wait for it.
+            return rayon::scope(|_| self.forward_timed(batch, timings));
+        }
         let mut clock = Clock::new();
         self.check(batch)?;
         let (b, t) = batch.ids.dim();
@@ -467,12 +473,11 @@ impl BertModel {
                 .attention_norm
                 .forward_inplace(a.view_mut(), Some(h.view()))?;
             clock.lap(&mut timings.other);
-            let mut inter = layer.intermediate.forward(a.view())?;
+            // The activation is applied to each block of the product while in cache.
+            let inter = layer
+                .intermediate
+                .forward_activated(a.view(), self.config.hidden_act)?;
             clock.lap(&mut timings.matmul);
-            self.config
-                .hidden_act
-                .apply(inter.as_slice_mut().expect("fresh arrays are contiguous"));
-            clock.lap(&mut timings.activation);
             h = layer.output.forward(inter.view())?;
             clock.lap(&mut timings.matmul);
             layer
@@ -569,12 +574,11 @@ fn no_out_proj() -> Error {
 /// Time spent in each kind of work by [`BertModel::forward_timed`], accumulated.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Timings {
-    /// Dense layers (`Linear`): Q/K/V, output projection, feed-forward.
+    /// Dense layers (`Linear`): Q/K/V, output projection, feed-forward (its
+    /// activation included: it is applied inside the product).
     pub matmul: std::time::Duration,
     /// The `attention` call (scores, softmax, weighted sum).
     pub attention: std::time::Duration,
-    /// The feed-forward activation (GELU).
-    pub activation: std::time::Duration,
     /// Everything else: embeddings, LayerNorms, residuals, packing and unpacking.
     pub other: std::time::Duration,
 }

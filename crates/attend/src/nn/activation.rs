@@ -40,7 +40,9 @@ impl Activation {
         }
     }
 
-    fn apply_serial(self, xs: &mut [f32]) {
+    /// [`apply`](Self::apply) on the calling thread (for callers that already split
+    /// the work, such as a matrix product's blocks).
+    pub(crate) fn apply_serial(self, xs: &mut [f32]) {
         match self {
             Activation::Gelu => gelu(xs),
             Activation::GeluTanh => gelu_tanh(xs),

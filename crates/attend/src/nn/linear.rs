@@ -2,15 +2,27 @@
 
 use ndarray::{Array, Array1, Array2, ArrayView, Axis, Dimension, Ix2};
 
+use super::Activation;
 use crate::{Error, Result};
 
 /// A dense layer with PyTorch's `[out, in]` weight orientation.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct Linear {
     /// `[out, in]`.
     pub weight: Array2<f32>,
     /// `[out]`, if the layer has a bias.
     pub bias: Option<Array1<f32>>,
+    /// The weight packed for this CPU's product, made by
+    /// [`for_inference`](Self::for_inference); used while it still matches `weight`.
+    #[cfg(target_arch = "x86_64")]
+    packed: Option<std::sync::Arc<super::matmul::PackedWeight>>,
+}
+
+/// Layers are equal when their weights and biases are (however they are stored).
+impl PartialEq for Linear {
+    fn eq(&self, other: &Self) -> bool {
+        self.weight == other.weight && self.bias == other.bias
+    }
 }
 
 impl Linear {
@@ -26,7 +38,12 @@ impl Linear {
                 )));
             }
         }
-        Ok(Linear { weight, bias })
+        Ok(Linear {
+            weight,
+            bias,
+            #[cfg(target_arch = "x86_64")]
+            packed: None,
+        })
     }
 
     /// The same layer with its weight stored column-major (still the `[out, in]`
@@ -42,6 +59,24 @@ impl Linear {
         self
     }
 
+    /// The same layer made ready for inference: on CPUs where `nn::matmul`'s AVX2
+    /// kernel runs, it keeps a copy of the weight packed in that kernel's layout
+    /// (each 16-output panel one sequential stream; twice the weight's memory),
+    /// else the weight is made [`column_major`](Self::column_major) for the `gemm`
+    /// crate. For weights loaded once and used many times. Changing `weight`
+    /// afterwards is safe but slow: a packing that no longer matches is not used.
+    pub fn for_inference(self) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if super::matmul::available() {
+            let packed = super::matmul::PackedWeight::new(self.weight.view(), true);
+            return Linear {
+                packed: Some(std::sync::Arc::new(packed)),
+                ..self
+            };
+        }
+        self.column_major()
+    }
+
     /// Input width.
     pub fn in_features(&self) -> usize {
         self.weight.ncols()
@@ -54,6 +89,24 @@ impl Linear {
 
     /// Applies the layer to the last axis of `x` (any number of leading axes).
     pub fn forward<D: Dimension>(&self, x: ArrayView<'_, f32, D>) -> Result<Array<f32, D>> {
+        self.forward_then(x, None)
+    }
+
+    /// `act(forward(x))`, with the activation applied to each block of the product
+    /// while it is still in cache (a feed-forward layer's first half).
+    pub fn forward_activated<D: Dimension>(
+        &self,
+        x: ArrayView<'_, f32, D>,
+        act: Activation,
+    ) -> Result<Array<f32, D>> {
+        self.forward_then(x, Some(act))
+    }
+
+    fn forward_then<D: Dimension>(
+        &self,
+        x: ArrayView<'_, f32, D>,
+        act: Option<Activation>,
+    ) -> Result<Array<f32, D>> {
         let width = x.shape().last().copied().unwrap_or(0);
         if x.ndim() == 0 || width != self.in_features() {
             return Err(Error::shape(format!(
@@ -69,17 +122,38 @@ impl Linear {
             .view()
             .into_shape_with_order((rows, width))
             .expect("standard layout reshapes");
-        let y = self.forward_rows(flat);
+        let y = self.forward_rows(flat, act);
         let mut shape = x.raw_dim();
         shape[x.ndim() - 1] = self.out_features();
         // `forward_rows` always returns a row-major product, so this reshape is free.
         Ok(y.into_shape_with_order(shape).expect("same element count"))
     }
 
-    /// `x [rows, in]` (any strides) times `weightᵀ`, plus the bias, through the
-    /// `gemm` crate (runtime-dispatched AVX-512/AVX2/NEON kernels, parallel over
-    /// output blocks with rayon, so the result does not depend on the thread count).
-    fn forward_rows(&self, x: ArrayView<'_, f32, Ix2>) -> Array2<f32> {
+    /// `act(x [rows, in] · weightᵀ + bias)` for `x` of any strides: through this
+    /// crate's AVX2 kernel (`nn::matmul`) when the weight is column-major and the
+    /// CPU has AVX2 but not AVX-512, else through the `gemm` crate. Both are
+    /// parallel over output blocks with rayon, so the result does not depend on the
+    /// thread count.
+    fn forward_rows(&self, x: ArrayView<'_, f32, Ix2>, act: Option<Activation>) -> Array2<f32> {
+        #[cfg(target_arch = "x86_64")]
+        if super::matmul::available() {
+            let bias = self.bias.as_ref().and_then(|b| b.as_slice());
+            if bias.is_some() == self.bias.is_some() {
+                let w = self.weight.view();
+                let packed = self.packed.as_deref().filter(|p| p.matches(w));
+                return super::matmul::linear(x, w, packed, bias, act);
+            }
+        }
+        let mut y = self.forward_gemm(x);
+        if let Some(act) = act {
+            act.apply(y.as_slice_mut().expect("fresh arrays are contiguous"));
+        }
+        y
+    }
+
+    /// `x [rows, in] · weightᵀ + bias` through the `gemm` crate (runtime-dispatched
+    /// AVX-512/AVX2/NEON kernels).
+    fn forward_gemm(&self, x: ArrayView<'_, f32, Ix2>) -> Array2<f32> {
         let (m, k) = x.dim();
         let n = self.out_features();
         let mut y = match &self.bias {
@@ -229,6 +303,25 @@ mod tests {
         let one = run(1);
         assert_eq!(run(2), one);
         assert_eq!(run(3), one);
+    }
+
+    #[test]
+    fn an_inference_layer_follows_a_weight_changed_after_packing() {
+        let w = Array::from_shape_fn((40, 30), |(i, j)| ((i * 7 + j * 3) % 17) as f32 / 8.0 - 1.0);
+        let x = Array::from_shape_fn((9, 30), |(i, j)| ((i + 2 * j) % 5) as f32 - 2.0);
+        let l = Linear::new(w, Some(Array::from_elem(40, 0.5))).unwrap();
+        let mut fast = l.clone().for_inference();
+        assert_eq!(fast, l);
+        let err = |a: &Array2<f32>, b: &Array2<f32>| {
+            (a - b).mapv(f32::abs).fold(0.0f32, |m, &v| m.max(v))
+        };
+        let (y, want) = (fast.forward(x.view()).unwrap(), naive(&x, &l));
+        assert!(err(&y, &want) < 1e-4, "{}", err(&y, &want));
+        // An optimiser step after packing: the result must be the new weight's.
+        fast.weight.mapv_inplace(|v| v * 0.5);
+        let changed = Linear::new(fast.weight.clone(), fast.bias.clone()).unwrap();
+        let (y, want) = (fast.forward(x.view()).unwrap(), naive(&x, &changed));
+        assert!(err(&y, &want) < 1e-4, "{}", err(&y, &want));
     }
 
     #[test]

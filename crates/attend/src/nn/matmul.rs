@@ -1,0 +1,585 @@
+//! The dense layers' matrix product on AVX2+FMA: `y = act(x · wᵀ + bias)`.
+//!
+//! BLIS's structure, cut down to what encoder layers need: a 6 × 16 register tile
+//! (12 accumulators) and `k` in blocks of [`KC`], the weight read as 16-output
+//! panels (`[k][16]`). Inference layers pack their weight into panels once, at load
+//! ([`PackedWeight`], made by `Linear::for_inference`), so that each panel is one
+//! sequential stream: with one short sentence the product is bound by reading the
+//! weights from memory, and a sequential stream reads fastest. Other layers pack
+//! per call, or, with few rows and a column-major weight, read it where it lies.
+//! The bias is the accumulators' starting point and the activation is applied to
+//! each block while it is still in cache.
+//!
+//! Every path runs the same kernel in the same order of operations, and work is
+//! split into blocks of rows × panels that each compute their outputs whole, so a
+//! row's result depends neither on the other rows in the batch nor on the thread
+//! count. On CPUs with AVX-512 (or without AVX2) `Linear` keeps the `gemm` crate,
+//! whose kernels use the wider registers.
+
+use std::arch::x86_64::{
+    __m256, _mm256_add_ps, _mm256_broadcast_ss, _mm256_fmadd_ps, _mm256_loadu_ps,
+    _mm256_setzero_ps, _mm256_storeu_ps,
+};
+
+use ndarray::{Array2, ArrayView2};
+use rayon::prelude::*;
+
+use super::Activation;
+
+/// Rows of the register tile.
+const MR: usize = 6;
+/// Columns of the register tile (two AVX2 registers).
+const NR: usize = 16;
+/// Depth of a block of `k`: a `KC × NR` weight panel is 24 KiB, within L1.
+const KC: usize = 384;
+/// Terms per partial sum (a divisor of [`KC`], so that the order of operations
+/// does not depend on the blocking).
+const SUM_BLOCK: usize = 64;
+/// Rows per block when there are many: 48 rows of `x` (72 KiB at `k = 384`) stay in L2.
+const MC: usize = 8 * MR;
+/// Up to this many rows, the weight is read where it lies instead of being packed.
+const FEW_ROWS: usize = 2 * MR;
+/// Below this many multiply-adds a product runs on one thread: waking the other
+/// costs more than it saves.
+const PARALLEL_MIN: usize = 1 << 17;
+
+/// Whether this module's kernel is the one to use on this CPU.
+pub(crate) fn available() -> bool {
+    use std::arch::is_x86_feature_detected as has;
+    has!("avx2") && has!("fma") && !has!("avx512f")
+}
+
+/// `act(x · wᵀ + bias)` for `x [m, k]` and `w [n, k]` (any strides), `bias [n]`;
+/// the weight is read from `packed`, its packing, when given. Call only when
+/// [`available`] says so.
+pub(crate) fn linear<'a>(
+    x: ArrayView2<'_, f32>,
+    w: ArrayView2<'a, f32>,
+    packed: Option<&'a PackedWeight>,
+    bias: Option<&[f32]>,
+    act: Option<Activation>,
+) -> Array2<f32> {
+    assert!(available(), "the AVX2 product needs AVX2 and FMA");
+    let (m, k) = x.dim();
+    let n = w.nrows();
+    assert_eq!(w.ncols(), k, "inner dimensions");
+    assert!(bias.is_none_or(|b| b.len() == n), "bias length");
+    let mut y = Array2::<f32>::zeros((m, n));
+    if m == 0 || n == 0 {
+        return y;
+    }
+    if k == 0 {
+        if let Some(b) = bias {
+            y.rows_mut()
+                .into_iter()
+                .for_each(|mut row| row.assign(&ndarray::aview1(b)));
+        }
+        if let Some(act) = act {
+            act.apply(y.as_slice_mut().expect("fresh arrays are contiguous"));
+        }
+        return y;
+    }
+    // Contiguous rows (a copy only for transposed or strided views).
+    let x = x.as_standard_layout();
+    let lda = k;
+    let parallel = m * n * k >= PARALLEL_MIN && rayon::current_num_threads() > 1;
+    let panels = n.div_ceil(NR);
+    let source = match packed {
+        Some(p) => {
+            assert_eq!((p.n, p.k), (n, k), "packed weight's shape");
+            Panels::Packed(p)
+        }
+        // Few rows use each weight element once: read a column-major weight where
+        // it lies (its rows are the panels' rows) rather than copy it first.
+        None if m <= FEW_ROWS && w.strides()[0] == 1 => {
+            let tail = (!n.is_multiple_of(NR)).then(|| {
+                let mut t = vec![0.0; k * NR];
+                copy_panel(w, panels - 1, &mut t);
+                t
+            });
+            Panels::InPlace { w, tail }
+        }
+        None => Panels::Owned(PackedWeight::new(w, parallel)),
+    };
+    let (row_block, panel_chunk) = if m > FEW_ROWS {
+        // Enough blocks for both threads, each ~7 M multiply-adds at MiniLM's sizes.
+        (MC, panels.min(24))
+    } else {
+        let ways = if parallel {
+            rayon::current_num_threads()
+        } else {
+            1
+        };
+        // About 12 tasks per thread: a thread that starts late takes fewer of them
+        // (on the short sentence, 1.8-2.0 ms of products against 2.2-2.4 ms with
+        // one task per thread).
+        (m, panels.div_ceil(12 * ways))
+    };
+    let blocks: Vec<Block> = (0..m)
+        .step_by(row_block)
+        .flat_map(|r0| {
+            (0..panels).step_by(panel_chunk).map(move |p0| Block {
+                rows: r0..(r0 + row_block).min(m),
+                panels: p0..(p0 + panel_chunk).min(panels),
+            })
+        })
+        .collect();
+    let out = Out(y.as_mut_ptr());
+    let problem = Problem {
+        x: x.as_ptr(),
+        lda,
+        k,
+        n,
+        bias,
+        act,
+        panels: &source,
+    };
+    let run = |b: &Block| {
+        // SAFETY: blocks cover disjoint parts of `y`, which outlives the loop; the
+        // pointers and strides of `problem` describe live arrays of the checked
+        // shapes, and AVX2+FMA were detected (`available`).
+        unsafe { problem.block(b, &out) }
+    };
+    if parallel && blocks.len() > 1 {
+        blocks.par_iter().for_each(run);
+    } else {
+        blocks.iter().for_each(run);
+    }
+    y
+}
+
+/// A block of output rows × weight panels, computed by one thread.
+struct Block {
+    rows: std::ops::Range<usize>,
+    panels: std::ops::Range<usize>,
+}
+
+/// The output's base pointer, shared by blocks that write disjoint parts of it.
+struct Out(*mut f32);
+// SAFETY: each block writes only its own rows × columns of the output.
+unsafe impl Sync for Out {}
+
+/// A weight `w [n, k]` in the product's layout: 16-output panels, each `[k][16]`
+/// contiguous (zero-padded past `n`), so that reading a panel is one sequential
+/// stream. `Linear::for_inference` makes one at load; other layers pack per call.
+#[derive(Clone)]
+pub(crate) struct PackedWeight {
+    n: usize,
+    k: usize,
+    data: Vec<f32>,
+}
+
+impl std::fmt::Debug for PackedWeight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PackedWeight([{}, {}])", self.n, self.k)
+    }
+}
+
+impl PackedWeight {
+    /// Packs `w [n, k]` (any strides), in parallel if `parallel`.
+    pub(crate) fn new(w: ArrayView2<'_, f32>, parallel: bool) -> Self {
+        let (n, k) = w.dim();
+        let mut data = vec![0.0f32; n.div_ceil(NR) * k * NR];
+        if k > 0 && parallel {
+            data.par_chunks_mut(k * NR)
+                .enumerate()
+                .for_each(|(p, dst)| copy_panel(w, p, dst));
+        } else if k > 0 {
+            data.chunks_mut(k * NR)
+                .enumerate()
+                .for_each(|(p, dst)| copy_panel(w, p, dst));
+        }
+        PackedWeight { n, k, data }
+    }
+
+    /// Whether this is still `w`'s packing: the shape, and 64 entries spread over
+    /// the matrix, so that a weight changed in place after packing (an optimiser
+    /// step changes every entry) is noticed rather than silently ignored, at a
+    /// cost that does not grow with the weight.
+    pub(crate) fn matches(&self, w: ArrayView2<'_, f32>) -> bool {
+        if w.dim() != (self.n, self.k) {
+            return false;
+        }
+        if self.n == 0 || self.k == 0 {
+            return true;
+        }
+        let at = |j: usize, kk: usize| self.data[((j / NR) * self.k + kk) * NR + j % NR];
+        (0..64).all(|i| {
+            let (j, kk) = (i * self.n / 64, (i * 7919 + self.k - 1) % self.k);
+            at(j, kk).to_bits() == w[[j, kk]].to_bits()
+        })
+    }
+}
+
+/// Writes panel `p` of `w [n, k]` (outputs `16p ..`) into `dst [k][16]`.
+fn copy_panel(w: ArrayView2<'_, f32>, p: usize, dst: &mut [f32]) {
+    let n = w.nrows();
+    let (j0, j1) = (p * NR, ((p + 1) * NR).min(n));
+    if w.strides()[0] == 1 {
+        // Column-major: each row of `wᵀ` holds the panel's 16 outputs side by side.
+        let wt = w.t();
+        for (kk, row) in dst.chunks_exact_mut(NR).enumerate() {
+            let src = wt.row(kk);
+            let src = src.as_slice().expect("unit column stride");
+            row[..j1 - j0].copy_from_slice(&src[j0..j1]);
+            row[j1 - j0..].fill(0.0);
+        }
+    } else {
+        dst.fill(0.0);
+        for j in j0..j1 {
+            for (kk, &v) in w.row(j).iter().enumerate() {
+                dst[kk * NR + j - j0] = v;
+            }
+        }
+    }
+}
+
+/// Where the kernel reads the weight's panels from.
+enum Panels<'a> {
+    /// Packed at load.
+    Packed(&'a PackedWeight),
+    /// Packed for this call.
+    Owned(PackedWeight),
+    /// A column-major weight read where it lies, with a packed copy of a last
+    /// partial panel so that no read goes past the weight.
+    InPlace {
+        w: ArrayView2<'a, f32>,
+        tail: Option<Vec<f32>>,
+    },
+}
+
+impl Panels<'_> {
+    /// Pointer to element `[kk, 0]` of panel `p` and the distance between its rows.
+    fn at(&self, p: usize, kk: usize) -> (*const f32, usize) {
+        match self {
+            Panels::Packed(w) => (w.data[(p * w.k + kk) * NR..].as_ptr(), NR),
+            Panels::Owned(w) => (w.data[(p * w.k + kk) * NR..].as_ptr(), NR),
+            Panels::InPlace { w, tail } => {
+                if (p + 1) * NR > w.nrows() {
+                    let t = tail.as_ref().expect("a partial panel has its copy");
+                    return (t[kk * NR..].as_ptr(), NR);
+                }
+                let ld = w.strides()[1] as usize;
+                // SAFETY: kk < k and the panel's 16 outputs are inside the weight.
+                (unsafe { w.as_ptr().add(kk * ld + p * NR) }, ld)
+            }
+        }
+    }
+}
+
+struct Problem<'a, 'w> {
+    x: *const f32,
+    lda: usize,
+    k: usize,
+    n: usize,
+    bias: Option<&'a [f32]>,
+    act: Option<Activation>,
+    panels: &'a Panels<'w>,
+}
+
+// SAFETY: `x` points to an input that is only read while the product runs.
+unsafe impl Sync for Problem<'_, '_> {}
+
+impl Problem<'_, '_> {
+    /// Computes one block of the output.
+    ///
+    /// # Safety
+    /// AVX2 and FMA must be available; `out` must point to the `[m, n]` output and no
+    /// other thread may write this block's part of it.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn block(&self, b: &Block, out: &Out) {
+        let (k, n) = (self.k, self.n);
+        for k0 in (0..k).step_by(KC) {
+            let kc = KC.min(k - k0);
+            let first = k0 == 0;
+            for p in b.panels.clone() {
+                let (bp, ldb) = self.panels.at(p, k0);
+                let j0 = p * NR;
+                let cols = NR.min(n - j0);
+                let mut bias = [0.0f32; NR];
+                if let Some(bs) = self.bias {
+                    bias[..cols].copy_from_slice(&bs[j0..j0 + cols]);
+                }
+                let init = if first { Init::Bias(&bias) } else { Init::Add };
+                let mut r = b.rows.start;
+                while r < b.rows.end {
+                    let rows = MR.min(b.rows.end - r);
+                    let a = self.x.add(r * self.lda + k0);
+                    let c = out.0.add(r * n + j0);
+                    let tile = Tile {
+                        a,
+                        lda: self.lda,
+                        b: bp,
+                        ldb,
+                        kc,
+                    };
+                    if cols == NR {
+                        tile.run(rows, c, n, init);
+                    } else {
+                        // A partial panel: through a 6 × 16 buffer.
+                        let mut buf = [0.0f32; MR * NR];
+                        if !first {
+                            for i in 0..rows {
+                                let src = std::slice::from_raw_parts(c.add(i * n), cols);
+                                buf[i * NR..i * NR + cols].copy_from_slice(src);
+                            }
+                        }
+                        tile.run(rows, buf.as_mut_ptr(), NR, init);
+                        for i in 0..rows {
+                            let dst = std::slice::from_raw_parts_mut(c.add(i * n), cols);
+                            dst.copy_from_slice(&buf[i * NR..i * NR + cols]);
+                        }
+                    }
+                    r += rows;
+                }
+            }
+        }
+        if let Some(act) = self.act {
+            let (j0, j1) = (b.panels.start * NR, (b.panels.end * NR).min(n));
+            for r in b.rows.clone() {
+                act.apply_serial(std::slice::from_raw_parts_mut(
+                    out.0.add(r * n + j0),
+                    j1 - j0,
+                ));
+            }
+        }
+    }
+}
+
+/// What the accumulators are added to.
+#[derive(Clone, Copy)]
+enum Init<'a> {
+    /// The bias (the first block of `k`).
+    Bias(&'a [f32; NR]),
+    /// The partial sums already in the output.
+    Add,
+}
+
+/// One register tile's operands: rows of `x` from `a` (row stride `lda`), a weight
+/// panel from `b` (row stride `ldb`), `kc` deep.
+struct Tile {
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    ldb: usize,
+    kc: usize,
+}
+
+impl Tile {
+    /// `c[rows, 16] = init + a·b`, `c` with row stride `ldc`.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn run(&self, rows: usize, c: *mut f32, ldc: usize, init: Init<'_>) {
+        match rows {
+            6 => self.rows::<6>(c, ldc, init),
+            5 => self.rows::<5>(c, ldc, init),
+            4 => self.rows::<4>(c, ldc, init),
+            3 => self.rows::<3>(c, ldc, init),
+            2 => self.rows::<2>(c, ldc, init),
+            _ => self.rows::<1>(c, ldc, init),
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn rows<const R: usize>(&self, c: *mut f32, ldc: usize, init: Init<'_>) {
+        let mut a = self.a;
+        let mut b = self.b;
+        let mut init = init;
+        let mut left = self.kc;
+        // Partial sums of SUM_BLOCK terms, each added to the output: the error of
+        // a sum of k terms then grows like SUM_BLOCK + k/SUM_BLOCK, not like k.
+        while left > 0 {
+            let steps = left.min(SUM_BLOCK);
+            let mut acc: [[__m256; 2]; R] = [[_mm256_setzero_ps(); 2]; R];
+            for _ in 0..steps {
+                let b0 = _mm256_loadu_ps(b);
+                let b1 = _mm256_loadu_ps(b.add(8));
+                for (i, row) in acc.iter_mut().enumerate() {
+                    let ai = _mm256_broadcast_ss(&*a.add(i * self.lda));
+                    row[0] = _mm256_fmadd_ps(ai, b0, row[0]);
+                    row[1] = _mm256_fmadd_ps(ai, b1, row[1]);
+                }
+                a = a.add(1);
+                b = b.add(self.ldb);
+            }
+            for (i, row) in acc.iter().enumerate() {
+                let ci = c.add(i * ldc);
+                let (s0, s1) = match init {
+                    Init::Bias(bias) => (
+                        _mm256_loadu_ps(bias.as_ptr()),
+                        _mm256_loadu_ps(bias.as_ptr().add(8)),
+                    ),
+                    Init::Add => (_mm256_loadu_ps(ci), _mm256_loadu_ps(ci.add(8))),
+                };
+                _mm256_storeu_ps(ci, _mm256_add_ps(s0, row[0]));
+                _mm256_storeu_ps(ci.add(8), _mm256_add_ps(s1, row[1]));
+            }
+            init = Init::Add;
+            left -= steps;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::Array;
+
+    /// `x · wᵀ + bias` in f64.
+    fn naive(x: &Array2<f32>, w: &Array2<f32>, bias: &[f32]) -> Array2<f64> {
+        let (m, k) = x.dim();
+        let n = w.nrows();
+        Array2::from_shape_fn((m, n), |(i, j)| {
+            (0..k).fold(bias[j] as f64, |s, kk| {
+                s + x[[i, kk]] as f64 * w[[j, kk]] as f64
+            })
+        })
+    }
+
+    /// The same `[n, k]` weight stored row-major and column-major.
+    fn layouts(w: &Array2<f32>) -> [Array2<f32>; 2] {
+        let column_major = w.t().as_standard_layout().into_owned().reversed_axes();
+        [w.clone(), column_major]
+    }
+
+    fn operands(m: usize, k: usize, n: usize) -> (Array2<f32>, Array2<f32>, Vec<f32>) {
+        let x = Array::from_shape_fn((m, k), |(i, j)| ((i * 31 + j * 7) % 23) as f32 / 11.0 - 1.0);
+        let w = Array::from_shape_fn((n, k), |(j, i)| ((i * 13 + j * 5) % 19) as f32 / 9.0 - 1.0);
+        let bias = (0..n).map(|j| j as f32 / 7.0 - 1.0).collect();
+        (x, w, bias)
+    }
+
+    #[test]
+    fn matches_the_f64_product_on_every_edge() {
+        if !available() {
+            return;
+        }
+        // Row counts on both sides of the tile and packing thresholds, partial
+        // panels, and depths across a block of k.
+        for &(m, k, n) in &[
+            (1, 1, 1),
+            (1, 384, 384),
+            (5, 7, 17),
+            (6, 33, 16),
+            (7, 385, 40),
+            (12, 100, 31),
+            (13, 768, 48),
+            (50, 1000, 70),
+            (97, 384, 1536),
+        ] {
+            let (x, w, bias) = operands(m, k, n);
+            let want = naive(&x, &w, &bias);
+            // A sum of k + 1 terms of size ≤ 1 in f32: |error| ≤ k·ε·Σ|terms|.
+            let tol = (k as f64) * f32::EPSILON as f64 * (k as f64 + 1.0);
+            for w in layouts(&w) {
+                let y = linear(x.view(), w.view(), None, Some(&bias), None);
+                let err = y
+                    .iter()
+                    .zip(want.iter())
+                    .fold(0.0f64, |e, (&a, &b)| e.max((a as f64 - b).abs()));
+                assert!(err <= tol, "{m}x{k}x{n} {:?}: {err} > {tol}", w.strides());
+            }
+        }
+    }
+
+    #[test]
+    fn a_row_gives_the_same_bits_alone_in_a_batch_and_packed() {
+        if !available() {
+            return;
+        }
+        for &(k, n) in &[(400, 40), (1536, 48)] {
+            let (x, w, bias) = operands(30, k, n);
+            let packed = PackedWeight::new(w.view(), false);
+            let all = linear(x.view(), w.view(), Some(&packed), Some(&bias), None);
+            for stored in layouts(&w) {
+                for m in [1, 5, 6, 7, 12, 13, 30] {
+                    let rows = x.slice(ndarray::s![..m, ..]);
+                    let y = linear(rows, stored.view(), None, Some(&bias), None);
+                    assert_eq!(y, all.slice(ndarray::s![..m, ..]), "{m} rows of {k}x{n}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_packing_notices_a_changed_weight() {
+        let (_, mut w, _) = operands(1, 20, 24);
+        let packed = PackedWeight::new(w.view(), false);
+        assert!(packed.matches(w.view()));
+        assert!(!packed.matches(w.slice(ndarray::s![..23, ..])));
+        w.mapv_inplace(|v| v - 0.01);
+        assert!(!packed.matches(w.view()));
+    }
+
+    #[test]
+    fn strided_inputs_and_no_bias() {
+        if !available() {
+            return;
+        }
+        for m in [9, 30] {
+            let (x, w, _) = operands(m, 20, 24);
+            let xt = x.t().as_standard_layout().into_owned();
+            let want = naive(&x, &w, &[0.0; 24]);
+            // Every other column of a wider matrix: neither layout, so copied.
+            let wide =
+                Array::from_shape_fn(
+                    (24, 40),
+                    |(j, i)| if i % 2 == 0 { w[[j, i / 2]] } else { f32::NAN },
+                );
+            for stored in layouts(&w) {
+                let strided = wide.slice(ndarray::s![.., ..;2]);
+                for w in [stored.view(), strided] {
+                    let y = linear(xt.t(), w, None, None, None);
+                    let err = y
+                        .iter()
+                        .zip(want.iter())
+                        .fold(0.0f64, |e, (&a, &b)| e.max((a as f64 - b).abs()));
+                    assert!(err < 1e-4, "{err}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_fused_activation_equals_the_separate_one() {
+        if !available() {
+            return;
+        }
+        for m in [3, 40] {
+            let (x, w, bias) = operands(m, 64, 50);
+            for w in layouts(&w) {
+                let fused = linear(
+                    x.view(),
+                    w.view(),
+                    None,
+                    Some(&bias),
+                    Some(Activation::Gelu),
+                );
+                let mut separate = linear(x.view(), w.view(), None, Some(&bias), None);
+                Activation::Gelu.apply(separate.as_slice_mut().unwrap());
+                assert_eq!(fused, separate);
+            }
+        }
+    }
+
+    #[test]
+    fn same_bits_whatever_the_thread_count() {
+        if !available() {
+            return;
+        }
+        for m in [5, 200] {
+            let (x, w, bias) = operands(m, 1536, 384);
+            for w in layouts(&w) {
+                let run = |threads: usize| {
+                    rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .unwrap()
+                        .install(|| linear(x.view(), w.view(), None, Some(&bias), None))
+                };
+                let one = run(1);
+                assert_eq!(run(2), one);
+                assert_eq!(run(3), one);
+            }
+        }
+    }
+}
