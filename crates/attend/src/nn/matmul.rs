@@ -1,4 +1,5 @@
-//! The dense layers' matrix product on AVX2+FMA: `y = act(x · wᵀ + bias)`.
+//! The dense layers' matrix product: `y = act(x · wᵀ + bias)`, written once over
+//! the 16-lane vectors of [`crate::isa`] and used where it measured fastest (AVX2).
 //!
 //! BLIS's structure, cut down to what encoder layers need: a 6 × 16 register tile
 //! (12 accumulators) and `k` in blocks of [`KC`], the weight read as 16-output
@@ -16,20 +17,16 @@
 //! count. On CPUs with AVX-512 (or without AVX2) `Linear` keeps the `gemm` crate,
 //! whose kernels use the wider registers.
 
-use std::arch::x86_64::{
-    __m256, _mm256_add_ps, _mm256_broadcast_ss, _mm256_fmadd_ps, _mm256_loadu_ps,
-    _mm256_setzero_ps, _mm256_storeu_ps,
-};
-
 use ndarray::{Array2, ArrayView2};
 use rayon::prelude::*;
 
 use super::Activation;
+use crate::isa::{dispatch, Isa, IsaToken, Simd, SimdJob};
 
 /// Rows of the register tile.
 const MR: usize = 6;
-/// Columns of the register tile (two AVX2 registers).
-const NR: usize = 16;
+/// Columns of the register tile: one 16-lane vector (two AVX2 registers).
+const NR: usize = crate::isa::LANES;
 /// Depth of a block of `k`: a `KC × NR` weight panel is 24 KiB, within L1.
 const KC: usize = 384;
 /// Terms per partial sum (a divisor of [`KC`], so that the order of operations
@@ -43,10 +40,11 @@ const FEW_ROWS: usize = 2 * MR;
 /// costs more than it saves.
 const PARALLEL_MIN: usize = 1 << 17;
 
-/// Whether this module's kernel is the one to use on this CPU.
+/// Whether this module's product is the one to use on this CPU: where the best
+/// instruction set is AVX2 (measured against the `gemm` crate there,
+/// docs/encoder-speed.md).
 pub(crate) fn available() -> bool {
-    use std::arch::is_x86_feature_detected as has;
-    has!("avx2") && has!("fma") && !has!("avx512f")
+    Isa::detect() == Isa::Avx2
 }
 
 /// `act(x · wᵀ + bias)` for `x [m, k]` and `w [n, k]` (any strides), `bias [n]`;
@@ -59,7 +57,6 @@ pub(crate) fn linear<'a>(
     bias: Option<&[f32]>,
     act: Option<Activation>,
 ) -> Array2<f32> {
-    assert!(available(), "the AVX2 product needs AVX2 and FMA");
     let (m, k) = x.dim();
     let n = w.nrows();
     assert_eq!(w.ncols(), k, "inner dimensions");
@@ -134,11 +131,14 @@ pub(crate) fn linear<'a>(
         act,
         panels: &source,
     };
-    let run = |b: &Block| {
-        // SAFETY: blocks cover disjoint parts of `y`, which outlives the loop; the
-        // pointers and strides of `problem` describe live arrays of the checked
-        // shapes, and AVX2+FMA were detected (`available`).
-        unsafe { problem.block(b, &out) }
+    let isa = IsaToken::best();
+    let run = |block: &Block| {
+        let job = BlockJob {
+            problem: &problem,
+            block,
+            out: &out,
+        };
+        dispatch(isa, job)
     };
     if parallel && blocks.len() > 1 {
         blocks.par_iter().for_each(run);
@@ -152,6 +152,23 @@ pub(crate) fn linear<'a>(
 struct Block {
     rows: std::ops::Range<usize>,
     panels: std::ops::Range<usize>,
+}
+
+/// One block of the product, for [`dispatch`].
+struct BlockJob<'a, 'p, 'w> {
+    problem: &'a Problem<'p, 'w>,
+    block: &'a Block,
+    out: &'a Out,
+}
+
+impl SimdJob for BlockJob<'_, '_, '_> {
+    type Output = ();
+    #[inline(always)]
+    fn run<I: Simd>(self, isa: I) {
+        // SAFETY: `linear` makes blocks that cover disjoint parts of the output,
+        // which outlives them; `problem` describes live arrays of checked shapes.
+        unsafe { self.problem.block(isa, self.block, self.out) }
+    }
 }
 
 /// The output's base pointer, shared by blocks that write disjoint parts of it.
@@ -284,63 +301,66 @@ impl Problem<'_, '_> {
     /// Computes one block of the output.
     ///
     /// # Safety
-    /// AVX2 and FMA must be available; `out` must point to the `[m, n]` output and no
-    /// other thread may write this block's part of it.
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn block(&self, b: &Block, out: &Out) {
-        let (k, n) = (self.k, self.n);
-        for k0 in (0..k).step_by(KC) {
-            let kc = KC.min(k - k0);
-            let first = k0 == 0;
-            for p in b.panels.clone() {
-                let (bp, ldb) = self.panels.at(p, k0);
-                let j0 = p * NR;
-                let cols = NR.min(n - j0);
-                let mut bias = [0.0f32; NR];
-                if let Some(bs) = self.bias {
-                    bias[..cols].copy_from_slice(&bs[j0..j0 + cols]);
-                }
-                let init = if first { Init::Bias(&bias) } else { Init::Add };
-                let mut r = b.rows.start;
-                while r < b.rows.end {
-                    let rows = MR.min(b.rows.end - r);
-                    let a = self.x.add(r * self.lda + k0);
-                    let c = out.0.add(r * n + j0);
-                    let tile = Tile {
-                        a,
-                        lda: self.lda,
-                        b: bp,
-                        ldb,
-                        kc,
-                    };
-                    if cols == NR {
-                        tile.run(rows, c, n, init);
-                    } else {
-                        // A partial panel: through a 6 × 16 buffer.
-                        let mut buf = [0.0f32; MR * NR];
-                        if !first {
+    /// `out` must point to the `[m, n]` output and no other thread may write this
+    /// block's part of it.
+    #[inline(always)]
+    unsafe fn block<I: Simd>(&self, isa: I, b: &Block, out: &Out) {
+        // SAFETY: the caller upholds this function's contract (see # Safety).
+        unsafe {
+            let (k, n) = (self.k, self.n);
+            for k0 in (0..k).step_by(KC) {
+                let kc = KC.min(k - k0);
+                let first = k0 == 0;
+                for p in b.panels.clone() {
+                    let (bp, ldb) = self.panels.at(p, k0);
+                    let j0 = p * NR;
+                    let cols = NR.min(n - j0);
+                    let mut bias = [0.0f32; NR];
+                    if let Some(bs) = self.bias {
+                        bias[..cols].copy_from_slice(&bs[j0..j0 + cols]);
+                    }
+                    let init = if first { Init::Bias(&bias) } else { Init::Add };
+                    let mut r = b.rows.start;
+                    while r < b.rows.end {
+                        let rows = MR.min(b.rows.end - r);
+                        let a = self.x.add(r * self.lda + k0);
+                        let c = out.0.add(r * n + j0);
+                        let tile = Tile {
+                            a,
+                            lda: self.lda,
+                            b: bp,
+                            ldb,
+                            kc,
+                        };
+                        if cols == NR {
+                            tile.run(isa, rows, c, n, init);
+                        } else {
+                            // A partial panel: through a 6 × 16 buffer.
+                            let mut buf = [0.0f32; MR * NR];
+                            if !first {
+                                for i in 0..rows {
+                                    let src = std::slice::from_raw_parts(c.add(i * n), cols);
+                                    buf[i * NR..i * NR + cols].copy_from_slice(src);
+                                }
+                            }
+                            tile.run(isa, rows, buf.as_mut_ptr(), NR, init);
                             for i in 0..rows {
-                                let src = std::slice::from_raw_parts(c.add(i * n), cols);
-                                buf[i * NR..i * NR + cols].copy_from_slice(src);
+                                let dst = std::slice::from_raw_parts_mut(c.add(i * n), cols);
+                                dst.copy_from_slice(&buf[i * NR..i * NR + cols]);
                             }
                         }
-                        tile.run(rows, buf.as_mut_ptr(), NR, init);
-                        for i in 0..rows {
-                            let dst = std::slice::from_raw_parts_mut(c.add(i * n), cols);
-                            dst.copy_from_slice(&buf[i * NR..i * NR + cols]);
-                        }
+                        r += rows;
                     }
-                    r += rows;
                 }
             }
-        }
-        if let Some(act) = self.act {
-            let (j0, j1) = (b.panels.start * NR, (b.panels.end * NR).min(n));
-            for r in b.rows.clone() {
-                act.apply_serial(std::slice::from_raw_parts_mut(
-                    out.0.add(r * n + j0),
-                    j1 - j0,
-                ));
+            if let Some(act) = self.act {
+                let (j0, j1) = (b.panels.start * NR, (b.panels.end * NR).min(n));
+                for r in b.rows.clone() {
+                    act.apply_serial(std::slice::from_raw_parts_mut(
+                        out.0.add(r * n + j0),
+                        j1 - j0,
+                    ));
+                }
             }
         }
     }
@@ -367,54 +387,69 @@ struct Tile {
 
 impl Tile {
     /// `c[rows, 16] = init + a·b`, `c` with row stride `ldc`.
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn run(&self, rows: usize, c: *mut f32, ldc: usize, init: Init<'_>) {
-        match rows {
-            6 => self.rows::<6>(c, ldc, init),
-            5 => self.rows::<5>(c, ldc, init),
-            4 => self.rows::<4>(c, ldc, init),
-            3 => self.rows::<3>(c, ldc, init),
-            2 => self.rows::<2>(c, ldc, init),
-            _ => self.rows::<1>(c, ldc, init),
+    ///
+    /// # Safety
+    /// `a` must be readable for `rows` rows of `kc` floats `lda` apart, `b` for `kc`
+    /// rows of 16 floats `ldb` apart, and `c` readable and writable for `rows` rows
+    /// of 16 floats `ldc` apart; `rows ≤ 6`.
+    #[inline(always)]
+    unsafe fn run<I: Simd>(&self, isa: I, rows: usize, c: *mut f32, ldc: usize, init: Init<'_>) {
+        // SAFETY: the caller's guarantees, for `R = rows`.
+        unsafe {
+            match rows {
+                6 => self.rows::<I, 6>(isa, c, ldc, init),
+                5 => self.rows::<I, 5>(isa, c, ldc, init),
+                4 => self.rows::<I, 4>(isa, c, ldc, init),
+                3 => self.rows::<I, 3>(isa, c, ldc, init),
+                2 => self.rows::<I, 2>(isa, c, ldc, init),
+                _ => self.rows::<I, 1>(isa, c, ldc, init),
+            }
         }
     }
 
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn rows<const R: usize>(&self, c: *mut f32, ldc: usize, init: Init<'_>) {
-        let mut a = self.a;
-        let mut b = self.b;
-        let mut init = init;
-        let mut left = self.kc;
-        // Partial sums of SUM_BLOCK terms, each added to the output: the error of
-        // a sum of k terms then grows like SUM_BLOCK + k/SUM_BLOCK, not like k.
-        while left > 0 {
-            let steps = left.min(SUM_BLOCK);
-            let mut acc: [[__m256; 2]; R] = [[_mm256_setzero_ps(); 2]; R];
-            for _ in 0..steps {
-                let b0 = _mm256_loadu_ps(b);
-                let b1 = _mm256_loadu_ps(b.add(8));
-                for (i, row) in acc.iter_mut().enumerate() {
-                    let ai = _mm256_broadcast_ss(&*a.add(i * self.lda));
-                    row[0] = _mm256_fmadd_ps(ai, b0, row[0]);
-                    row[1] = _mm256_fmadd_ps(ai, b1, row[1]);
+    /// [`run`](Self::run) for `R` rows.
+    ///
+    /// # Safety
+    /// As [`run`](Self::run)'s, with `rows = R`.
+    #[inline(always)]
+    unsafe fn rows<I: Simd, const R: usize>(
+        &self,
+        isa: I,
+        c: *mut f32,
+        ldc: usize,
+        init: Init<'_>,
+    ) {
+        // SAFETY: every read and write below is inside the caller's `R` rows of `a`
+        // and `c` and `kc` rows of `b`.
+        unsafe {
+            let mut a = self.a;
+            let mut b = self.b;
+            let mut init = init;
+            let mut left = self.kc;
+            // Partial sums of SUM_BLOCK terms, each added to the output: the error of
+            // a sum of k terms then grows like SUM_BLOCK + k/SUM_BLOCK, not like k.
+            while left > 0 {
+                let steps = left.min(SUM_BLOCK);
+                let mut acc = [isa.splat(0.0); R];
+                for _ in 0..steps {
+                    let bv = isa.load(b);
+                    for (i, row) in acc.iter_mut().enumerate() {
+                        *row = isa.fma(isa.splat(*a.add(i * self.lda)), bv, *row);
+                    }
+                    a = a.add(1);
+                    b = b.add(self.ldb);
                 }
-                a = a.add(1);
-                b = b.add(self.ldb);
+                for (i, row) in acc.iter().enumerate() {
+                    let ci = c.add(i * ldc);
+                    let start = match init {
+                        Init::Bias(bias) => isa.load(bias.as_ptr()),
+                        Init::Add => isa.load(ci),
+                    };
+                    isa.store(ci, isa.add(start, *row));
+                }
+                init = Init::Add;
+                left -= steps;
             }
-            for (i, row) in acc.iter().enumerate() {
-                let ci = c.add(i * ldc);
-                let (s0, s1) = match init {
-                    Init::Bias(bias) => (
-                        _mm256_loadu_ps(bias.as_ptr()),
-                        _mm256_loadu_ps(bias.as_ptr().add(8)),
-                    ),
-                    Init::Add => (_mm256_loadu_ps(ci), _mm256_loadu_ps(ci.add(8))),
-                };
-                _mm256_storeu_ps(ci, _mm256_add_ps(s0, row[0]));
-                _mm256_storeu_ps(ci.add(8), _mm256_add_ps(s1, row[1]));
-            }
-            init = Init::Add;
-            left -= steps;
         }
     }
 }
