@@ -12,16 +12,22 @@ thread_local! {
     static BUFFER: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Runs `f` with this thread's scratch, `len` floats of unspecified contents.
+/// Floats in a 64-byte cache line.
+const LINE: usize = 16;
+
+/// Runs `f` with this thread's scratch, `len` floats of unspecified contents,
+/// starting on a cache line (a buffer that starts mid-line splits every other
+/// vector load over two lines, which measured up to 25 % on the fused forward).
 ///
 /// Re-entrant: a nested call (which no kernel makes) gets a fresh buffer.
 pub(crate) fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
     // Taken out while in use, so the borrow is not held across `f`.
     let mut buf = BUFFER.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
-    if buf.len() < len {
-        buf.resize(len, 0.0);
+    if buf.len() < len + LINE {
+        buf.resize(len + LINE, 0.0);
     }
-    let out = f(&mut buf[..len]);
+    let skip = buf.as_ptr().align_offset(LINE * 4).min(LINE);
+    let out = f(&mut buf[skip..skip + len]);
     BUFFER.with(|cell| {
         let mut kept = cell.borrow_mut();
         if kept.len() < buf.len() {

@@ -172,6 +172,8 @@ struct UnitScratch<'s> {
 impl<'s> UnitScratch<'s> {
     /// Splits `buf` ([`scratch_len`] floats) for units `w` queries wide.
     fn new(mut buf: &'s mut [f32], e: usize, ev: usize, w: usize) -> Self {
+        // Every buffer is a whole number of 16-float rows, so each starts on a cache
+        // line as the scratch does.
         let rest = &mut buf;
         UnitScratch {
             qt: carve(rest, e * w),
