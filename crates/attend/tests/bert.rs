@@ -13,26 +13,17 @@ use attend::models::{BertConfig, BertModel, SentenceEncoder};
 use ndarray::{s, Array2, Array3, Array4};
 use serde_json::Value;
 
+mod model_support;
+
+use model_support::MINILM;
+
 fn model_dir() -> PathBuf {
-    std::env::var_os("ATTEND_MODEL_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME is set"))
-                .join(".cache/attend/all-minilm-l6-v2")
-        })
+    MINILM.dir()
 }
 
 fn encoder() -> &'static SentenceEncoder {
     static ENC: OnceLock<SentenceEncoder> = OnceLock::new();
-    ENC.get_or_init(|| {
-        let dir = model_dir();
-        assert!(
-            dir.join("model.safetensors").is_file(),
-            "all-MiniLM-L6-v2 is not at {}: run scripts/fetch-model (or set ATTEND_MODEL_DIR)",
-            dir.display()
-        );
-        SentenceEncoder::load(&dir).expect("the model loads")
-    })
+    ENC.get_or_init(|| MINILM.load())
 }
 
 fn reference() -> &'static Value {

@@ -9,32 +9,18 @@
 //! when it is missing.
 #![cfg(feature = "tokenizers")]
 
-use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use attend::models::{Family, SentenceEncoder};
 use ndarray::s;
 
-fn model_dir() -> PathBuf {
-    std::env::var_os("ATTEND_MPNET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME is set"))
-                .join(".cache/attend/all-mpnet-base-v2")
-        })
-}
+mod model_support;
+
+use model_support::MPNET;
 
 fn encoder() -> &'static SentenceEncoder {
     static ENC: OnceLock<SentenceEncoder> = OnceLock::new();
-    ENC.get_or_init(|| {
-        let dir = model_dir();
-        assert!(
-            dir.join("model.safetensors").is_file(),
-            "all-mpnet-base-v2 is not at {}: run scripts/fetch-model mpnet (or set ATTEND_MPNET_DIR)",
-            dir.display()
-        );
-        SentenceEncoder::load(&dir).expect("the model loads")
-    })
+    ENC.get_or_init(|| MPNET.load())
 }
 
 fn max_abs_diff(a: impl Iterator<Item = f32>, b: impl Iterator<Item = f32>) -> f32 {
