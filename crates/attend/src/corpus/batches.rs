@@ -18,17 +18,17 @@ pub fn length_sorted_batches(lengths: &[usize], batch_size: usize) -> Vec<Vec<us
         .collect()
 }
 
-/// Embeds `texts` batch by batch in length order and returns their vectors
-/// `[texts.len(), width]` in the texts' own order.
+/// Embeds `texts` (strings, or their tokens) batch by batch in length order and
+/// returns their vectors `[texts.len(), width]` in the texts' own order.
 ///
 /// `lengths[i]` is text `i`'s length in tokens; `embed` turns one batch of texts
 /// into one row each; `done` hears how many texts each finished batch held.
-pub fn embed_in_length_order(
-    texts: &[&str],
+pub fn embed_in_length_order<T>(
+    texts: &[T],
     lengths: &[usize],
     batch_size: usize,
     width: usize,
-    mut embed: impl FnMut(&[&str]) -> Result<Array2<f32>>,
+    mut embed: impl FnMut(&[&T]) -> Result<Array2<f32>>,
     mut done: impl FnMut(usize),
 ) -> Result<Array2<f32>> {
     if lengths.len() != texts.len() {
@@ -40,7 +40,7 @@ pub fn embed_in_length_order(
     }
     let mut out = Array2::zeros((texts.len(), width));
     for batch in length_sorted_batches(lengths, batch_size) {
-        let chosen: Vec<&str> = batch.iter().map(|&i| texts[i]).collect();
+        let chosen: Vec<&T> = batch.iter().map(|&i| &texts[i]).collect();
         let vectors = embed(&chosen)?;
         check_rows(vectors.view(), batch.len(), width)?;
         for (row, &i) in vectors.rows().into_iter().zip(&batch) {

@@ -6,6 +6,7 @@ use std::io::BufRead;
 use rayon::prelude::*;
 
 use super::{embed_in_length_order, TextReader, VectorSink};
+use crate::models::tokenize::Tokenized;
 use crate::models::SentenceEncoder;
 use crate::{Error, Result};
 
@@ -80,31 +81,26 @@ pub fn embed_corpus<R: BufRead>(
         }
         read += chunk.len() as u64;
         let bytes_read = reader.bytes_read();
-        // Tokenised once here for the lengths (in parallel: the tokenizer is
-        // shared read-only) and again inside `embed`, whose API takes text; the
-        // second pass costs a few percent of the encoder's time.
-        let tokens: Vec<(usize, Option<usize>)> = chunk
+        // Tokenised once, in parallel (the tokenizer is shared read-only): the
+        // lengths order the batches and the tokens are what they embed.
+        let tokens: Vec<Tokenized> = chunk
             .par_iter()
-            .map(|r| {
-                let t = encoder.tokenizer.encode(&r.text)?;
-                Ok((t.ids.len(), t.truncated_from))
-            })
+            .map(|r| encoder.tokenizer.encode(&r.text))
             .collect::<Result<_>>()?;
-        for (r, &(_, from)) in chunk.iter().zip(&tokens) {
-            if let Some(n) = from {
+        for (r, t) in chunk.iter().zip(&tokens) {
+            if let Some(n) = t.truncated_from {
                 summary.truncated += 1;
                 summary.first_truncated.get_or_insert((r.line, n));
             }
         }
-        let texts: Vec<&str> = chunk.iter().map(|r| r.text.as_str()).collect();
-        let lengths: Vec<usize> = tokens.iter().map(|&(n, _)| n).collect();
+        let lengths: Vec<usize> = tokens.iter().map(|t| t.ids.len()).collect();
         let mut done = summary.texts;
         let vectors = embed_in_length_order(
-            &texts,
+            &tokens,
             &lengths,
             options.batch_size,
             width,
-            |batch| Ok(encoder.embed(batch)?.vectors),
+            |batch| encoder.embed_tokenized(batch),
             |n| {
                 done += n as u64;
                 progress(Progress {

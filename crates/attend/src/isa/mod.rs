@@ -131,6 +131,17 @@ pub(crate) enum IsaToken {
 }
 
 impl IsaToken {
+    /// The instruction set this token stands for.
+    pub(crate) fn isa(self) -> Isa {
+        match self {
+            IsaToken::Portable(_) => Isa::Portable,
+            #[cfg(target_arch = "x86_64")]
+            IsaToken::Avx2(_) => Isa::Avx2,
+            #[cfg(target_arch = "x86_64")]
+            IsaToken::Avx512(_) => Isa::Avx512,
+        }
+    }
+
     /// The best instruction set of this CPU, detected once.
     pub(crate) fn best() -> IsaToken {
         static BEST: std::sync::OnceLock<IsaToken> = std::sync::OnceLock::new();

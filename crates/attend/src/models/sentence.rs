@@ -231,27 +231,39 @@ impl SentenceEncoder {
             }
             all.push(tok);
         }
-        let pad = self.model.config.pad_token_id as u32;
-        let seqs: Vec<(Vec<u32>, Vec<u32>)> = all
-            .iter()
-            .map(|t| (t.ids.clone(), t.type_ids.clone()))
-            .collect();
-        let batch = TokenBatch::from_sequences(&seqs, pad)?;
+        let batch = self.pad(all.iter())?;
         Ok((all, batch, warnings))
+    }
+
+    /// Tokenised texts as one batch, padded with the model's padding id.
+    fn pad<'t>(&self, toks: impl Iterator<Item = &'t Tokenized>) -> Result<TokenBatch> {
+        let pad = self.model.config.pad_token_id as u32;
+        let seqs: Vec<(Vec<u32>, Vec<u32>)> =
+            toks.map(|t| (t.ids.clone(), t.type_ids.clone())).collect();
+        TokenBatch::from_sequences(&seqs, pad)
     }
 
     /// Sentence embeddings `[texts.len(), d]`, all texts in one padded batch.
     pub fn embed(&self, texts: &[&str]) -> Result<Embeddings> {
         let (_, batch, warnings) = self.tokenize(texts)?;
-        if texts.is_empty() {
-            return Ok(Embeddings {
-                vectors: Array2::zeros((0, self.dimension())),
-                warnings,
-            });
-        }
-        let hidden = self.model.forward(&batch)?;
-        let vectors = self.pool(hidden.view(), &batch.lengths)?;
+        let vectors = self.embed_batch(&batch)?;
         Ok(Embeddings { vectors, warnings })
+    }
+
+    /// [`embed`](Self::embed) of texts already tokenised by
+    /// [`tokenizer`](Self::tokenizer) (no warnings: the caller has the tokens), so
+    /// that a caller who needed the tokens first does not tokenise twice.
+    pub fn embed_tokenized(&self, toks: &[&Tokenized]) -> Result<Array2<f32>> {
+        self.embed_batch(&self.pad(toks.iter().copied())?)
+    }
+
+    /// Encoder, pooling and the later modules on one padded batch.
+    fn embed_batch(&self, batch: &TokenBatch) -> Result<Array2<f32>> {
+        if batch.lengths.is_empty() {
+            return Ok(Array2::zeros((0, self.dimension())));
+        }
+        let hidden = self.model.forward(batch)?;
+        self.pool(hidden.view(), &batch.lengths)
     }
 
     /// Runs one text through the reference path, keeping every layer's and head's

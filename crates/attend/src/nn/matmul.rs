@@ -44,7 +44,7 @@ const PARALLEL_MIN: usize = 1 << 17;
 /// instruction set is AVX2 (measured against the `gemm` crate there,
 /// docs/encoder-speed.md).
 pub(crate) fn available() -> bool {
-    Isa::detect() == Isa::Avx2
+    IsaToken::best().isa() == Isa::Avx2
 }
 
 /// `act(x · wᵀ + bias)` for `x [m, k]` and `w [n, k]` (any strides), `bias [n]`;
