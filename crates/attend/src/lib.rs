@@ -7,6 +7,7 @@
 pub mod attention;
 pub mod corpus;
 pub mod decode;
+pub mod element;
 pub mod error;
 pub mod experiment;
 pub mod grad;

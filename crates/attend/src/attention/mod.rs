@@ -21,10 +21,12 @@
 //! ```
 
 mod backward;
+mod bf16;
 
 pub use crate::kernels::backward::AttentionGrads;
+pub use crate::element::Element;
 pub use crate::problem::{
-    AttentionOptions, Causal, Dims, Dropout, MaskTiles, Problem, SoftmaxAxis,
+    AttentionOptions, Causal, Dims, Dropout, MaskTiles, Precision, Problem, SoftmaxAxis,
 };
 pub use backward::{
     attention_backward, attention_backward_with, attention_train, BackwardConfig, BackwardKernel,
@@ -37,24 +39,25 @@ use crate::{Error, Result};
 
 /// Scaled dot-product attention: `softmax(scale · q kᵀ + masks) v`.
 ///
-/// Rows whose keys are all masked give zeros. Returns `[B, Hq, L, Ev]`.
-pub fn attention(
-    q: ArrayView4<'_, f32>,
-    k: ArrayView4<'_, f32>,
-    v: ArrayView4<'_, f32>,
+/// Rows whose keys are all masked give zeros. Returns `[B, Hq, L, Ev]` in the
+/// inputs' element type.
+pub fn attention<T: Element>(
+    q: ArrayView4<'_, T>,
+    k: ArrayView4<'_, T>,
+    v: ArrayView4<'_, T>,
     opts: &AttentionOptions<'_>,
-) -> Result<Array4<f32>> {
+) -> Result<Array4<T>> {
     attention_with_lse(q, k, v, opts).map(|(out, _)| out)
 }
 
 /// [`attention`] that also returns the natural log-sum-exp of each query's
 /// scaled, masked scores, `[B, Hq, L]` (−∞ for fully masked rows).
-pub fn attention_with_lse(
-    q: ArrayView4<'_, f32>,
-    k: ArrayView4<'_, f32>,
-    v: ArrayView4<'_, f32>,
+pub fn attention_with_lse<T: Element>(
+    q: ArrayView4<'_, T>,
+    k: ArrayView4<'_, T>,
+    v: ArrayView4<'_, T>,
     opts: &AttentionOptions<'_>,
-) -> Result<(Array4<f32>, Array3<f32>)> {
+) -> Result<(Array4<T>, Array3<f32>)> {
     attention_with(q, k, v, opts, &Config::default())
 }
 
@@ -93,46 +96,60 @@ pub struct Config {
 }
 
 /// [`attention_with_lse`] with an explicit [`Config`].
-pub fn attention_with(
-    q: ArrayView4<'_, f32>,
-    k: ArrayView4<'_, f32>,
-    v: ArrayView4<'_, f32>,
+pub fn attention_with<T: Element>(
+    q: ArrayView4<'_, T>,
+    k: ArrayView4<'_, T>,
+    v: ArrayView4<'_, T>,
     opts: &AttentionOptions<'_>,
     config: &Config,
-) -> Result<(Array4<f32>, Array3<f32>)> {
+) -> Result<(Array4<T>, Array3<f32>)> {
     let problem = Problem::new(q, k, v, opts)?;
-    let isa = Isa::resolve(config.isa)?.token()?;
+    T::compute(&problem, config)
+}
+
+/// The kernel `config` asks for, checked against what the kernels support.
+fn choose_kernel<T>(problem: &Problem<'_, T>, kernel: Kernel) -> Result<Kernel> {
     let short = problem.dims().q_len <= DECODE_MAX_QUERIES;
-    let which = match config.kernel {
+    Ok(match kernel {
         Kernel::Reference => Kernel::Reference,
-        Kernel::Auto if short && decode::supports(&problem) => Kernel::Decode,
-        Kernel::Auto if fused::supports(&problem) => Kernel::Fused,
+        Kernel::Auto if short && decode::supports(problem) => Kernel::Decode,
+        Kernel::Auto if fused::supports(problem) => Kernel::Fused,
         Kernel::Auto => Kernel::Reference,
-        Kernel::Fused if fused::supports(&problem) => Kernel::Fused,
+        Kernel::Fused if fused::supports(problem) => Kernel::Fused,
         Kernel::Fused => {
             return Err(Error::Unsupported {
                 kernel: "fused",
                 reason: "supports only softmax over keys and value width > 0",
             })
         }
-        Kernel::Decode if decode::supports(&problem) => Kernel::Decode,
+        Kernel::Decode if decode::supports(problem) => Kernel::Decode,
         Kernel::Decode => {
             return Err(Error::Unsupported {
                 kernel: "decode",
                 reason: "supports only softmax over keys",
             })
         }
-    };
-    let run = || match which {
-        Kernel::Fused => fused::run(&problem, isa, None),
-        Kernel::Decode => {
-            let kv_len = problem.dims().kv_len;
-            decode::run(&problem, decode::KeySpan::whole(kv_len), isa)
+    })
+}
+
+impl crate::element::sealed::Sealed for f32 {
+    fn compute(problem: &Problem<'_>, config: &Config) -> Result<(Array4<f32>, Array3<f32>)> {
+        if problem.precision == Precision::Bf16 {
+            return bf16::compute_rounded(problem, config);
         }
-        Kernel::Reference | Kernel::Auto => {
-            let trace = reference::run(&problem);
-            (trace.output, trace.lse)
-        }
-    };
-    crate::threads::install(config.threads, run)
+        let isa = Isa::resolve(config.isa)?.token()?;
+        let which = choose_kernel(problem, config.kernel)?;
+        let run = || match which {
+            Kernel::Fused => fused::run(problem, isa, None),
+            Kernel::Decode => {
+                let kv_len = problem.dims().kv_len;
+                decode::run(problem, decode::KeySpan::whole(kv_len), isa)
+            }
+            Kernel::Reference | Kernel::Auto => {
+                let trace = reference::run(problem);
+                (trace.output, trace.lse)
+            }
+        };
+        crate::threads::install(config.threads, run)
+    }
 }

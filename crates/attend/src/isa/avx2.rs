@@ -19,6 +19,56 @@ impl Avx2 {
 #[derive(Clone, Copy)]
 pub(crate) struct V2(__m256, __m256);
 
+/// Sixteen bf16 pairs as two halves.
+#[derive(Clone, Copy)]
+pub(crate) struct P2(__m256i, __m256i);
+
+/// `acc + a.high · b.high + a.low · b.low` for eight pairs (see [`Simd::dot2`]).
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+#[inline(always)]
+unsafe fn dot2_half(acc: __m256, a: __m256i, b: __m256i) -> __m256 {
+    // SAFETY: the caller guarantees AVX2 and FMA; no memory is touched.
+    unsafe {
+        let high = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
+        let hi = |x| _mm256_castsi256_ps(_mm256_and_si256(x, high));
+        let lo = |x| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(x));
+        _mm256_fmadd_ps(lo(a), lo(b), _mm256_fmadd_ps(hi(a), hi(b), acc))
+    }
+}
+
+/// Eight floats rounded to bf16 (see [`super::bf16_bits`]), the result in the high
+/// half of each 32-bit lane.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[inline(always)]
+unsafe fn round_bf16_half(x: __m256) -> __m256i {
+    // SAFETY: the caller guarantees AVX2; no memory is touched.
+    unsafe {
+        let bits = _mm256_castps_si256(x);
+        let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(bits), _mm256_set1_epi32(1));
+        let rounded = _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), lsb);
+        let quiet = _mm256_or_si256(bits, _mm256_set1_epi32(0x0040_0000));
+        let nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(x, x));
+        _mm256_blendv_epi8(rounded, quiet, nan)
+    }
+}
+
+/// Eight bf16 numbers widened to f32.
+///
+/// # Safety
+/// The CPU must have AVX2; `p` valid for reading 8 `u16`.
+#[inline(always)]
+unsafe fn load_bf16_half(p: *const u16) -> __m256 {
+    // SAFETY: the caller guarantees AVX2 and 8 readable `u16`.
+    unsafe {
+        let wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(wide))
+    }
+}
+
 /// `2^x` of one half (see [`Simd::exp2`]).
 ///
 /// # Safety
@@ -94,6 +144,7 @@ macro_rules! halves {
 // instructions used here.
 unsafe impl Simd for Avx2 {
     type V = V2;
+    type P = P2;
     const REGISTERS: usize = 8;
     #[inline(always)]
     unsafe fn load(self, p: *const f32) -> V2 {
@@ -212,5 +263,51 @@ unsafe impl Simd for Avx2 {
             let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
             _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)))
         }
+    }
+    #[inline(always)]
+    unsafe fn load_pairs(self, p: *const u32) -> P2 {
+        // SAFETY: the caller guarantees 16 readable `u32`; the token, AVX2.
+        unsafe {
+            P2(
+                _mm256_loadu_si256(p as *const __m256i),
+                _mm256_loadu_si256(p.add(8) as *const __m256i),
+            )
+        }
+    }
+    #[inline(always)]
+    unsafe fn store_pairs(self, p: *mut u32, v: P2) {
+        // SAFETY: the caller guarantees 16 writable `u32`; the token, AVX2.
+        unsafe {
+            _mm256_storeu_si256(p as *mut __m256i, v.0);
+            _mm256_storeu_si256(p.add(8) as *mut __m256i, v.1);
+        }
+    }
+    #[inline(always)]
+    fn splat_pair(self, x: u32) -> P2 {
+        // SAFETY: the token proves AVX2.
+        let x = unsafe { _mm256_set1_epi32(x as i32) };
+        P2(x, x)
+    }
+    #[inline(always)]
+    fn dot2(self, acc: V2, a: P2, b: P2) -> V2 {
+        // SAFETY: the token proves AVX2 and FMA.
+        unsafe { V2(dot2_half(acc.0, a.0, b.0), dot2_half(acc.1, a.1, b.1)) }
+    }
+    #[inline(always)]
+    fn pack_bf16(self, low: V2, high: V2) -> P2 {
+        // SAFETY: the token proves AVX2.
+        unsafe {
+            let mask = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
+            let half = |l, h| {
+                let l = _mm256_srli_epi32::<16>(round_bf16_half(l));
+                _mm256_or_si256(l, _mm256_and_si256(round_bf16_half(h), mask))
+            };
+            P2(half(low.0, high.0), half(low.1, high.1))
+        }
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(self, p: *const u16) -> V2 {
+        // SAFETY: the caller guarantees 16 readable `u16`; the token, AVX2.
+        unsafe { V2(load_bf16_half(p), load_bf16_half(p.add(8))) }
     }
 }

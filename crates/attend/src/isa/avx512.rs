@@ -1,18 +1,51 @@
-//! [`Simd`] on AVX-512: one `__m512` per vector.
+//! [`Simd`] on AVX-512: one `__m512` per vector; with AVX512-BF16, bf16 dot
+//! products by `vdpbf16ps`.
 
 use std::arch::x86_64::*;
 
 use super::{Simd, EXP2_POLY, LANES};
 
-/// Proof that the CPU has AVX-512 F, VL, BW and DQ (and AVX2 with FMA): only
-/// [`Avx512::new`] makes one.
+/// Proof that the CPU has AVX-512 F, VL, BW and DQ (and AVX2 with FMA), and with
+/// `BF16` also AVX512-BF16: only [`Avx512::new`] and [`Avx512Bf16::new`] make one.
+/// Both share every operation but [`Simd::dot2`].
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Avx512(());
+pub(crate) struct Avx512Of<const BF16: bool>(());
+
+/// AVX-512 without AVX512-BF16.
+pub(crate) type Avx512 = Avx512Of<false>;
+
+/// AVX-512 with AVX512-BF16.
+pub(crate) type Avx512Bf16 = Avx512Of<true>;
 
 impl Avx512 {
     /// The token, if this CPU has the features.
     pub(crate) fn new() -> Option<Self> {
-        super::has_avx512().then_some(Avx512(()))
+        super::has_avx512().then_some(Avx512Of(()))
+    }
+}
+
+impl Avx512Bf16 {
+    /// The token, if this CPU has the features.
+    pub(crate) fn new() -> Option<Self> {
+        super::has_avx512bf16().then_some(Avx512Of(()))
+    }
+}
+
+/// Sixteen floats rounded to bf16 (see [`super::bf16_bits`]), the result in the high
+/// half of each 32-bit lane.
+///
+/// # Safety
+/// The CPU must have AVX-512F.
+#[inline(always)]
+unsafe fn round_bf16(x: __m512) -> __m512i {
+    // SAFETY: the caller guarantees AVX-512F; no memory is touched.
+    unsafe {
+        let bits = _mm512_castps_si512(x);
+        let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(bits), _mm512_set1_epi32(1));
+        let rounded = _mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7FFF)), lsb);
+        let quiet = _mm512_or_si512(bits, _mm512_set1_epi32(0x0040_0000));
+        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
+        _mm512_mask_blend_epi32(nan, rounded, quiet)
     }
 }
 
@@ -22,10 +55,12 @@ fn lanes(n: usize) -> __mmask16 {
     ((1u32 << n) - 1) as __mmask16
 }
 
-// SAFETY: an `Avx512` exists only on CPUs with AVX-512 F, VL, BW and DQ
-// (`Avx512::new`), which cover every instruction used here.
-unsafe impl Simd for Avx512 {
+// SAFETY: an `Avx512Of` exists only on CPUs with AVX-512 F, VL, BW and DQ
+// (`Avx512::new`), which cover every instruction used here but `vdpbf16ps`, used only
+// by `Avx512Bf16`, which exists only on CPUs that also have AVX512-BF16.
+unsafe impl<const BF16: bool> Simd for Avx512Of<BF16> {
     type V = __m512;
+    type P = __m512i;
     const REGISTERS: usize = 32;
     #[inline(always)]
     unsafe fn load(self, p: *const f32) -> __m512 {
@@ -150,5 +185,53 @@ unsafe impl Simd for Avx512 {
     fn max_lane(self, a: __m512) -> f32 {
         // SAFETY: the token proves AVX-512F.
         unsafe { _mm512_reduce_max_ps(a) }
+    }
+    #[inline(always)]
+    unsafe fn load_pairs(self, p: *const u32) -> __m512i {
+        // SAFETY: the caller guarantees 16 readable `u32`; the token, AVX-512F.
+        unsafe { _mm512_loadu_si512(p as *const __m512i) }
+    }
+    #[inline(always)]
+    unsafe fn store_pairs(self, p: *mut u32, v: __m512i) {
+        // SAFETY: the caller guarantees 16 writable `u32`; the token, AVX-512F.
+        unsafe { _mm512_storeu_si512(p as *mut __m512i, v) }
+    }
+    #[inline(always)]
+    fn splat_pair(self, x: u32) -> __m512i {
+        // SAFETY: the token proves AVX-512F.
+        unsafe { _mm512_set1_epi32(x as i32) }
+    }
+    #[inline(always)]
+    fn dot2(self, acc: __m512, a: __m512i, b: __m512i) -> __m512 {
+        if BF16 {
+            // SAFETY: `BF16` tokens exist only on CPUs with AVX512-BF16; the bf16
+            // vector types are the same 512 bits reinterpreted.
+            unsafe { _mm512_dpbf16_ps(acc, std::mem::transmute(a), std::mem::transmute(b)) }
+        } else {
+            // SAFETY: the token proves AVX-512F.
+            unsafe {
+                let high = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
+                let hi = |x| _mm512_castsi512_ps(_mm512_and_si512(x, high));
+                let lo = |x| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(x));
+                _mm512_fmadd_ps(lo(a), lo(b), _mm512_fmadd_ps(hi(a), hi(b), acc))
+            }
+        }
+    }
+    #[inline(always)]
+    fn pack_bf16(self, low: __m512, high: __m512) -> __m512i {
+        // SAFETY: the token proves AVX-512F.
+        unsafe {
+            let l = _mm512_srli_epi32::<16>(round_bf16(low));
+            let h = _mm512_and_si512(round_bf16(high), _mm512_set1_epi32(0xFFFF_0000u32 as i32));
+            _mm512_or_si512(l, h)
+        }
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(self, p: *const u16) -> __m512 {
+        // SAFETY: the caller guarantees 16 readable `u16`; the token, AVX-512F.
+        unsafe {
+            let wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i));
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(wide))
+        }
     }
 }

@@ -1,8 +1,9 @@
 //! Instruction sets: the one place that detects CPU features and the one place
 //! that enters code compiled for them (docs/design.md, "Instruction sets").
 //!
-//! Each instruction set is a *token* type ([`Portable`], `Avx2`, `Avx512`) that
-//! implements [`Simd`], sixteen-lane f32 vectors. A token of a SIMD type can only be
+//! Each instruction set is a *token* type ([`Portable`], `Avx2`, `Avx512`,
+//! `Avx512Bf16`) that implements [`Simd`], sixteen-lane f32 vectors and sixteen-lane
+//! vectors of bf16 pairs. A token of a SIMD type can only be
 //! made by [`Isa::token`] after the CPU was found to have its features, so the
 //! vector operations are safe to call given the token; only raw-pointer loads and
 //! stores stay `unsafe`. Kernels are written once, generic over `I: Simd`, as a
@@ -24,7 +25,7 @@ mod portable;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use avx2::Avx2;
 #[cfg(target_arch = "x86_64")]
-pub(crate) use avx512::Avx512;
+pub(crate) use avx512::{Avx512, Avx512Bf16};
 pub(crate) use portable::Portable;
 
 use crate::{Error, Result};
@@ -39,11 +40,14 @@ pub enum Isa {
     /// x86-64 AVX-512 (F, VL, BW and DQ, as on every AVX-512 server CPU since
     /// Skylake).
     Avx512,
+    /// [`Isa::Avx512`] with AVX512-BF16 (Intel Cooper Lake and Sapphire Rapids on,
+    /// AMD Zen 4 on): bf16 dot products (`vdpbf16ps`) at twice the f32 rate.
+    Avx512Bf16,
 }
 
 impl Isa {
     /// Every instruction set, worst first.
-    pub const ALL: [Isa; 3] = [Isa::Portable, Isa::Avx2, Isa::Avx512];
+    pub const ALL: [Isa; 4] = [Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16];
 
     /// The best instruction set this CPU supports.
     pub fn detect() -> Isa {
@@ -71,13 +75,29 @@ impl Isa {
             .collect()
     }
 
-    /// Lower-case name (`portable`, `avx2`, `avx512`).
+    /// Lower-case name (`portable`, `avx2`, `avx512`, `avx512bf16`).
     pub fn name(self) -> &'static str {
         match self {
             Isa::Portable => "portable",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Avx512Bf16 => "avx512bf16",
         }
+    }
+
+    /// The instruction set named `name` (as [`Isa::name`] spells it); an error
+    /// listing the names otherwise.
+    pub fn from_name(name: &str) -> Result<Isa> {
+        Isa::ALL
+            .into_iter()
+            .find(|isa| isa.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Isa::ALL.iter().map(|isa| isa.name()).collect();
+                Error::Value(format!(
+                    "unknown instruction set {name:?}; expected one of {}",
+                    names.join(", ")
+                ))
+            })
     }
 
     /// The token that lets kernels run on `self`; an error naming the instruction
@@ -89,8 +109,10 @@ impl Isa {
             Isa::Avx2 => Avx2::new().map(IsaToken::Avx2),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => Avx512::new().map(IsaToken::Avx512),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Bf16 => Avx512Bf16::new().map(IsaToken::Avx512Bf16),
             #[cfg(not(target_arch = "x86_64"))]
-            Isa::Avx2 | Isa::Avx512 => None,
+            Isa::Avx2 | Isa::Avx512 | Isa::Avx512Bf16 => None,
         };
         token.ok_or(Error::IsaUnavailable(self))
     }
@@ -119,6 +141,12 @@ fn has_avx512() -> bool {
         && std::arch::is_x86_feature_detected!("avx512dq")
 }
 
+/// Whether the CPU has [`has_avx512`]'s features and AVX512-BF16.
+#[cfg(target_arch = "x86_64")]
+fn has_avx512bf16() -> bool {
+    has_avx512() && std::arch::is_x86_feature_detected!("avx512bf16")
+}
+
 /// A detected instruction set: one of the token types, which exist only when the
 /// CPU has their features.
 #[derive(Clone, Copy, Debug)]
@@ -128,6 +156,8 @@ pub(crate) enum IsaToken {
     Avx2(Avx2),
     #[cfg(target_arch = "x86_64")]
     Avx512(Avx512),
+    #[cfg(target_arch = "x86_64")]
+    Avx512Bf16(Avx512Bf16),
 }
 
 impl IsaToken {
@@ -139,6 +169,8 @@ impl IsaToken {
             IsaToken::Avx2(_) => Isa::Avx2,
             #[cfg(target_arch = "x86_64")]
             IsaToken::Avx512(_) => Isa::Avx512,
+            #[cfg(target_arch = "x86_64")]
+            IsaToken::Avx512Bf16(_) => Isa::Avx512Bf16,
         }
     }
 
@@ -186,6 +218,9 @@ pub(crate) fn dispatch<J: SimdJob>(token: IsaToken, job: J) -> J::Output {
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         IsaToken::Avx512(t) => unsafe { run_avx512(t, job) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        IsaToken::Avx512Bf16(t) => unsafe { run_avx512bf16(t, job) },
     }
 }
 
@@ -205,6 +240,15 @@ unsafe fn run_avx512<J: SimdJob>(token: Avx512, job: J) -> J::Output {
     job.run(token)
 }
 
+/// # Safety
+/// The CPU must have AVX512-BF16 and [`run_avx512`]'s features (the token proves
+/// it).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,avx2,fma")]
+unsafe fn run_avx512bf16<J: SimdJob>(token: Avx512Bf16, job: J) -> J::Output {
+    job.run(token)
+}
+
 /// Lanes in every [`Simd`] vector.
 pub(crate) const LANES: usize = 16;
 
@@ -220,6 +264,9 @@ pub(crate) const LANES: usize = 16;
 pub(crate) unsafe trait Simd: Copy + Send + Sync {
     /// The vector.
     type V: Copy;
+    /// Sixteen lanes of bf16 *pairs* (32 bf16 numbers): lane `i` holds elements
+    /// `2i` (low half) and `2i + 1` (high half) of a row, as they lie in memory.
+    type P: Copy;
     /// Sixteen-lane vector registers, for choosing register blocks.
     const REGISTERS: usize;
     /// Loads 16 contiguous floats.
@@ -269,6 +316,53 @@ pub(crate) unsafe trait Simd: Copy + Send + Sync {
     /// Maximum of the lanes (−∞ lanes are ignored unless all are −∞; NaN if any
     /// lane is NaN).
     fn max_lane(self, a: Self::V) -> f32;
+    /// Loads 16 contiguous bf16 pairs.
+    ///
+    /// # Safety
+    /// `p` must be valid for reading 16 `u32`.
+    unsafe fn load_pairs(self, p: *const u32) -> Self::P;
+    /// Stores 16 bf16 pairs.
+    ///
+    /// # Safety
+    /// `p` must be valid for writing 16 `u32`.
+    unsafe fn store_pairs(self, p: *mut u32, v: Self::P);
+    /// Broadcasts one pair (its bits, low element in the low half).
+    fn splat_pair(self, x: u32) -> Self::P;
+    /// `acc + a.high · b.high + a.low · b.low` in each lane, in that order, each
+    /// product added with one rounding: AVX512-BF16's `vdpbf16ps`, which other
+    /// instruction sets compute with two fused multiply-adds (the products of bf16
+    /// numbers are exact in f32). Only subnormals may differ: `vdpbf16ps` flushes
+    /// them to zero.
+    fn dot2(self, acc: Self::V, a: Self::P, b: Self::P) -> Self::V;
+    /// Rounds `low` and `high` to bf16 (to nearest, ties to even, as
+    /// [`bf16_bits`]) and interleaves them: lane `i` is the pair
+    /// `(low[i], high[i])`.
+    fn pack_bf16(self, low: Self::V, high: Self::V) -> Self::P;
+    /// Loads 16 contiguous bf16 numbers (their bits), widened exactly to f32.
+    ///
+    /// # Safety
+    /// `p` must be valid for reading 16 `u16`.
+    unsafe fn load_bf16(self, p: *const u16) -> Self::V;
+}
+
+/// The bits of `x` rounded to bf16: to nearest, ties to even, overflowing to ±∞; a
+/// NaN stays a (quiet) NaN. The same as `half::bf16::from_f32` and PyTorch's
+/// `tensor.to(torch.bfloat16)`, and what every [`Simd::pack_bf16`] computes lane by
+/// lane.
+#[inline(always)]
+pub(crate) fn bf16_bits(x: f32) -> u16 {
+    let bits = x.to_bits();
+    if x.is_nan() {
+        return ((bits >> 16) | 0x40) as u16;
+    }
+    let lsb = (bits >> 16) & 1;
+    (bits.wrapping_add(0x7FFF + lsb) >> 16) as u16
+}
+
+/// `x`'s bits widened from bf16 to f32 (exact).
+#[inline(always)]
+pub(crate) fn bf16_to_f32(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
 }
 
 /// `2^f` on `f ∈ [−½, ½]`: Taylor coefficients of `e^(f ln 2)` to degree 7
@@ -408,6 +502,87 @@ mod tests {
                 for (j, x) in sums.iter().enumerate() {
                     let want: f32 = (0..16).map(|c| (j * 16 + c) as f32).sum();
                     assert_eq!(*x, want, "sum16 lane {j}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_rounding_matches_half_and_the_definition() {
+        let cases = [
+            0.0f32,
+            -0.0,
+            1.0,
+            // Ties: 1 + 2^-8 sits halfway between 1 and 1 + 2^-7; even is 1.
+            1.0 + 1.0 / 256.0,
+            // 1 + 3·2^-8 is halfway between 1 + 2^-7 and 1 + 2^-6; even is the upper.
+            1.0 + 3.0 / 256.0,
+            1.0 + 1.0 / 256.0 + f32::EPSILON,
+            -3.141_592_7,
+            f32::MAX,
+            f32::MIN_POSITIVE,
+            1.0e-40,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+        ];
+        for x in cases {
+            assert_eq!(bf16_bits(x), half::bf16::from_f32(x).to_bits(), "{x:e}");
+        }
+        assert_eq!(bf16_to_f32(bf16_bits(1.0 + 1.0 / 256.0)), 1.0);
+        assert_eq!(bf16_to_f32(bf16_bits(1.0 + 3.0 / 256.0)), 1.0 + 4.0 / 256.0);
+        assert_eq!(bf16_to_f32(bf16_bits(f32::MAX)), f32::INFINITY);
+        // A NaN whose payload lies only in the low half must not round to infinity.
+        assert!(bf16_to_f32(bf16_bits(f32::from_bits(0x7F80_0001))).is_nan());
+    }
+
+    #[test]
+    fn bf16_pair_operations_agree_with_scalar_code() {
+        for isa in Isa::available() {
+            dispatch(isa.token().expect("available"), CheckPairs);
+        }
+    }
+
+    /// `pack_bf16`, `load_bf16` and `dot2` against [`bf16_bits`] and two scalar
+    /// fused multiply-adds, lane by lane.
+    struct CheckPairs;
+
+    impl SimdJob for CheckPairs {
+        type Output = ();
+        #[inline(always)]
+        fn run<I: Simd>(self, isa: I) {
+            let low: Vec<f32> = (0..16).map(|i| (i as f32 - 7.5) * 1.001_37).collect();
+            let mut high: Vec<f32> = (0..16).map(|i| 1.0 + i as f32 / 256.0).collect();
+            high[3] = f32::from_bits(0x7F80_0001);
+            high[4] = f32::MAX;
+            let acc: Vec<f32> = (0..16).map(|i| i as f32 * 0.1).collect();
+            // SAFETY: every buffer holds 16 elements.
+            unsafe {
+                let pairs = isa.pack_bf16(isa.load(low.as_ptr()), isa.load(high.as_ptr()));
+                let mut bits = [0u32; 16];
+                isa.store_pairs(bits.as_mut_ptr(), pairs);
+                for i in 0..16 {
+                    assert_eq!(bits[i] as u16, bf16_bits(low[i]), "low lane {i}");
+                    assert_eq!((bits[i] >> 16) as u16, bf16_bits(high[i]), "high lane {i}");
+                }
+                let halves: Vec<u16> = bits.iter().map(|&b| b as u16).collect();
+                let mut widened = [0.0f32; 16];
+                isa.store(widened.as_mut_ptr(), isa.load_bf16(halves.as_ptr()));
+                for i in 0..16 {
+                    assert_eq!(widened[i], bf16_to_f32(halves[i]));
+                }
+                let b = isa.splat_pair(bf16_bits(0.75) as u32 | (bf16_bits(-2.5) as u32) << 16);
+                let again = isa.load_pairs(bits.as_ptr());
+                let mut got = [0.0f32; 16];
+                isa.store(got.as_mut_ptr(), isa.dot2(isa.load(acc.as_ptr()), again, b));
+                for i in 0..16 {
+                    let (lo, hi) = (bf16_to_f32(bits[i] as u16), bf16_to_f32((bits[i] >> 16) as u16));
+                    let want = lo.mul_add(0.75, hi.mul_add(-2.5, acc[i]));
+                    assert!(
+                        got[i].to_bits() == want.to_bits() || (got[i].is_nan() && want.is_nan()),
+                        "{:?} dot2 lane {i}: {} vs {want}",
+                        std::any::type_name::<I>(),
+                        got[i]
+                    );
                 }
             }
         }

@@ -1,13 +1,20 @@
 //! The portable [`Simd`]: plain arrays that the compiler vectorises for the build
 //! target. Slower than the intrinsics, but it runs everywhere and passes every test.
 
-use super::{exp2_scalar, Simd, LANES};
+use super::{bf16_bits, bf16_to_f32, exp2_scalar, Simd, LANES};
 
 /// Sixteen f32 lanes as a plain array; needs no CPU feature.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Portable;
 
 type V = [f32; LANES];
+type P = [u32; LANES];
+
+/// The low and high bf16 halves of a pair, as f32.
+#[inline(always)]
+fn halves(x: u32) -> (f32, f32) {
+    (bf16_to_f32(x as u16), f32::from_bits(x & 0xFFFF_0000))
+}
 
 #[inline(always)]
 fn map2(a: V, b: V, f: impl Fn(f32, f32) -> f32) -> V {
@@ -17,6 +24,7 @@ fn map2(a: V, b: V, f: impl Fn(f32, f32) -> f32) -> V {
 // SAFETY: uses no instruction beyond the build target's.
 unsafe impl Simd for Portable {
     type V = V;
+    type P = P;
     const REGISTERS: usize = 4;
     #[inline(always)]
     unsafe fn load(self, p: *const f32) -> V {
@@ -103,5 +111,36 @@ unsafe impl Simd for Portable {
                 }
             },
         )
+    }
+    #[inline(always)]
+    unsafe fn load_pairs(self, p: *const u32) -> P {
+        // SAFETY: the caller guarantees 16 readable `u32`.
+        unsafe { std::ptr::read_unaligned(p as *const P) }
+    }
+    #[inline(always)]
+    unsafe fn store_pairs(self, p: *mut u32, v: P) {
+        // SAFETY: the caller guarantees 16 writable `u32`.
+        unsafe { std::ptr::write_unaligned(p as *mut P, v) }
+    }
+    #[inline(always)]
+    fn splat_pair(self, x: u32) -> P {
+        [x; LANES]
+    }
+    #[inline(always)]
+    fn dot2(self, acc: V, a: P, b: P) -> V {
+        std::array::from_fn(|i| {
+            let ((a_lo, a_hi), (b_lo, b_hi)) = (halves(a[i]), halves(b[i]));
+            a_lo.mul_add(b_lo, a_hi.mul_add(b_hi, acc[i]))
+        })
+    }
+    #[inline(always)]
+    fn pack_bf16(self, low: V, high: V) -> P {
+        std::array::from_fn(|i| bf16_bits(low[i]) as u32 | (bf16_bits(high[i]) as u32) << 16)
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(self, p: *const u16) -> V {
+        // SAFETY: the caller guarantees 16 readable `u16`.
+        let bits = unsafe { std::ptr::read_unaligned(p as *const [u16; LANES]) };
+        bits.map(bf16_to_f32)
     }
 }

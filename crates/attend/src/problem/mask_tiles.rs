@@ -47,7 +47,7 @@ pub struct MaskTiles {
     row: usize,
 }
 
-impl Problem<'_> {
+impl<T: Sync> Problem<'_, T> {
     /// The combined, transposed boolean and additive masks (key padding, causality
     /// and windows are applied tile by tile: see [`MaskTiles::tile`]).
     pub fn mask_tiles(&self) -> MaskTiles {
@@ -157,9 +157,9 @@ impl MaskTiles {
     /// Whether the tile of queries `i0..i0 + ni` and keys `j0..j0 + nj` of batch `b`
     /// needs a copy made by [`tile`](Self::tile): causality or the window cuts
     /// through it, or key padding drops one of its keys.
-    pub fn needs_copy(
+    pub fn needs_copy<T>(
         &self,
-        p: &Problem<'_>,
+        p: &Problem<'_, T>,
         b: usize,
         (i0, ni): (usize, usize),
         (j0, nj): (usize, usize),
@@ -202,9 +202,9 @@ impl MaskTiles {
     /// key padding, causality and the window keep score `(i0 + ii, j0 + jj)`, and
     /// −∞ when one drops it. Returns whether any score is kept.
     #[allow(clippy::too_many_arguments)]
-    pub fn tile(
+    pub fn tile<T>(
         &self,
-        p: &Problem<'_>,
+        p: &Problem<'_, T>,
         (b, h): (usize, usize),
         (i0, ni): (usize, usize),
         (j0, nj): (usize, usize),

@@ -62,6 +62,22 @@ pub struct AttentionOptions<'a> {
     pub key_padding: Option<ArrayView2<'a, bool>>,
     /// Normalise over keys (default) or over queries.
     pub softmax_axis: SoftmaxAxis,
+    /// The precision of the products for f32 tensors (bf16 tensors are always
+    /// computed in [`Precision::Bf16`]).
+    pub precision: Precision,
+}
+
+/// How the products of an attention call are computed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Precision {
+    /// f32 products, f32 sums.
+    #[default]
+    F32,
+    /// `q`, `k` and `v` rounded to bf16 (to nearest, ties to even), products of bf16
+    /// numbers, f32 sums and softmax statistics, the weights rounded to bf16 once
+    /// before they multiply `v` (PyTorch's autocast to bf16). For f32 tensors the
+    /// output is the bf16 result widened back to f32.
+    Bf16,
 }
 
 /// A checked attention call, ready for any kernel.
@@ -91,6 +107,8 @@ pub struct Problem<'a, T = f32> {
     pub window: Option<(usize, usize)>,
     /// Axis of the softmax.
     pub softmax_axis: SoftmaxAxis,
+    /// Precision of the products.
+    pub precision: Precision,
 }
 
 /// The dimensions of a problem.
@@ -196,7 +214,38 @@ impl<'a, T> Problem<'a, T> {
             causal: opts.causal,
             window: opts.window,
             softmax_axis: opts.softmax_axis,
+            precision: opts.precision,
         })
+    }
+
+    /// The same problem (shapes, masks, scale) on other tensors of the same shapes,
+    /// for instance `self`'s rounded to another type.
+    ///
+    /// # Panics
+    /// If a shape differs from `self`'s.
+    pub fn with_tensors<'b, U>(
+        &'b self,
+        q: ArrayView4<'b, U>,
+        k: ArrayView4<'b, U>,
+        v: ArrayView4<'b, U>,
+    ) -> Problem<'b, U> {
+        assert!(
+            q.shape() == self.q.shape() && k.shape() == self.k.shape() && v.shape() == self.v.shape(),
+            "with_tensors needs the problem's shapes"
+        );
+        Problem {
+            q,
+            k,
+            v,
+            mask: self.mask.as_ref().map(|m| m.view()),
+            bias: self.bias.as_ref().map(|m| m.view()),
+            key_padding: self.key_padding.as_ref().map(|m| m.view()),
+            scale: self.scale,
+            causal: self.causal,
+            window: self.window,
+            softmax_axis: self.softmax_axis,
+            precision: self.precision,
+        }
     }
 
     /// The problem's dimensions.

@@ -61,7 +61,7 @@ const BLOCK: usize = LANES;
 
 /// Whether this kernel handles the problem (softmax over keys; anything else goes
 /// to the reference).
-pub fn supports(p: &Problem<'_>) -> bool {
+pub fn supports<T>(p: &Problem<'_, T>) -> bool {
     p.softmax_axis == SoftmaxAxis::Keys
 }
 

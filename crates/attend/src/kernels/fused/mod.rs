@@ -43,7 +43,7 @@ const DOT_CHUNK: usize = 16;
 
 /// Whether the fused kernel handles this problem (the reference covers the rest:
 /// the softmax over queries, and empty value widths).
-pub fn supports(p: &Problem<'_>) -> bool {
+pub fn supports<T>(p: &Problem<'_, T>) -> bool {
     p.softmax_axis == SoftmaxAxis::Keys && p.dims().value_dim > 0
 }
 
@@ -96,6 +96,32 @@ pub(crate) fn run(
         dropout: dropout.copied(),
     };
 
+    let units = units(&d, w, &mut out, &mut lse);
+    let len = scratch_len(&d);
+    units.into_par_iter().for_each(|unit| {
+        with_scratch(len, |scratch| {
+            dispatch(
+                isa,
+                UnitJob {
+                    p,
+                    plan: &plan,
+                    unit,
+                    scratch,
+                },
+            )
+        })
+    });
+    (out, lse)
+}
+
+/// The units of a call, `w` queries wide, each with the part of the fresh output
+/// `out` and log-sum-exp `lse` it writes.
+fn units<'o>(
+    d: &Dims,
+    w: usize,
+    out: &'o mut Array4<f32>,
+    lse: &'o mut Array3<f32>,
+) -> Vec<Unit<'o>> {
     let mut units = Vec::new();
     let outs = out.as_slice_mut().expect("fresh array is contiguous");
     let lses = lse.as_slice_mut().expect("fresh array is contiguous");
@@ -114,21 +140,7 @@ pub(crate) fn run(
             });
         }
     }
-    let len = scratch_len(&d);
-    units.into_par_iter().for_each(|unit| {
-        with_scratch(len, |scratch| {
-            dispatch(
-                isa,
-                UnitJob {
-                    p,
-                    plan: &plan,
-                    unit,
-                    scratch,
-                },
-            )
-        })
-    });
-    (out, lse)
+    units
 }
 
 /// Choices made once per call.
@@ -239,6 +251,8 @@ macro_rules! with_block {
         }
     };
 }
+
+pub(crate) mod bf16;
 
 /// One unit: pack `Qᵀ`, sweep the key tiles, normalise and write out.
 #[inline(always)]
@@ -381,9 +395,16 @@ fn unit<I: Simd, const NQ: usize>(
         }
     }
 
-    // Normalise and write out `[rows, Ev]`.
+    write_out(scr.ot, scr.m, scr.l, w, u);
+}
+
+/// Normalises a unit's `Oᵀ` (`[Ev][w]`) by the running sums `l` and writes it out
+/// `[rows, Ev]`, with the log-sum-exp from the running maxima `m`.
+fn write_out(ot: &[f32], m: &[f32], l: &[f32], w: usize, u: Unit<'_>) {
+    let rows = u.lse.len();
+    let ev = u.out.len() / rows.max(1);
     for ii in 0..rows {
-        let (m, l) = (scr.m[ii], scr.l[ii]);
+        let (m, l) = (m[ii], l[ii]);
         let orow = &mut u.out[ii * ev..(ii + 1) * ev];
         // A running max of −∞ means no score was seen, unless a NaN score came
         // first and a masked −∞ after it replaced it (`max` keeps only a NaN in its
@@ -393,7 +414,7 @@ fn unit<I: Simd, const NQ: usize>(
             u.lse[ii] = f32::NEG_INFINITY;
         } else {
             for (c, o) in orow.iter_mut().enumerate() {
-                *o = scr.ot[c * w + ii] / l;
+                *o = ot[c * w + ii] / l;
             }
             u.lse[ii] = (m as f64 + (l as f64).ln()) as f32;
         }

@@ -1,0 +1,64 @@
+//! Attention on bf16 tensors, and on f32 tensors with [`Precision::Bf16`].
+//!
+//! The fused kernel has its own bf16 form, which reads the rows of `k` and `v` in
+//! place (a strided view is copied first); the decode kernel and the reference run
+//! on the bf16 numbers widened to f32, exactly.
+
+use ndarray::{Array3, Array4, ArrayView4};
+
+use super::{choose_kernel, Config, Kernel};
+use crate::element::{bf16, sealed::Sealed, Element};
+use crate::kernels::fused::bf16 as fused_bf16;
+use crate::kernels::{decode, reference, Isa};
+use crate::problem::{Precision, Problem};
+use crate::Result;
+
+impl Sealed for bf16 {
+    fn compute(problem: &Problem<'_, bf16>, config: &Config) -> Result<(Array4<bf16>, Array3<f32>)> {
+        let isa = Isa::resolve(config.isa)?.token()?;
+        let which = choose_kernel(problem, config.kernel)?;
+        let run = || {
+            let (out, lse) = match which {
+                Kernel::Fused if fused_bf16::reads_in_place(problem) => {
+                    fused_bf16::run(problem, isa)
+                }
+                Kernel::Fused => {
+                    let [k, v] = [&problem.k, &problem.v].map(|a| a.as_standard_layout());
+                    let p = problem.with_tensors(problem.q.view(), k.view(), v.view());
+                    fused_bf16::run(&p, isa)
+                }
+                Kernel::Decode => {
+                    let [q, k, v] = widen(problem);
+                    let p = problem.with_tensors(q.view(), k.view(), v.view());
+                    decode::run(&p, decode::KeySpan::whole(p.dims().kv_len), isa)
+                }
+                Kernel::Reference | Kernel::Auto => {
+                    let [q, k, v] = widen(problem);
+                    let trace = reference::run(&problem.with_tensors(q.view(), k.view(), v.view()));
+                    (trace.output, trace.lse)
+                }
+            };
+            (out.mapv(bf16::from_f32), lse)
+        };
+        crate::threads::install(config.threads, run)
+    }
+}
+
+/// [`Precision::Bf16`] on f32 tensors: rounds them to bf16, computes in bf16 and
+/// widens the result.
+pub(super) fn compute_rounded(
+    problem: &Problem<'_>,
+    config: &Config,
+) -> Result<(Array4<f32>, Array3<f32>)> {
+    debug_assert_eq!(problem.precision, Precision::Bf16);
+    let [q, k, v] = [&problem.q, &problem.k, &problem.v].map(|a| a.mapv(bf16::from_f32));
+    let rounded = problem.with_tensors(q.view(), k.view(), v.view());
+    let (out, lse) = bf16::compute(&rounded, config)?;
+    Ok((out.mapv(bf16::to_f32), lse))
+}
+
+/// The problem's tensors widened to f32 (exact).
+fn widen(problem: &Problem<'_, bf16>) -> [Array4<f32>; 3] {
+    let widen = |a: &ArrayView4<'_, bf16>| a.mapv(Element::to_f32);
+    [widen(&problem.q), widen(&problem.k), widen(&problem.v)]
+}

@@ -1,0 +1,439 @@
+//! The fused forward on bf16 tensors: the f32 kernel's tiling and online softmax,
+//! with both products taken on bf16 *pairs* ([`Simd::dot2`]), which AVX512-BF16
+//! computes at twice the f32 rate (`vdpbf16ps`) and other instruction sets with
+//! two fused multiply-adds, to the same sums.
+//!
+//! `dot2` multiplies lane by lane two vectors of pairs adjacent along the sum, so
+//! each product needs its operands paired along its own sum:
+//!
+//! * `Sᵀ = K Qᵀ` sums over the width `E`: `Qᵀ` is packed once per unit as pairs of
+//!   adjacent columns, `[E/2][W]`, and each key row is read in place as pairs
+//!   (`K`'s rows must be contiguous);
+//! * `Oᵀ = Vᵀ Pᵀ` sums over keys: the tile's weights are rounded to bf16 once and
+//!   packed as pairs of adjacent keys, `[BK/2][W]`, and the tile's values as pairs
+//!   of adjacent rows, `[BK/2][Ev]`.
+//!
+//! Scores, the softmax statistics and the output accumulate in f32; the caller
+//! rounds the output to bf16. A width or tile of odd length ends with a pair whose
+//! high half is zero.
+
+use ndarray::{Array3, Array4, ArrayView4};
+use rayon::prelude::*;
+
+use super::{query_vectors, register_block, softmax_tile, Plan, Unit, BK, DOT_CHUNK};
+use crate::element::bf16;
+use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
+use crate::kernels::scratch::{carve, with_scratch};
+use crate::problem::{Dims, Problem};
+
+/// Whether the bf16 kernel can read this problem's tensors in place: rows of `k`
+/// and `v` contiguous (the caller copies them otherwise).
+pub fn reads_in_place(p: &Problem<'_, bf16>) -> bool {
+    let unit = |a: &ArrayView4<'_, bf16>| a.strides()[3] == 1 || a.shape()[3] <= 1;
+    unit(&p.k) && unit(&p.v)
+}
+
+/// Pairs in a row of `n` elements.
+fn pairs(n: usize) -> usize {
+    n.div_ceil(2)
+}
+
+/// Floats (4-byte words) of scratch one unit needs: the packed `Qᵀ`, a tile of
+/// scores and one of mask terms, the packed weights and values, `Oᵀ` and the running
+/// statistics.
+pub fn scratch_len(d: &Dims) -> usize {
+    let w = query_vectors(d.q_len) * LANES;
+    let values = pairs(BK) * d.value_dim.next_multiple_of(LANES);
+    (pairs(d.head_dim) + 2 * BK + pairs(BK) + d.value_dim + 3) * w + values
+}
+
+/// Runs the bf16 fused forward on the current rayon pool with `isa`'s vectors,
+/// returning the f32 output `[B, Hq, L, Ev]` (before rounding to bf16) and the
+/// log-sum-exp `[B, Hq, L]`.
+///
+/// # Panics
+/// If `!supports(p)` or `!reads_in_place(p)` (both checked by the caller).
+pub(crate) fn run(p: &Problem<'_, bf16>, isa: IsaToken) -> (Array4<f32>, Array3<f32>) {
+    assert!(super::supports(p), "fused kernel does not support this problem");
+    assert!(reads_in_place(p), "bf16 fused kernel needs contiguous rows");
+    let d = p.dims();
+    let mut out = Array4::<f32>::zeros((d.batch, d.heads, d.q_len, d.value_dim));
+    let mut lse = Array3::<f32>::zeros((d.batch, d.heads, d.q_len));
+    if out.is_empty() {
+        return (out, lse);
+    }
+    let nq = query_vectors(d.q_len);
+    let plan = Plan {
+        group: d.heads / d.kv_heads,
+        scale: p.scale,
+        nq,
+        masks: p.mask_tiles(),
+        dropout: None,
+    };
+    let units = super::units(&d, nq * LANES, &mut out, &mut lse);
+    let len = scratch_len(&d);
+    units.into_par_iter().for_each(|unit| {
+        with_scratch(len, |scratch| {
+            dispatch(
+                isa,
+                UnitJob {
+                    p,
+                    plan: &plan,
+                    unit,
+                    scratch,
+                },
+            )
+        })
+    });
+    (out, lse)
+}
+
+/// A unit's buffers, carved from the thread's scratch (pairs are `u32`).
+struct UnitScratch<'s> {
+    /// `Qᵀ` as pairs of columns, `[E/2][W]`.
+    qp: &'s mut [u32],
+    /// Scores, then weights, `[BK][W]`.
+    s: &'s mut [f32],
+    /// Additive mask tile, `[BK][W]`.
+    mb: &'s mut [f32],
+    /// Weights as bf16 pairs of keys, `[BK/2][W]`.
+    pp: &'s mut [u32],
+    /// Values as bf16 pairs of rows, `[BK/2][Evp]` (`Evp` = `Ev` rounded up to 16).
+    vp: &'s mut [u32],
+    /// `Oᵀ`, `[Ev][W]`.
+    ot: &'s mut [f32],
+    m: &'s mut [f32],
+    l: &'s mut [f32],
+    alpha: &'s mut [f32],
+}
+
+impl<'s> UnitScratch<'s> {
+    fn new(buf: &'s mut [f32], e: usize, ev: usize, w: usize) -> Self {
+        let rest = &mut &mut buf[..];
+        let qp = carve(rest, pairs(e) * w);
+        let s = carve(rest, BK * w);
+        let mb = carve(rest, BK * w);
+        let pp = carve(rest, pairs(BK) * w);
+        let vp = carve(rest, pairs(BK) * ev.next_multiple_of(LANES));
+        UnitScratch {
+            qp: as_words(qp),
+            s,
+            mb,
+            pp: as_words(pp),
+            vp: as_words(vp),
+            ot: carve(rest, ev * w),
+            m: carve(rest, w),
+            l: carve(rest, w),
+            alpha: carve(rest, w),
+        }
+    }
+}
+
+/// A scratch slice of floats reused as 32-bit words.
+fn as_words(f: &mut [f32]) -> &mut [u32] {
+    // SAFETY: f32 and u32 have the same size and alignment, and every bit pattern is
+    // valid for both; the slice is borrowed mutably for the result's lifetime.
+    unsafe { std::slice::from_raw_parts_mut(f.as_mut_ptr() as *mut u32, f.len()) }
+}
+
+/// One unit of work, for [`dispatch`].
+struct UnitJob<'a, 'p, 'o, 's> {
+    p: &'a Problem<'p, bf16>,
+    plan: &'a Plan,
+    unit: Unit<'o>,
+    scratch: &'s mut [f32],
+}
+
+impl SimdJob for UnitJob<'_, '_, '_, '_> {
+    type Output = ();
+    #[inline(always)]
+    fn run<I: Simd>(self, isa: I) {
+        let UnitJob {
+            p,
+            plan,
+            unit: u,
+            scratch,
+        } = self;
+        match plan.nq {
+            1 => unit::<I, 1>(isa, p, plan, u, scratch),
+            2 => unit::<I, 2>(isa, p, plan, u, scratch),
+            _ => unit::<I, 4>(isa, p, plan, u, scratch),
+        }
+    }
+}
+
+/// The bits of a bf16 pair `(lo, hi)`.
+#[inline(always)]
+fn pair(lo: bf16, hi: bf16) -> u32 {
+    lo.to_bits() as u32 | (hi.to_bits() as u32) << 16
+}
+
+/// One unit: pack `Qᵀ`, sweep the key tiles, normalise and write out.
+#[inline(always)]
+fn unit<I: Simd, const NQ: usize>(
+    isa: I,
+    p: &Problem<'_, bf16>,
+    plan: &Plan,
+    u: Unit<'_>,
+    scratch: &mut [f32],
+) {
+    let d = p.dims();
+    let w = NQ * LANES;
+    let (e, ev) = (d.head_dim, d.value_dim);
+    let evp = ev.next_multiple_of(LANES);
+    let scr = UnitScratch::new(scratch, e, ev, w);
+    let rows = u.lse.len();
+    let (b, h, i0) = (u.b, u.h, u.i0);
+    let kvh = h / plan.group;
+
+    // Qᵀ as pairs of adjacent columns; lanes past the last query are zero.
+    scr.qp.fill(0);
+    let q = p.q.slice(ndarray::s![b, h, i0..i0 + rows, ..]);
+    for (ii, row) in q.outer_iter().enumerate() {
+        for c in 0..pairs(e) {
+            let hi = if 2 * c + 1 < e { row[2 * c + 1] } else { bf16::ZERO };
+            scr.qp[c * w + ii] = pair(row[2 * c], hi);
+        }
+    }
+    scr.ot.fill(0.0);
+    scr.m.fill(f32::NEG_INFINITY);
+    scr.l.fill(0.0);
+
+    let k = p.k.slice(ndarray::s![b, kvh, .., ..]);
+    let v = p.v.slice(ndarray::s![b, kvh, .., ..]);
+    let (jlo, jhi) = p.block_key_range(i0, i0 + rows);
+    let mr = register_block::<I>(NQ);
+    let mut t = jlo / BK;
+    while t * BK < jhi {
+        let j0 = (t * BK).max(jlo);
+        let j1 = ((t + 1) * BK).min(jhi);
+        t += 1;
+        if j0 >= j1 {
+            continue;
+        }
+        let nk = j1 - j0;
+        let (mb, mbs): (*const f32, usize) = if plan.masks.needs_copy(p, b, (i0, rows), (j0, nk)) {
+            if !plan.masks.tile(p, (b, h), (i0, rows), (j0, nk), scr.mb, w) {
+                continue;
+            }
+            for jj in 0..nk {
+                scr.mb[jj * w + rows..(jj + 1) * w].fill(0.0);
+            }
+            (scr.mb.as_ptr(), w)
+        } else if plan.masks.has_masks() {
+            let (rows_from, stride) = plan.masks.rows((b, h), i0, j0, (nk, w));
+            (rows_from.as_ptr(), stride)
+        } else {
+            (std::ptr::null(), 0)
+        };
+
+        // Sᵀ = K Qᵀ (+ mask), MR keys at a time.
+        let mut r0 = 0;
+        while r0 < nk {
+            let n = mr.min(nk - r0);
+            let krows = k.slice(ndarray::s![j0 + r0..j0 + r0 + n, ..]);
+            // SAFETY: `krows` holds `n` contiguous rows of `e` bf16 (`reads_in_place`)
+            // `krs` apart; `s` holds `BK ≥ nk` rows of `w` floats and the mask rows
+            // (a tile copy or `MaskTiles` rows) `nk` rows `mbs` apart.
+            unsafe {
+                let sp = scr.s.as_mut_ptr().add(r0 * w);
+                let mbp = if mb.is_null() { mb } else { mb.add(r0 * mbs) };
+                with_block!(
+                    n,
+                    qk_rows::<I, NQ>(
+                        isa,
+                        scr.qp.as_ptr(),
+                        e,
+                        (krows.as_ptr() as *const u16, krows.strides()[0]),
+                        plan.scale,
+                        sp,
+                        (mbp, mbs)
+                    )
+                );
+            }
+            r0 += n;
+        }
+
+        // SAFETY: `s` holds `nk ≤ BK` rows of `w` floats, the statistics `w` each.
+        unsafe {
+            softmax_tile::<I, NQ>(
+                isa,
+                scr.s.as_mut_ptr(),
+                nk,
+                scr.m.as_mut_ptr(),
+                scr.l.as_mut_ptr(),
+                scr.alpha.as_mut_ptr(),
+            )
+        };
+
+        // The weights, rounded to bf16 once, as pairs of keys; an odd tile's last
+        // pair has a zero weight in its high half.
+        for tp in 0..pairs(nk) {
+            let (lo, hi) = (2 * tp, 2 * tp + 1);
+            for x in 0..NQ {
+                // SAFETY: rows `lo` and (when `hi < nk`) `hi` of `s` and row `tp` of
+                // `pp` hold `w` elements.
+                unsafe {
+                    let l = isa.load(scr.s.as_ptr().add(lo * w + x * LANES));
+                    let h = if hi < nk {
+                        isa.load(scr.s.as_ptr().add(hi * w + x * LANES))
+                    } else {
+                        isa.splat(0.0)
+                    };
+                    isa.store_pairs(scr.pp.as_mut_ptr().add(tp * w + x * LANES), isa.pack_bf16(l, h));
+                }
+            }
+        }
+        // The values as pairs of rows.
+        for tp in 0..pairs(nk) {
+            let lo = v.row(j0 + 2 * tp);
+            let hi = (2 * tp + 1 < nk).then(|| v.row(j0 + 2 * tp + 1));
+            let dst = &mut scr.vp[tp * evp..tp * evp + ev];
+            for (c, o) in dst.iter_mut().enumerate() {
+                *o = pair(lo[c], hi.map_or(bf16::ZERO, |r| r[c]));
+            }
+        }
+
+        // Oᵀ = α Oᵀ + Vᵀ Pᵀ, MR value columns at a time.
+        let mut c0 = 0;
+        while c0 < ev {
+            let n = mr.min(ev - c0);
+            // SAFETY: `pp` holds `pairs(nk)` rows of `w` pairs, `vp` as many rows of
+            // `evp ≥ c0 + n` pairs; `ot` holds `ev` rows of `w` floats.
+            unsafe {
+                with_block!(
+                    n,
+                    pv_cols::<I, NQ>(
+                        isa,
+                        scr.pp.as_ptr(),
+                        pairs(nk),
+                        (scr.vp.as_ptr().add(c0), evp),
+                        scr.ot.as_mut_ptr().add(c0 * w),
+                        scr.alpha.as_ptr()
+                    )
+                );
+            }
+            c0 += n;
+        }
+    }
+
+    super::write_out(scr.ot, scr.m, scr.l, w, u);
+}
+
+/// `s[r][·] = scale · Σ_c k[r, c] · q[c][·] (+ mb[r][·])` for `MR` keys, over pairs
+/// of columns.
+///
+/// # Safety
+/// `k.0` must be valid for `MR` rows of `e` contiguous bf16, `k.1` elements apart;
+/// `qp` for `⌈e/2⌉` rows of `16·NQ` pairs; `s` and (when not null) `mb.0` for `MR`
+/// rows of `16·NQ` floats (the mask's `mb.1` apart).
+#[inline(always)]
+unsafe fn qk_rows<I: Simd, const NQ: usize, const MR: usize>(
+    isa: I,
+    qp: *const u32,
+    e: usize,
+    k: (*const u16, isize),
+    scale: f32,
+    s: *mut f32,
+    mb: (*const f32, usize),
+) {
+    // SAFETY: the caller upholds this function's contract (see # Safety).
+    unsafe {
+        let w = NQ * LANES;
+        let (kp, krs) = k;
+        let zero = isa.splat(0.0);
+        let np = pairs(e);
+        // Key `r`'s pair `c`; the last pair of an odd width has a zero high half.
+        let key_pair = |r: usize, c: usize| {
+            let at = kp.offset(r as isize * krs).add(2 * c);
+            if 2 * c + 1 < e {
+                (at as *const u32).read_unaligned()
+            } else {
+                *at as u32
+            }
+        };
+        // Blocked summation, as in the f32 kernel: chunks of `DOT_CHUNK` products
+        // summed in registers, then added to the running total in `s`.
+        let chunk = DOT_CHUNK / 2;
+        let mut c0 = 0;
+        while c0 < np.max(1) {
+            let c1 = (c0 + chunk).min(np);
+            let mut acc = [[zero; NQ]; MR];
+            for c in c0..c1 {
+                let mut qv = [isa.splat_pair(0); NQ];
+                for (x, q) in qv.iter_mut().enumerate() {
+                    *q = isa.load_pairs(qp.add(c * w + x * LANES));
+                }
+                for (r, row) in acc.iter_mut().enumerate() {
+                    let kb = isa.splat_pair(key_pair(r, c));
+                    for x in 0..NQ {
+                        row[x] = isa.dot2(row[x], qv[x], kb);
+                    }
+                }
+            }
+            let (first, last) = (c0 == 0, c1 >= np);
+            for (r, row) in acc.iter().enumerate() {
+                for (x, &val) in row.iter().enumerate() {
+                    let off = r * w + x * LANES;
+                    let mut val = val;
+                    if !first {
+                        val = isa.add(isa.load(s.add(off)), val);
+                    }
+                    if last {
+                        if mb.0.is_null() {
+                            val = isa.fma(val, isa.splat(scale), zero);
+                        } else {
+                            let add = isa.load(mb.0.add(r * mb.1 + x * LANES));
+                            val = isa.masked(isa.fma(val, isa.splat(scale), add), add);
+                        }
+                    }
+                    isa.store(s.add(off), val);
+                }
+            }
+            c0 = c1.max(c0 + 1);
+        }
+    }
+}
+
+/// `ot[c][·] = alpha · ot[c][·] + Σ_t vp[t][c] · pp[t][·]` over `np` pairs of keys,
+/// for `MC` value columns.
+///
+/// # Safety
+/// `pp` valid for `np` rows of `16·NQ` pairs; `v.0` for `np` rows of `MC` pairs,
+/// `v.1` apart; `ot` for `MC` rows and `alpha` for one row of `16·NQ` floats.
+#[inline(always)]
+unsafe fn pv_cols<I: Simd, const NQ: usize, const MC: usize>(
+    isa: I,
+    pp: *const u32,
+    np: usize,
+    v: (*const u32, usize),
+    ot: *mut f32,
+    alpha: *const f32,
+) {
+    // SAFETY: the caller upholds this function's contract (see # Safety).
+    unsafe {
+        let w = NQ * LANES;
+        let zero = isa.splat(0.0);
+        let mut acc = [[zero; NQ]; MC];
+        for t in 0..np {
+            let mut pv = [isa.splat_pair(0); NQ];
+            for (x, pr) in pv.iter_mut().enumerate() {
+                *pr = isa.load_pairs(pp.add(t * w + x * LANES));
+            }
+            let vrow = v.0.add(t * v.1);
+            for (c, row) in acc.iter_mut().enumerate() {
+                let vb = isa.splat_pair(*vrow.add(c));
+                for x in 0..NQ {
+                    row[x] = isa.dot2(row[x], pv[x], vb);
+                }
+            }
+        }
+        for (c, row) in acc.iter().enumerate() {
+            for (x, &val) in row.iter().enumerate() {
+                let o = ot.add(c * w + x * LANES);
+                let a = isa.load(alpha.add(x * LANES));
+                isa.store(o, isa.fma(isa.load(o), a, val));
+            }
+        }
+    }
+}
