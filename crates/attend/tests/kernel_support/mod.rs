@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use attend::attention::{AttentionOptions, Problem};
+use attend::element::bf16;
 use attend::kernels::reference;
 use ndarray::{Array, Array2, Array3, Array4, ArrayView4, Dimension, ShapeBuilder};
 
@@ -110,8 +111,93 @@ pub fn check(
     what: &str,
 ) {
     let p = Problem::new(q, k, v, opts).expect("valid problem");
-    let want = reference::run(&p);
     let naive = naive_f32(&p);
+    check_against(&p, &naive, 0.0, got, what);
+}
+
+/// [`check`] for a bf16 result: `q`, `k`, `v` hold the bf16 inputs widened to f32,
+/// `got` the bf16 output widened. The yardstick is [`naive_bf16`], and the floor
+/// adds one bf16 ulp of the output's largest entry (`2⁻⁸·max|o|`): the output and
+/// the weights are each rounded to bf16 once (half an ulp each), which no bf16
+/// implementation avoids.
+pub fn check_bf16(
+    q: ArrayView4<'_, f32>,
+    k: ArrayView4<'_, f32>,
+    v: ArrayView4<'_, f32>,
+    opts: &AttentionOptions<'_>,
+    got: &(Array4<f32>, Array3<f32>),
+    what: &str,
+) {
+    for (name, a) in [("q", q.view()), ("k", k.view()), ("v", v.view())] {
+        assert!(
+            a.iter()
+                .all(|&x| bf16::from_f32(x).to_f32() == x || x.is_nan()),
+            "{what}: {name} must hold bf16 numbers"
+        );
+    }
+    let p = Problem::new(q, k, v, opts).expect("valid problem");
+    let naive = naive_bf16(&p);
+    check_against(&p, &naive, BF16_ULP, got, what);
+}
+
+/// One ulp of bf16 relative to a power of two: 8 significant bits.
+pub const BF16_ULP: f64 = 1.0 / 256.0;
+
+/// The bf16 yardstick: [`naive_f32`] on bf16 inputs (whose products are exact in
+/// f32), with the normalised weights rounded to bf16 before they multiply `v` and
+/// the output rounded to bf16, as PyTorch's math attention on bf16 tensors does.
+pub fn naive_bf16(p: &Problem<'_>) -> (Array4<f32>, Array3<f32>) {
+    let round = |x: f32| bf16::from_f32(x).to_f32();
+    let d = p.dims();
+    let group = d.heads / d.kv_heads;
+    let (_, lse) = naive_f32(p);
+    let mut out = Array4::zeros((d.batch, d.heads, d.q_len, d.value_dim));
+    for ((b, h, i), &l) in lse.indexed_iter() {
+        if l == f32::NEG_INFINITY {
+            continue;
+        }
+        let (lo, hi) = p.key_range(i);
+        let mut w = vec![0.0f32; d.kv_len];
+        let mut max = f32::NEG_INFINITY;
+        let mut s = vec![f32::NEG_INFINITY; d.kv_len];
+        for j in lo..hi {
+            if p.keeps(b, h, i, j) {
+                let mut dot = 0.0f32;
+                for e in 0..d.head_dim {
+                    dot += p.q[[b, h, i, e]] * p.k[[b, h / group, j, e]];
+                }
+                s[j] = dot * p.scale + p.bias_at(b, h, i, j);
+                max = max.max(s[j]);
+            }
+        }
+        let mut sum = 0.0f32;
+        for j in lo..hi {
+            w[j] = (s[j] - max).exp();
+            sum += w[j];
+        }
+        for c in 0..d.value_dim {
+            let mut acc = 0.0f32;
+            for j in lo..hi {
+                if w[j] != 0.0 {
+                    acc += round(w[j] / sum) * p.v[[b, h / group, j, c]];
+                }
+            }
+            out[[b, h, i, c]] = round(acc);
+        }
+    }
+    (out, lse)
+}
+
+/// The rule itself: `got` against the f64 reference, within twice `naive`'s error
+/// plus the f32 floor plus `ulp_floor` times the output's largest entry.
+fn check_against(
+    p: &Problem<'_>,
+    naive: &(Array4<f32>, Array3<f32>),
+    ulp_floor: f64,
+    got: &(Array4<f32>, Array3<f32>),
+    what: &str,
+) {
+    let want = reference::run(p);
     assert_eq!(got.0.shape(), want.output.shape(), "{what}: output shape");
     assert_eq!(got.1.shape(), want.lse.shape(), "{what}: lse shape");
     for (l, (g, n)) in want.lse.iter().zip(got.1.iter().zip(naive.1.iter())) {
@@ -154,7 +240,7 @@ pub fn check(
         }
         score_floor = score_floor.max(sens);
     }
-    let floor = 4.0 * eps * vmax.max(f32::MIN_POSITIVE as f64) + 2.0 * score_floor;
+    let floor = (4.0 * eps + ulp_floor) * vmax.max(f32::MIN_POSITIVE as f64) + 2.0 * score_floor;
     let (err, nerr) = (
         max_err(&got.0, &want.output),
         max_err(&naive.0, &want.output),

@@ -1,0 +1,285 @@
+//! The bf16 fused forward against the f64 reference on the same bf16 numbers,
+//! with docs/design.md's rule for bf16 (`kernel_support::check_bf16`): every mask
+//! kind, grouped-query heads, odd widths and tiles, strided views, fully masked
+//! rows, every instruction set of this CPU, and the same bits for 1 and 2 threads.
+
+mod kernel_support;
+
+use attend::attention::{attention_with, AttentionOptions, Causal, Config, Kernel, Precision};
+use attend::element::{bf16, round_to_bf16};
+use attend::kernels::Isa;
+use kernel_support::{check_bf16, Rng};
+use ndarray::{Array2, Array3, Array4, ArrayD, ArrayView4, IxDyn};
+
+fn config(kernel: Kernel, isa: Isa, threads: usize) -> Config {
+    Config {
+        kernel,
+        isa: Some(isa),
+        threads: Some(threads),
+    }
+}
+
+/// Random bf16 tensors `[b, h, l, e]`, `[b, hkv, s, e]`, `[b, hkv, s, ev]`.
+fn qkv(seed: u64, shape: [usize; 7]) -> [Array4<bf16>; 3] {
+    let [b, h, hkv, l, s, e, ev] = shape;
+    let mut rng = Rng::new(seed);
+    [(b, h, l, e), (b, hkv, s, e), (b, hkv, s, ev)].map(|dims| rng.array(dims).mapv(bf16::from_f32))
+}
+
+fn widened(a: &Array4<bf16>) -> Array4<f32> {
+    a.mapv(bf16::to_f32)
+}
+
+fn same_bits(a: &Array4<bf16>, b: &Array4<bf16>) -> bool {
+    a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// Runs the fused bf16 kernel on every instruction set with 1 and 2 threads,
+/// checks that the threads agree bit for bit, and judges the result.
+fn run_and_check(
+    q: ArrayView4<'_, bf16>,
+    k: ArrayView4<'_, bf16>,
+    v: ArrayView4<'_, bf16>,
+    opts: &AttentionOptions<'_>,
+    what: &str,
+) {
+    let [qf, kf, vf] = [q.view(), k.view(), v.view()].map(|a| a.mapv(bf16::to_f32));
+    for isa in Isa::available() {
+        let one = attention_with(q, k, v, opts, &config(Kernel::Fused, isa, 1)).unwrap();
+        let two = attention_with(q, k, v, opts, &config(Kernel::Fused, isa, 2)).unwrap();
+        assert!(same_bits(&one.0, &two.0), "{what} {isa}: 1 vs 2 threads");
+        assert_eq!(
+            one.1.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            two.1.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            "{what} {isa}: 1 vs 2 threads (lse)"
+        );
+        let got = (widened(&one.0), one.1);
+        check_bf16(
+            qf.view(),
+            kf.view(),
+            vf.view(),
+            opts,
+            &got,
+            &format!("{what} {isa}"),
+        );
+    }
+}
+
+#[test]
+fn shapes_widths_and_grouped_heads() {
+    let shapes = [
+        [1, 2, 2, 1, 1, 8, 8],
+        [1, 4, 2, 37, 53, 64, 64],
+        [2, 4, 1, 70, 129, 33, 17],
+        [1, 8, 2, 16, 300, 128, 128],
+        [1, 1, 1, 200, 64, 1, 5],
+        [1, 2, 2, 65, 65, 2, 3],
+    ];
+    for (n, shape) in shapes.into_iter().enumerate() {
+        let [q, k, v] = qkv(n as u64 + 1, shape);
+        run_and_check(
+            q.view(),
+            k.view(),
+            v.view(),
+            &Default::default(),
+            &format!("{shape:?}"),
+        );
+    }
+}
+
+#[test]
+fn every_mask_kind() {
+    let [b, h, l, s] = [2, 4, 90, 150];
+    let [q, k, v] = qkv(11, [b, h, 2, l, s, 40, 24]);
+    let mut rng = Rng::new(12);
+    let mask = ArrayD::from_shape_fn(IxDyn(&[b, 1, l, s]), |_| rng.below(6) != 0);
+    let bias = ArrayD::from_shape_fn(IxDyn(&[l, s]), |_| rng.normal() * 2.0);
+    let padding = Array2::from_shape_fn((b, s), |(bb, j)| j >= s - 20 * (bb + 1));
+    let cases = [
+        (
+            "causal top-left",
+            AttentionOptions {
+                causal: Some(Causal::TopLeft),
+                ..Default::default()
+            },
+        ),
+        (
+            "causal bottom-right",
+            AttentionOptions {
+                causal: Some(Causal::BottomRight),
+                ..Default::default()
+            },
+        ),
+        (
+            "window",
+            AttentionOptions {
+                window: Some((30, 5)),
+                ..Default::default()
+            },
+        ),
+        (
+            "bool mask",
+            AttentionOptions {
+                mask: Some(mask.view()),
+                ..Default::default()
+            },
+        ),
+        (
+            "bias",
+            AttentionOptions {
+                bias: Some(bias.view()),
+                ..Default::default()
+            },
+        ),
+        (
+            "key padding",
+            AttentionOptions {
+                key_padding: Some(padding.view()),
+                ..Default::default()
+            },
+        ),
+        (
+            "all at once, scale 0.3",
+            AttentionOptions {
+                causal: Some(Causal::BottomRight),
+                window: Some((60, 0)),
+                mask: Some(mask.view()),
+                bias: Some(bias.view()),
+                key_padding: Some(padding.view()),
+                scale: Some(0.3),
+                ..Default::default()
+            },
+        ),
+    ];
+    for (what, opts) in cases {
+        run_and_check(q.view(), k.view(), v.view(), &opts, what);
+    }
+}
+
+#[test]
+fn fully_masked_rows_are_zero() {
+    let [q, k, v] = qkv(21, [1, 2, 2, 20, 30, 16, 8]);
+    let mut mask = ArrayD::from_elem(IxDyn(&[20, 30]), true);
+    for j in 0..30 {
+        mask[[3, j]] = false;
+        mask[[17, j]] = false;
+    }
+    let opts = AttentionOptions {
+        mask: Some(mask.view()),
+        ..Default::default()
+    };
+    run_and_check(q.view(), k.view(), v.view(), &opts, "masked rows");
+    let (out, lse) =
+        attention_with(q.view(), k.view(), v.view(), &opts, &Config::default()).unwrap();
+    for h in 0..2 {
+        for i in [3, 17] {
+            assert_eq!(lse[[0, h, i]], f32::NEG_INFINITY);
+            assert!(out
+                .slice(ndarray::s![0, h, i, ..])
+                .iter()
+                .all(|x| x.to_f32() == 0.0));
+        }
+    }
+}
+
+/// A `[B, T, H, D]` buffer seen as `[B, H, T, D]`.
+fn perm(a: &Array4<bf16>) -> ArrayView4<'_, bf16> {
+    a.view().permuted_axes([0, 2, 1, 3])
+}
+
+/// A `[B, H, D, T]` buffer seen as `[B, H, T, D]`: rows not contiguous.
+fn cols(a: &Array4<bf16>) -> ArrayView4<'_, bf16> {
+    a.view().permuted_axes([0, 1, 3, 2])
+}
+
+#[test]
+fn strided_views() {
+    // `[B, T, H, D]` buffers seen as `[B, H, T, D]`, and keys and values whose rows
+    // are not contiguous (the kernel copies those).
+    let mut rng = Rng::new(31);
+    let q = rng.array((1, 50, 4, 32)).mapv(bf16::from_f32);
+    let k = rng.array((1, 70, 2, 32)).mapv(bf16::from_f32);
+    let v = rng.array((1, 70, 2, 24)).mapv(bf16::from_f32);
+    run_and_check(
+        perm(&q),
+        perm(&k),
+        perm(&v),
+        &Default::default(),
+        "permuted",
+    );
+    let kt = rng.array((1, 2, 32, 70)).mapv(bf16::from_f32);
+    let vt = rng.array((1, 2, 24, 70)).mapv(bf16::from_f32);
+    run_and_check(
+        perm(&q),
+        cols(&kt),
+        cols(&vt),
+        &Default::default(),
+        "column-major k, v",
+    );
+}
+
+#[test]
+fn huge_scores_keep_their_exponent() {
+    // bf16 has f32's exponent range: scores near 1e4 must not overflow the softmax.
+    let [q, k, v] = qkv(41, [1, 2, 2, 40, 80, 16, 16]);
+    let q = q.mapv(|x| bf16::from_f32(x.to_f32() * 300.0));
+    run_and_check(
+        q.view(),
+        k.view(),
+        v.view(),
+        &Default::default(),
+        "huge scores",
+    );
+}
+
+#[test]
+fn bf16_precision_on_f32_tensors_is_the_bf16_computation() {
+    let mut rng = Rng::new(51);
+    let [q, k, v]: [Array4<f32>; 3] = [
+        rng.array((1, 4, 40, 24)),
+        rng.array((1, 2, 90, 24)),
+        rng.array((1, 2, 90, 20)),
+    ];
+    let opts = AttentionOptions {
+        causal: Some(Causal::TopLeft),
+        ..Default::default()
+    };
+    let bf16_opts = AttentionOptions {
+        precision: Precision::Bf16,
+        ..opts.clone()
+    };
+    for kernel in [Kernel::Fused, Kernel::Reference] {
+        let cfg = Config {
+            kernel,
+            ..Default::default()
+        };
+        let (out, lse): (Array4<f32>, Array3<f32>) =
+            attention_with(q.view(), k.view(), v.view(), &bf16_opts, &cfg).unwrap();
+        let [qb, kb, vb] = [&q, &k, &v].map(|a| a.mapv(bf16::from_f32));
+        let (want, want_lse) =
+            attention_with(qb.view(), kb.view(), vb.view(), &opts, &cfg).unwrap();
+        assert!(
+            out.iter()
+                .zip(&want)
+                .all(|(x, y)| x.to_bits() == y.to_f32().to_bits()),
+            "{kernel:?}: Precision::Bf16 differs from bf16 tensors"
+        );
+        assert_eq!(lse, want_lse, "{kernel:?}");
+        // And it is a bf16 result: every output is a bf16 number.
+        assert_eq!(out, round_to_bf16(out.view()), "{kernel:?}");
+    }
+}
+
+#[test]
+fn reference_kernel_on_bf16_is_the_widened_reference_rounded() {
+    let [q, k, v] = qkv(61, [1, 2, 1, 12, 20, 8, 8]);
+    let cfg = Config {
+        kernel: Kernel::Reference,
+        ..Default::default()
+    };
+    let (out, _) = attention_with(q.view(), k.view(), v.view(), &Default::default(), &cfg).unwrap();
+    let [qf, kf, vf] = [&q, &k, &v].map(widened);
+    let (want, _) =
+        attention_with(qf.view(), kf.view(), vf.view(), &Default::default(), &cfg).unwrap();
+    assert_eq!(out, want.mapv(bf16::from_f32));
+}
