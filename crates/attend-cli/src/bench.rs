@@ -5,8 +5,8 @@
 use std::time::Instant;
 
 use attend::attention::{attention_backward_with, BackwardConfig, BackwardKernel};
-use attend::element::Dtype;
 use attend::attention::{attention_with, AttentionOptions, Causal, Config, Kernel};
+use attend::element::Dtype;
 use attend::kernels::Isa;
 use attend::{limits, Error};
 use ndarray::{Array2, Array4};
