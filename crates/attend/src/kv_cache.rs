@@ -455,7 +455,7 @@ impl<T: Element> LayerCache<T> {
     /// Returns the output `[B, H, L, Ev]` and the log-sum-exp `[B, H, L]`; equal to
     /// recomputing causal attention over the whole sequence, up to rounding.
     ///
-    /// Steps of up to [`DECODE_MAX_QUERIES`](crate::attention::DECODE_MAX_QUERIES) queries run the split-KV decode kernel;
+    /// Steps of up to [`DECODE_MAX_QUERIES`] queries run the split-KV decode kernel;
     /// longer ones (a prompt's prefill) the fused forward kernel, unless a sliding
     /// window's ring has wrapped, whose two pieces are attended by the decode kernel
     /// and merged.

@@ -13,7 +13,7 @@
 //! so the softmax needs only `2^x`.
 //!
 //! The kernel is generic over the element type of `k` and `v` (`f32` or bf16): a
-//! bf16 row is widened exactly as it is loaded ([`rows`]), and the queries, scores,
+//! bf16 row is widened exactly as it is loaded (`rows.rs`), and the queries, scores,
 //! softmax statistics and accumulators are f32 whatever the cache holds, so a bf16
 //! cache reads half the bytes for the same arithmetic.
 
