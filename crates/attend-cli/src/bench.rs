@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use attend::attention::{attention_backward_with, BackwardConfig, BackwardKernel};
 use attend::attention::{attention_with, AttentionOptions, Causal, Config, Kernel};
+use attend::element::Dtype;
 use attend::kernels::Isa;
 use attend::{limits, Error};
 use ndarray::{Array2, Array4};
@@ -46,6 +47,10 @@ pub struct Args {
     /// Instruction set: avx512, avx2 or portable (default: the best available).
     #[arg(long)]
     isa: Option<String>,
+    /// Element type: f32 (float32) or bf16 (bfloat16); with --decode, the type of
+    /// the cached keys and values (the query stays f32).
+    #[arg(long, default_value = "f32", value_parser = flags::dtype)]
+    dtype: Dtype,
     /// Decoding: one query token against --kv-len cached keys (default 4096), like
     /// `torch_sdpa.py --decode`; reports `gbps` (K and V bytes read once per call)
     /// and the machine's read bandwidth measured in the same run.
@@ -162,14 +167,16 @@ pub fn run(args: Args) -> Result<(), Error> {
             q_len: 1,
             threads: args.threads,
             isa,
+            dtype: args.dtype,
             min_time: args.min_time,
         })?;
         if args.format == "json" {
             println!("{record}");
         } else {
             println!(
-                "attend decode {} B={} H={} Hkv={} S={} E={} threads={}: {:.3} ms, {:.2} GB/s ({:.0}% of the {:.2} GB/s read bandwidth)",
+                "attend decode {} {} B={} H={} Hkv={} S={} E={} threads={}: {:.3} ms, {:.2} GB/s ({:.0}% of the {:.2} GB/s read bandwidth)",
                 record["isa"].as_str().unwrap_or("?"),
+                record["dtype"].as_str().unwrap_or("?"),
                 record["batch"], record["heads"], record["kv_heads"], record["kv_len"],
                 record["head_dim"], record["threads"],
                 record["ms"].as_f64().unwrap_or(0.0),
@@ -179,6 +186,11 @@ pub fn run(args: Args) -> Result<(), Error> {
             );
         }
         return Ok(());
+    }
+    if args.dtype != Dtype::F32 {
+        return Err(Error::value(
+            "--dtype bf16 is timed only with --decode so far; drop --dtype or add --decode",
+        ));
     }
     let (b, h, e) = (args.batch, args.heads, args.head_dim);
     let hkv = args.kv_heads.unwrap_or(h);

@@ -7,13 +7,18 @@
 //! reads of the buffer alternate, and `fraction_of_read` is the median over those
 //! pairs of the decode's bandwidth over the read's: how close decoding comes to the
 //! memory's limit at the same moment.
+//!
+//! `--dtype bf16` stores K and V as bf16 (rounded from the same f32 numbers) and
+//! counts bf16 bytes: half the bytes of the f32 cache for the same keys. The query
+//! stays f32 either way.
 
 use std::time::Instant;
 
 use attend::decode::{decode_attention, DecodeConfig};
+use attend::element::{bf16, Dtype, Element};
 use attend::kernels::Isa;
 use attend::Error;
-use ndarray::Array4;
+use ndarray::{Array4, ArrayView4};
 
 /// The shape and settings of a decode benchmark (`attend bench --decode`).
 #[derive(Debug, Clone)]
@@ -34,6 +39,8 @@ pub struct DecodeArgs {
     pub threads: usize,
     /// Instruction set.
     pub isa: Isa,
+    /// Element type of the cached keys and values.
+    pub dtype: Dtype,
     /// Minimum timed seconds in all (decode samples alternating with reads).
     pub min_time: f64,
 }
@@ -68,7 +75,6 @@ pub fn run(a: &DecodeArgs) -> Result<serde_json::Value, Error> {
             a.heads
         )));
     }
-    let isa = a.isa;
     let (b, h, l, s, d) = (a.batch, a.heads, a.q_len, a.kv_len, a.head_dim);
     let mut seed = 0x2545_F491_4F6C_DD1Du64;
     let mut rnd = move || {
@@ -80,7 +86,25 @@ pub fn run(a: &DecodeArgs) -> Result<serde_json::Value, Error> {
     let q = Array4::from_shape_fn((b, h, l, d), |_| rnd());
     let k = Array4::from_shape_fn((b, hkv, s, d), |_| rnd());
     let v = Array4::from_shape_fn((b, hkv, s, d), |_| rnd());
-    let kv_bytes = 2.0 * (b * hkv * s * d) as f64 * 4.0;
+    match a.dtype {
+        Dtype::F32 => time(a, q.view(), k.view(), v.view()),
+        Dtype::Bf16 => {
+            let (k, v) = (k.mapv(bf16::from_f32), v.mapv(bf16::from_f32));
+            time(a, q.view(), k.view(), v.view())
+        }
+    }
+}
+
+/// Times decoding `q` against a cache of `T` and returns the JSON record.
+fn time<T: Element>(
+    a: &DecodeArgs,
+    q: ArrayView4<'_, f32>,
+    k: ArrayView4<'_, T>,
+    v: ArrayView4<'_, T>,
+) -> Result<serde_json::Value, Error> {
+    let isa = a.isa;
+    let ((b, h, l, d), (_, hkv, s, _)) = (q.dim(), k.dim());
+    let kv_bytes = 2.0 * (b * hkv * s * d) as f64 * std::mem::size_of::<T>() as f64;
 
     let pool = attend::threads::pool(a.threads)?;
     let cfg = DecodeConfig {
@@ -95,10 +119,9 @@ pub fn run(a: &DecodeArgs) -> Result<serde_json::Value, Error> {
     let (mut t_decode, mut t_read, mut fraction) = (Vec::new(), Vec::new(), Vec::new());
     pool.install(|| -> Result<(), Error> {
         let mut decode = || {
-            let _ =
-                std::hint::black_box(decode_attention(q.view(), k.view(), v.view(), &opts, &cfg));
+            let _ = std::hint::black_box(decode_attention(q, k, v, &opts, &cfg));
         };
-        decode_attention(q.view(), k.view(), v.view(), &opts, &cfg)?;
+        decode_attention(q, k, v, &opts, &cfg)?;
         let once = seconds_per_call(1, &mut decode);
         let reps = (MIN_SAMPLE_SECONDS / once.max(1e-9)).ceil().max(1.0) as usize;
         // Alternate one decode sample and one read of the buffer: the load that
@@ -124,7 +147,7 @@ pub fn run(a: &DecodeArgs) -> Result<serde_json::Value, Error> {
         "what": "decode",
         "isa": isa.name(),
         "threads": a.threads,
-        "dtype": "f32",
+        "dtype": T::DTYPE.name(),
         "batch": b,
         "heads": h,
         "kv_heads": hkv,

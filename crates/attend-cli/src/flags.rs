@@ -2,6 +2,7 @@
 //! NaN, infinite or absurd value is refused with the flag named before any command
 //! starts, and every command sees only values it can act on.
 
+use attend::element::Dtype;
 use attend::limits::MAX_THREADS;
 
 /// The most timed runs or seconds a benchmark may be asked for: enough for any
@@ -82,6 +83,11 @@ pub fn finite_f32(s: &str) -> Result<f32, String> {
         return Err(format!("must be a finite number, got {s}"));
     }
     Ok(x)
+}
+
+/// A tensor element type: `f32` (`float32`) or `bf16` (`bfloat16`).
+pub fn dtype(s: &str) -> Result<Dtype, String> {
+    Dtype::from_name(s.trim()).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

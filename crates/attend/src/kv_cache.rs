@@ -6,6 +6,12 @@
 //! the buffer is a ring that keeps only the most recent keys (`w − 1` plus the
 //! latest step), so memory stays bounded however long the generation runs.
 //!
+//! The cache stores f32 (the default) or bf16: a `LayerCache<bf16>` holds half
+//! the bytes, and decoding, which reads every cached byte once per step, reads half
+//! as many. Appended f32 steps are rounded to bf16 (to nearest, ties to even, as
+//! PyTorch's `tensor.to(torch.bfloat16)`); the queries stay f32, and the kernel
+//! widens the bf16 rows exactly as it loads them.
+//!
 //! ```
 //! use attend::kv_cache::LayerCache;
 //! use ndarray::Array4;
@@ -20,21 +26,44 @@
 //! assert_eq!(out.shape(), &[1, 2, 1, 4]);
 //! # Ok::<(), attend::Error>(())
 //! ```
+//!
+//! A bf16 cache:
+//!
+//! ```
+//! use attend::element::bf16;
+//! use attend::kv_cache::LayerCache;
+//! use ndarray::Array4;
+//!
+//! let mut cache = LayerCache::<bf16>::empty(1, 2, 4, 4);
+//! let k = Array4::<f32>::from_elem((1, 2, 1, 4), 1.0 + 1.0 / 256.0);
+//! cache.append(k.view(), k.view())?; // rounded to bf16: 1 + 2^-8 is a tie, to 1
+//! let q = Array4::<f32>::ones((1, 2, 1, 4));
+//! let (out, _lse) = cache.attend(q.view(), None, &Default::default())?;
+//! assert_eq!(out[[0, 1, 0, 3]], 1.0);
+//! # Ok::<(), attend::Error>(())
+//! ```
 
-use ndarray::{s, Array3, Array4, ArrayView4};
+use std::any::Any;
 
-use crate::attention::{attention_with, AttentionOptions, Causal, Config, Kernel};
-use crate::decode::{attention_partial_with, merge_partials, DecodeConfig, Partial};
+use ndarray::{s, Array3, Array4, ArrayView4, CowArray, Ix4};
+
+use crate::attention::{
+    attention_with, AttentionOptions, Causal, Config, Kernel, DECODE_MAX_QUERIES,
+};
+use crate::decode::{
+    attention_partial_with, decode_attention, merge_partials, DecodeConfig, Partial,
+};
+use crate::element::Element;
 use crate::{Error, Result};
 
-/// The caches of every layer of a model.
+/// The caches of every layer of a model, holding `T` (`f32` or bf16).
 #[derive(Clone, Debug)]
-pub struct KvCache {
-    layers: Vec<LayerCache>,
+pub struct KvCache<T: Element = f32> {
+    layers: Vec<LayerCache<T>>,
 }
 
 impl KvCache {
-    /// `layers` empty caches of `batch` sequences with `kv_heads` heads of key
+    /// `layers` empty f32 caches of `batch` sequences with `kv_heads` heads of key
     /// width `head_dim` and value width `value_dim`.
     pub fn new(
         layers: usize,
@@ -43,11 +72,7 @@ impl KvCache {
         head_dim: usize,
         value_dim: usize,
     ) -> Self {
-        KvCache {
-            layers: (0..layers)
-                .map(|_| LayerCache::new(batch, kv_heads, head_dim, value_dim))
-                .collect(),
-        }
+        Self::empty(layers, batch, kv_heads, head_dim, value_dim)
     }
 
     /// Like [`new`](Self::new), every layer a sliding window of `window` keys.
@@ -59,9 +84,39 @@ impl KvCache {
         value_dim: usize,
         window: usize,
     ) -> Result<Self> {
+        Self::empty_windowed(layers, batch, kv_heads, head_dim, value_dim, window)
+    }
+}
+
+impl<T: Element> KvCache<T> {
+    /// `layers` empty caches of `T` (`KvCache::<bf16>::empty(...)`); otherwise as
+    /// [`KvCache::new`].
+    pub fn empty(
+        layers: usize,
+        batch: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        value_dim: usize,
+    ) -> Self {
+        KvCache {
+            layers: (0..layers)
+                .map(|_| LayerCache::empty(batch, kv_heads, head_dim, value_dim))
+                .collect(),
+        }
+    }
+
+    /// [`empty`](Self::empty), every layer a sliding window of `window` keys.
+    pub fn empty_windowed(
+        layers: usize,
+        batch: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        value_dim: usize,
+        window: usize,
+    ) -> Result<Self> {
         Ok(KvCache {
             layers: (0..layers)
-                .map(|_| LayerCache::with_window(batch, kv_heads, head_dim, value_dim, window))
+                .map(|_| LayerCache::empty_windowed(batch, kv_heads, head_dim, value_dim, window))
                 .collect::<Result<_>>()?,
         })
     }
@@ -72,7 +127,7 @@ impl KvCache {
     }
 
     /// Layer `i`'s cache.
-    pub fn layer(&self, i: usize) -> Result<&LayerCache> {
+    pub fn layer(&self, i: usize) -> Result<&LayerCache<T>> {
         let n = self.layers.len();
         self.layers.get(i).ok_or_else(|| {
             Error::value(format!("layer {i} out of range: the cache has {n} layers"))
@@ -80,7 +135,7 @@ impl KvCache {
     }
 
     /// Layer `i`'s cache, to append to.
-    pub fn layer_mut(&mut self, i: usize) -> Result<&mut LayerCache> {
+    pub fn layer_mut(&mut self, i: usize) -> Result<&mut LayerCache<T>> {
         let n = self.layers.len();
         self.layers.get_mut(i).ok_or_else(|| {
             Error::value(format!("layer {i} out of range: the cache has {n} layers"))
@@ -93,9 +148,9 @@ impl KvCache {
     }
 }
 
-/// One layer's keys and values.
+/// One layer's keys and values, stored as `T` (`f32` or bf16).
 #[derive(Clone, Debug)]
-pub struct LayerCache {
+pub struct LayerCache<T: Element = f32> {
     batch: usize,
     kv_heads: usize,
     head_dim: usize,
@@ -106,14 +161,35 @@ pub struct LayerCache {
     /// Positions appended so far; position `p` lives in row `p % cap`.
     len: usize,
     /// `[B, Hkv, cap, E]`.
-    k: Vec<f32>,
+    k: Vec<T>,
     /// `[B, Hkv, cap, Ev]`.
-    v: Vec<f32>,
+    v: Vec<T>,
 }
 
 impl LayerCache {
-    /// An empty cache that keeps every position.
+    /// An empty f32 cache that keeps every position.
     pub fn new(batch: usize, kv_heads: usize, head_dim: usize, value_dim: usize) -> Self {
+        Self::empty(batch, kv_heads, head_dim, value_dim)
+    }
+
+    /// An empty f32 cache for sliding-window attention: each query sees itself and
+    /// the `window − 1` keys before it (the window `(window − 1, 0)` of
+    /// [`AttentionOptions::window`]), and older keys are dropped.
+    pub fn with_window(
+        batch: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        value_dim: usize,
+        window: usize,
+    ) -> Result<Self> {
+        Self::empty_windowed(batch, kv_heads, head_dim, value_dim, window)
+    }
+}
+
+impl<T: Element> LayerCache<T> {
+    /// An empty cache of `T` that keeps every position (`LayerCache::<bf16>::empty`;
+    /// [`LayerCache::new`] for f32).
+    pub fn empty(batch: usize, kv_heads: usize, head_dim: usize, value_dim: usize) -> Self {
         LayerCache {
             batch,
             kv_heads,
@@ -127,10 +203,8 @@ impl LayerCache {
         }
     }
 
-    /// An empty cache for sliding-window attention: each query sees itself and the
-    /// `window − 1` keys before it (the window `(window − 1, 0)` of
-    /// [`AttentionOptions::window`]), and older keys are dropped.
-    pub fn with_window(
+    /// An empty sliding-window cache of `T`, as [`LayerCache::with_window`].
+    pub fn empty_windowed(
         batch: usize,
         kv_heads: usize,
         head_dim: usize,
@@ -140,7 +214,7 @@ impl LayerCache {
         if window == 0 {
             return Err(Error::value("window must be at least 1 key, got 0"));
         }
-        let mut c = Self::new(batch, kv_heads, head_dim, value_dim);
+        let mut c = Self::empty(batch, kv_heads, head_dim, value_dim);
         c.window = Some(window);
         Ok(c)
     }
@@ -196,8 +270,9 @@ impl LayerCache {
     }
 
     /// Appends the keys `k [B, Hkv, T, E]` and values `v [B, Hkv, T, Ev]` of `T`
-    /// new positions.
-    pub fn append(&mut self, k: ArrayView4<'_, f32>, v: ArrayView4<'_, f32>) -> Result<()> {
+    /// new positions, f32 or bf16, rounded to the cache's element type (to nearest,
+    /// ties to even; exact when the types are the same).
+    pub fn append<S: Element>(&mut self, k: ArrayView4<'_, S>, v: ArrayView4<'_, S>) -> Result<()> {
         let (b, h, t, e) = k.dim();
         let (vb, vh, vt, ev) = v.dim();
         let want = format!(
@@ -245,11 +320,11 @@ impl LayerCache {
                     let at = (bi * h + hi) * self.cap + row;
                     let kd = &mut self.k[at * e..(at + 1) * e];
                     for (x, &y) in kd.iter_mut().zip(k.slice(s![bi, hi, p, ..])) {
-                        *x = y;
+                        *x = T::from_f32(y.to_f32());
                     }
                     let vd = &mut self.v[at * ev..(at + 1) * ev];
                     for (x, &y) in vd.iter_mut().zip(v.slice(s![bi, hi, p, ..])) {
-                        *x = y;
+                        *x = T::from_f32(y.to_f32());
                     }
                 }
             }
@@ -261,8 +336,8 @@ impl LayerCache {
     /// Reallocates to `new_cap` rows, keeping the retained positions.
     fn grow(&mut self, new_cap: usize) {
         let (bh, e, ev) = (self.batch * self.kv_heads, self.head_dim, self.value_dim);
-        let mut k = vec![0.0f32; bh * new_cap * e];
-        let mut v = vec![0.0f32; bh * new_cap * ev];
+        let mut k = vec![T::default(); bh * new_cap * e];
+        let mut v = vec![T::default(); bh * new_cap * ev];
         let kept = self.retained();
         for pos in self.len - kept..self.len {
             let (from, to) = (pos % self.cap.max(1), pos % new_cap);
@@ -280,21 +355,27 @@ impl LayerCache {
     /// The retained keys and values as at most two views `[B, Hkv, n, ·]` in
     /// position order (a ring buffer wraps around once), with the index of each
     /// view's first key among the retained ones.
-    pub fn segments(&self) -> Vec<(usize, ArrayView4<'_, f32>, ArrayView4<'_, f32>)> {
+    pub fn segments(&self) -> Vec<(usize, ArrayView4<'_, T>, ArrayView4<'_, T>)> {
+        self.segments_of(&self.k, &self.v)
+    }
+
+    /// [`segments`](Self::segments) of buffers `k` and `v` laid out as the cache's
+    /// own (the cache's buffers, or the same buffers seen as another type).
+    fn segments_of<'a, U>(
+        &self,
+        k: &'a [U],
+        v: &'a [U],
+    ) -> Vec<(usize, ArrayView4<'a, U>, ArrayView4<'a, U>)> {
         let kept = self.retained();
         if kept == 0 {
             return Vec::new();
         }
-        let full_k = ArrayView4::from_shape(
-            (self.batch, self.kv_heads, self.cap, self.head_dim),
-            &self.k,
-        )
-        .expect("buffer matches its shape");
-        let full_v = ArrayView4::from_shape(
-            (self.batch, self.kv_heads, self.cap, self.value_dim),
-            &self.v,
-        )
-        .expect("buffer matches its shape");
+        let full_k =
+            ArrayView4::from_shape((self.batch, self.kv_heads, self.cap, self.head_dim), k)
+                .expect("buffer matches its shape");
+        let full_v =
+            ArrayView4::from_shape((self.batch, self.kv_heads, self.cap, self.value_dim), v)
+                .expect("buffer matches its shape");
         let first = (self.len - kept) % self.cap;
         let mut out = Vec::with_capacity(2);
         let end = (first + kept).min(self.cap);
@@ -316,7 +397,7 @@ impl LayerCache {
 
     /// The keys and values of every position, `[B, Hkv, len, ·]`, without a copy.
     /// An error for a windowed cache (use [`segments`](Self::segments)).
-    pub fn keys_values(&self) -> Result<(ArrayView4<'_, f32>, ArrayView4<'_, f32>)> {
+    pub fn keys_values(&self) -> Result<(ArrayView4<'_, T>, ArrayView4<'_, T>)> {
         if self.window.is_some() {
             return Err(Error::value(
                 "keys_values: a sliding-window cache is a ring buffer; use segments()",
@@ -329,8 +410,17 @@ impl LayerCache {
 
     /// The retained keys and values as single views (`[B, Hkv, 0, ·]` when there
     /// are none), or `None` when a window's ring has wrapped into two pieces.
-    fn one_piece(&self) -> Option<(ArrayView4<'_, f32>, ArrayView4<'_, f32>)> {
-        let mut segs = self.segments();
+    fn one_piece(&self) -> Option<(ArrayView4<'_, T>, ArrayView4<'_, T>)> {
+        self.one_piece_of(&self.k, &self.v)
+    }
+
+    /// [`one_piece`](Self::one_piece) of buffers laid out as the cache's own.
+    fn one_piece_of<'a, U>(
+        &self,
+        k: &'a [U],
+        v: &'a [U],
+    ) -> Option<(ArrayView4<'a, U>, ArrayView4<'a, U>)> {
+        let mut segs = self.segments_of(k, v);
         match segs.len() {
             0 => {
                 let view = |width| {
@@ -344,6 +434,20 @@ impl LayerCache {
         }
     }
 
+    /// [`one_piece`](Self::one_piece) in f32, for the fused kernel: the cache's own
+    /// buffers when it holds f32, else a widened copy (exact; a prefill's arithmetic
+    /// dwarfs it, `L > 16` operations per element copied).
+    #[allow(clippy::type_complexity)]
+    fn one_piece_f32(&self) -> Option<(CowArray<'_, f32, Ix4>, CowArray<'_, f32, Ix4>)> {
+        let (k, v): (&dyn Any, &dyn Any) = (&self.k, &self.v);
+        if let (Some(k), Some(v)) = (k.downcast_ref::<Vec<f32>>(), v.downcast_ref::<Vec<f32>>()) {
+            let (k, v) = self.one_piece_of(k, v)?;
+            return Some((k.into(), v.into()));
+        }
+        let (k, v) = self.one_piece()?;
+        Some((k.mapv(T::to_f32).into(), v.mapv(T::to_f32).into()))
+    }
+
     /// Causal attention of the queries `q [B, H, L, E]` of the last `L` appended
     /// positions over the cache, aligned bottom-right (query `i` sees keys up to its
     /// own position), within the window if there is one. `scale` defaults to `1/√E`.
@@ -351,10 +455,15 @@ impl LayerCache {
     /// Returns the output `[B, H, L, Ev]` and the log-sum-exp `[B, H, L]`; equal to
     /// recomputing causal attention over the whole sequence, up to rounding.
     ///
-    /// Steps of up to [`DECODE_MAX_QUERIES`](crate::attention::DECODE_MAX_QUERIES) queries run the split-KV decode kernel;
+    /// Steps of up to [`DECODE_MAX_QUERIES`] queries run the split-KV decode kernel;
     /// longer ones (a prompt's prefill) the fused forward kernel, unless a sliding
     /// window's ring has wrapped, whose two pieces are attended by the decode kernel
     /// and merged.
+    ///
+    /// The queries are f32 whatever the cache holds, and so are the products: a bf16
+    /// cache gives the attention of `q` over its keys and values widened to f32
+    /// (the decode kernel widens each row as it loads it; a prefill widens the cache
+    /// once and runs the f32 fused kernel), so that decoding and prefill agree.
     pub fn attend(
         &self,
         q: ArrayView4<'_, f32>,
@@ -384,15 +493,20 @@ impl LayerCache {
             window: self.window.map(|w| (w - 1, 0)),
             ..Default::default()
         };
-        if let Some((k, v)) = self.one_piece() {
-            // Every retained key in one piece (or none, and validation speaks about
-            // q): the general entry point picks the kernel by the number of queries.
+        // Every retained key in one piece (or none, and validation speaks about q).
+        if l <= DECODE_MAX_QUERIES {
+            if let Some((k, v)) = self.one_piece() {
+                return decode_attention(q, k, v, &opts, config);
+            }
+        } else if let Some((k, v)) = self.one_piece_f32() {
+            // The general entry point: the fused kernel (or the reference when the
+            // fused one does not support the problem).
             let config = Config {
                 kernel: Kernel::Auto,
                 isa: config.isa,
                 threads: config.threads,
             };
-            return attention_with(q, k, v, &opts, &config);
+            return attention_with(q, k.view(), v.view(), &opts, &config);
         }
         let total = self.retained();
         let parts: Vec<Partial> = self

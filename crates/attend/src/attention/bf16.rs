@@ -1,8 +1,9 @@
 //! Attention on bf16 tensors, and on f32 tensors with [`Precision::Bf16`].
 //!
 //! The fused kernel has its own bf16 form, which reads the rows of `k` and `v` in
-//! place (a strided view is copied first); the decode kernel and the reference run
-//! on the bf16 numbers widened to f32, exactly.
+//! place (a strided view is copied first); the decode kernel reads bf16 rows in place
+//! and widens them as it loads them; the reference runs on the bf16 numbers widened
+//! to f32, exactly.
 
 use ndarray::{Array3, Array4, ArrayView4};
 
@@ -14,7 +15,10 @@ use crate::problem::{Precision, Problem};
 use crate::Result;
 
 impl Sealed for bf16 {
-    fn compute(problem: &Problem<'_, bf16>, config: &Config) -> Result<(Array4<bf16>, Array3<f32>)> {
+    fn compute(
+        problem: &Problem<'_, bf16>,
+        config: &Config,
+    ) -> Result<(Array4<bf16>, Array3<f32>)> {
         let isa = Isa::resolve(config.isa)?.token()?;
         let which = choose_kernel(problem, config.kernel)?;
         let run = || {
@@ -27,10 +31,9 @@ impl Sealed for bf16 {
                     let p = problem.with_tensors(problem.q.view(), k.view(), v.view());
                     fused_bf16::run(&p, isa)
                 }
+                // Reads the bf16 rows of k and v in place, widening them as it loads.
                 Kernel::Decode => {
-                    let [q, k, v] = widen(problem);
-                    let p = problem.with_tensors(q.view(), k.view(), v.view());
-                    decode::run(&p, decode::KeySpan::whole(p.dims().kv_len), isa)
+                    decode::run(problem, decode::KeySpan::whole(problem.dims().kv_len), isa)
                 }
                 Kernel::Reference | Kernel::Auto => {
                     let [q, k, v] = widen(problem);

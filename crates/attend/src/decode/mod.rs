@@ -8,6 +8,12 @@
 //!   combines shards into the attention over all of them, exact up to rounding
 //!   (ring attention, flash-decoding across workers).
 //!
+//! The queries are f32; the keys and values f32 or bf16 (a bf16 KV cache: the rows
+//! are widened exactly as the kernel loads them, and everything after is f32). The
+//! outputs and log-sum-exps are f32 either way, so partials of bf16 shards merge
+//! without a rounding in between. bf16 queries are widened first (exact):
+//! `q.mapv(bf16::to_f32)`.
+//!
 //! ```
 //! use attend::attention::{attention, AttentionOptions};
 //! use attend::decode::{attention_partial, merge_partials};
@@ -30,6 +36,7 @@
 use ndarray::{Array3, Array4, ArrayView4};
 
 use crate::attention::{AttentionOptions, Problem, SoftmaxAxis};
+use crate::element::Element;
 use crate::kernels::decode::{self as kernel, KeySpan};
 use crate::{Error, Result};
 
@@ -62,10 +69,11 @@ pub struct Partial {
 /// Attention through the split-KV decode kernel: like
 /// [`attention_with_lse`](crate::attention::attention_with_lse), fastest for 1 to
 /// 16 queries. Softmax over queries is not supported (it does not split over keys).
-pub fn decode_attention(
+/// `k` and `v` may be f32 or bf16; the output is f32.
+pub fn decode_attention<T: Element>(
     q: ArrayView4<'_, f32>,
-    k: ArrayView4<'_, f32>,
-    v: ArrayView4<'_, f32>,
+    k: ArrayView4<'_, T>,
+    v: ArrayView4<'_, T>,
     opts: &AttentionOptions<'_>,
     config: &DecodeConfig,
 ) -> Result<(Array4<f32>, Array3<f32>)> {
@@ -80,10 +88,10 @@ pub fn decode_attention(
 /// Masks (`mask`, `bias`, `key_padding`) are the shard's: they broadcast to
 /// `[B, Hq, L, S_shard]`. Causal masks and windows treat the shard as the whole
 /// sequence; use [`attention_partial_at`] to align them on a longer one.
-pub fn attention_partial(
+pub fn attention_partial<T: Element>(
     q: ArrayView4<'_, f32>,
-    k: ArrayView4<'_, f32>,
-    v: ArrayView4<'_, f32>,
+    k: ArrayView4<'_, T>,
+    v: ArrayView4<'_, T>,
     opts: &AttentionOptions<'_>,
 ) -> Result<Partial> {
     let kv_len = k.dim().2;
@@ -100,10 +108,10 @@ pub fn attention_partial(
 /// [`attention_partial`] for a shard holding keys `start..start + S_shard` of a
 /// sequence of `total` keys: causal masks and windows are aligned on the whole
 /// sequence (bottom-right alignment puts the last query at key `total − 1`).
-pub fn attention_partial_at(
+pub fn attention_partial_at<T: Element>(
     q: ArrayView4<'_, f32>,
-    k: ArrayView4<'_, f32>,
-    v: ArrayView4<'_, f32>,
+    k: ArrayView4<'_, T>,
+    v: ArrayView4<'_, T>,
     opts: &AttentionOptions<'_>,
     start: usize,
     total: usize,
@@ -112,10 +120,10 @@ pub fn attention_partial_at(
 }
 
 /// [`attention_partial_at`] with an explicit [`DecodeConfig`].
-pub fn attention_partial_with(
+pub fn attention_partial_with<T: Element>(
     q: ArrayView4<'_, f32>,
-    k: ArrayView4<'_, f32>,
-    v: ArrayView4<'_, f32>,
+    k: ArrayView4<'_, T>,
+    v: ArrayView4<'_, T>,
     opts: &AttentionOptions<'_>,
     start: usize,
     total: usize,
@@ -131,22 +139,30 @@ pub fn attention_partial_with(
     run_shard(q, k, v, opts, KeySpan { start, total }, config)
 }
 
-fn run_shard(
+fn run_shard<T: Element>(
     q: ArrayView4<'_, f32>,
-    k: ArrayView4<'_, f32>,
-    v: ArrayView4<'_, f32>,
+    k: ArrayView4<'_, T>,
+    v: ArrayView4<'_, T>,
     opts: &AttentionOptions<'_>,
     span: KeySpan,
     config: &DecodeConfig,
 ) -> Result<Partial> {
-    let problem = Problem::new(q, k, v, opts)?;
+    // A `Problem` holds tensors of one element type; the f32 queries go to the kernel
+    // beside it, and the problem gets a zero-stride stand-in of their shape (no
+    // allocation), against which it checks the shapes and broadcasts the masks.
+    let one = [T::default()];
+    let one = ArrayView4::from_shape((1, 1, 1, 1), &one).expect("one element");
+    let q_shape = one
+        .broadcast(q.raw_dim())
+        .expect("a 1×1×1×1 view broadcasts to any shape");
+    let problem = Problem::new(q_shape, k, v, opts)?;
     if problem.softmax_axis != SoftmaxAxis::Keys {
         return Err(Error::value(
             "softmax_axis: decoding and partial attention need softmax over keys (Queries does not split over key shards)",
         ));
     }
     let isa = Isa::resolve(config.isa)?.token()?;
-    let run = || kernel::run(&problem, span, isa);
+    let run = || kernel::run_with_queries(q.view(), &problem, span, isa);
     let (output, lse) = crate::threads::install(config.threads, run)?;
     Ok(Partial { output, lse })
 }

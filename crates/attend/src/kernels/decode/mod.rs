@@ -11,12 +11,20 @@
 //!
 //! Scores are computed in base 2: queries are pre-multiplied by `scale · log2 e`,
 //! so the softmax needs only `2^x`.
+//!
+//! The kernel is generic over the element type of `k` and `v` (`f32` or bf16): a
+//! bf16 row is widened exactly as it is loaded (`rows.rs`), and the queries, scores,
+//! softmax statistics and accumulators are f32 whatever the cache holds, so a bf16
+//! cache reads half the bytes for the same arithmetic.
+
+mod rows;
 
 pub use crate::kernels::Isa;
 
 use ndarray::{Array3, Array4, ArrayView4};
 use rayon::prelude::*;
 
+use crate::element::Element;
 use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
 use crate::kernels::scratch::with_scratch;
 use crate::problem::{Problem, SoftmaxAxis};
@@ -46,6 +54,7 @@ impl KeySpan {
 /// Bytes of K and V per chunk: long sequential reads keep the memory busy (512 KiB
 /// chunks measured about 0.80 of the read bandwidth, 2 MiB about 0.88). Software
 /// prefetching 2 to 12 blocks ahead measured worse (0.65 to 0.75), so there is none.
+/// Counted in bytes, so a bf16 chunk holds twice the keys of an f32 one.
 const CHUNK_BYTES: usize = 2 << 20;
 
 /// Chunks are halved (down to [`MIN_CHUNK`] keys) until there are at least this
@@ -66,9 +75,9 @@ pub fn supports<T>(p: &Problem<'_, T>) -> bool {
 }
 
 /// Keys per chunk for `heads` independent `(batch, kv head)` pairs of `keys` keys
-/// of widths `e` and `ev`.
-fn chunk_len(e: usize, ev: usize, keys: usize, heads: usize) -> usize {
-    let per_key = (e + ev).max(1) * 4;
+/// of widths `e` and `ev`, of `bytes` bytes per element.
+fn chunk_len(e: usize, ev: usize, bytes: usize, keys: usize, heads: usize) -> usize {
+    let per_key = (e + ev).max(1) * bytes;
     let mut ch = (CHUNK_BYTES / per_key / BLOCK).max(1) * BLOCK;
     while ch > MIN_CHUNK && heads * keys.div_ceil(ch) < MIN_TASKS {
         ch = (ch / 2).div_ceil(BLOCK) * BLOCK;
@@ -83,12 +92,35 @@ fn scratch_len(rows: usize, chunk: usize) -> usize {
 }
 
 /// Runs the split-KV kernel: output `[B, Hq, L, Ev]` and natural log-sum-exp
-/// `[B, Hq, L]` (−∞ and zeros for fully masked rows).
+/// `[B, Hq, L]` (−∞ and zeros for fully masked rows), in f32 whatever `T` is.
 ///
 /// Runs on the current rayon pool. Panics if the problem's softmax is over
 /// queries.
-pub(crate) fn run(p: &Problem<'_>, span: KeySpan, isa: IsaToken) -> (Array4<f32>, Array3<f32>) {
+pub(crate) fn run<T: Element>(
+    p: &Problem<'_, T>,
+    span: KeySpan,
+    isa: IsaToken,
+) -> (Array4<f32>, Array3<f32>) {
+    run_with_queries(p.q.view(), p, span, isa)
+}
+
+/// [`run`] with the queries given apart from the problem, in their own element type:
+/// f32 queries against a bf16 cache keep their f32 bits (they are read once, into
+/// pre-scaled f32 rows). `p.q` gives only the shape; its elements are not read.
+///
+/// Panics if `q`'s shape is not `p.q`'s or the problem's softmax is over queries.
+pub(crate) fn run_with_queries<Q: Element, T: Element>(
+    q: ArrayView4<'_, Q>,
+    p: &Problem<'_, T>,
+    span: KeySpan,
+    isa: IsaToken,
+) -> (Array4<f32>, Array3<f32>) {
     assert!(supports(p), "the decode kernel needs softmax over keys");
+    assert_eq!(
+        q.shape(),
+        p.q.shape(),
+        "the queries must have the problem's shape"
+    );
     let d = p.dims();
     let (group, l) = (d.heads / d.kv_heads, d.q_len);
     let rows = group * l;
@@ -126,9 +158,9 @@ pub(crate) fn run(p: &Problem<'_>, span: KeySpan, isa: IsaToken) -> (Array4<f32>
                 let at = ((b * d.kv_heads + kvh) * rows + r) * ep;
                 for (x, &y) in qs[at..at + e]
                     .iter_mut()
-                    .zip(p.q.slice(ndarray::s![b, h, i, ..]))
+                    .zip(q.slice(ndarray::s![b, h, i, ..]))
                 {
-                    *x = y * qscale;
+                    *x = y.to_f32() * qscale;
                 }
             }
         }
@@ -141,7 +173,8 @@ pub(crate) fn run(p: &Problem<'_>, span: KeySpan, isa: IsaToken) -> (Array4<f32>
     let jlo = ranges.iter().map(|r| r.0).min().unwrap_or(0);
     let jhi = ranges.iter().map(|r| r.1).max().unwrap_or(0);
     let elementwise = p.has_elementwise_masks();
-    let ch = chunk_len(e, ev, jhi.saturating_sub(jlo), d.batch * d.kv_heads);
+    let bytes = std::mem::size_of::<T>();
+    let ch = chunk_len(e, ev, bytes, jhi.saturating_sub(jlo), d.batch * d.kv_heads);
     let chunks = if jhi > jlo {
         (jhi - jlo).div_ceil(ch)
     } else {
@@ -225,15 +258,15 @@ pub(crate) fn run(p: &Problem<'_>, span: KeySpan, isa: IsaToken) -> (Array4<f32>
     (out, lse)
 }
 
-fn unit_last(a: &ArrayView4<'_, f32>) -> bool {
+fn unit_last<T>(a: &ArrayView4<'_, T>) -> bool {
     a.dim().3 <= 1 || a.strides()[3] == 1
 }
 
 /// Everything the tasks of one call share.
-struct Ctx<'a, 'p> {
-    p: &'a Problem<'p>,
-    k: ArrayView4<'a, f32>,
-    v: ArrayView4<'a, f32>,
+struct Ctx<'a, 'p, T> {
+    p: &'a Problem<'p, T>,
+    k: ArrayView4<'a, T>,
+    v: ArrayView4<'a, T>,
     /// Pre-scaled queries `[B, Hkv, rows, ep]`.
     qs: &'a [f32],
     ep: usize,
@@ -244,8 +277,8 @@ struct Ctx<'a, 'p> {
 }
 
 /// One chunk of one key/value head, for [`dispatch`].
-struct ChunkJob<'a, 'c, 'p, 'o> {
-    ctx: &'a Ctx<'c, 'p>,
+struct ChunkJob<'a, 'c, 'p, 'o, T> {
+    ctx: &'a Ctx<'c, 'p, T>,
     /// `(b, kvh)`.
     at: (usize, usize),
     /// Keys `[j0, j1)`.
@@ -256,7 +289,7 @@ struct ChunkJob<'a, 'c, 'p, 'o> {
     scores: &'o mut [f32],
 }
 
-impl SimdJob for ChunkJob<'_, '_, '_, '_> {
+impl<T: Element> SimdJob for ChunkJob<'_, '_, '_, '_, T> {
     type Output = ();
     #[inline(always)]
     fn run<I: Simd>(self, isa: I) {
@@ -267,7 +300,7 @@ impl SimdJob for ChunkJob<'_, '_, '_, '_> {
     }
 }
 
-impl Ctx<'_, '_> {
+impl<T: Element> Ctx<'_, '_, T> {
     /// Computes chunk `[j0, j1)` of `(b, kvh)` into `part`: `m[rows]` (base-2
     /// running max), `l[rows]` (sum of weights), `o[rows, Ev]` (unnormalised).
     ///
@@ -422,12 +455,12 @@ impl Ctx<'_, '_> {
 ///
 /// # Safety
 /// `q` must be valid for reading `e` rounded up to 16 floats; `k` for 16 rows of
-/// `e` floats `ks` apart; `out` for writing 16 floats.
+/// `e` elements `ks` apart; `out` for writing 16 floats.
 #[inline(always)]
-unsafe fn dots16<I: Simd>(
+unsafe fn dots16<T: Element, I: Simd>(
     isa: I,
     q: *const f32,
-    k: *const f32,
+    k: *const T,
     ks: isize,
     e: usize,
     out: *mut f32,
@@ -440,7 +473,11 @@ unsafe fn dots16<I: Simd>(
         for c in 0..full {
             let qv = isa.load(q.add(c * LANES));
             for (j, a) in acc.iter_mut().enumerate() {
-                *a = isa.fma(qv, isa.load(k.offset(j as isize * ks).add(c * LANES)), *a);
+                *a = isa.fma(
+                    qv,
+                    rows::load(isa, k.offset(j as isize * ks).add(c * LANES)),
+                    *a,
+                );
             }
         }
         if tail > 0 {
@@ -449,7 +486,7 @@ unsafe fn dots16<I: Simd>(
             for (j, a) in acc.iter_mut().enumerate() {
                 *a = isa.fma(
                     qv,
-                    isa.load_part(k.offset(j as isize * ks).add(at), tail),
+                    rows::load_part(isa, k.offset(j as isize * ks).add(at), tail),
                     *a,
                 );
             }
@@ -463,10 +500,10 @@ unsafe fn dots16<I: Simd>(
 /// # Safety
 /// As [`dots16`]'s, for `n` rows of `k` and `n` floats of `out`.
 #[inline(always)]
-unsafe fn dots<I: Simd>(
+unsafe fn dots<T: Element, I: Simd>(
     isa: I,
     q: *const f32,
-    k: *const f32,
+    k: *const T,
     ks: isize,
     e: usize,
     n: usize,
@@ -486,18 +523,18 @@ unsafe fn dots<I: Simd>(
             let (mut a0, mut a1, mut a2, mut a3) = (z, z, z, z);
             for c in 0..full {
                 let qv = isa.load(q.add(c * LANES));
-                a0 = isa.fma(qv, isa.load(k0.add(c * LANES)), a0);
-                a1 = isa.fma(qv, isa.load(k1.add(c * LANES)), a1);
-                a2 = isa.fma(qv, isa.load(k2.add(c * LANES)), a2);
-                a3 = isa.fma(qv, isa.load(k3.add(c * LANES)), a3);
+                a0 = isa.fma(qv, rows::load(isa, k0.add(c * LANES)), a0);
+                a1 = isa.fma(qv, rows::load(isa, k1.add(c * LANES)), a1);
+                a2 = isa.fma(qv, rows::load(isa, k2.add(c * LANES)), a2);
+                a3 = isa.fma(qv, rows::load(isa, k3.add(c * LANES)), a3);
             }
             if tail > 0 {
                 let at = full * LANES;
                 let qv = isa.load(q.add(at));
-                a0 = isa.fma(qv, isa.load_part(k0.add(at), tail), a0);
-                a1 = isa.fma(qv, isa.load_part(k1.add(at), tail), a1);
-                a2 = isa.fma(qv, isa.load_part(k2.add(at), tail), a2);
-                a3 = isa.fma(qv, isa.load_part(k3.add(at), tail), a3);
+                a0 = isa.fma(qv, rows::load_part(isa, k0.add(at), tail), a0);
+                a1 = isa.fma(qv, rows::load_part(isa, k1.add(at), tail), a1);
+                a2 = isa.fma(qv, rows::load_part(isa, k2.add(at), tail), a2);
+                a3 = isa.fma(qv, rows::load_part(isa, k3.add(at), tail), a3);
             }
             *out.add(j) = isa.sum(a0);
             *out.add(j + 1) = isa.sum(a1);
@@ -509,11 +546,19 @@ unsafe fn dots<I: Simd>(
             let kj = k.offset(j as isize * ks);
             let mut a = isa.splat(0.0);
             for c in 0..full {
-                a = isa.fma(isa.load(q.add(c * LANES)), isa.load(kj.add(c * LANES)), a);
+                a = isa.fma(
+                    isa.load(q.add(c * LANES)),
+                    rows::load(isa, kj.add(c * LANES)),
+                    a,
+                );
             }
             if tail > 0 {
                 let at = full * LANES;
-                a = isa.fma(isa.load(q.add(at)), isa.load_part(kj.add(at), tail), a);
+                a = isa.fma(
+                    isa.load(q.add(at)),
+                    rows::load_part(isa, kj.add(at), tail),
+                    a,
+                );
             }
             *out.add(j) = isa.sum(a);
             j += 1;
@@ -525,13 +570,13 @@ unsafe fn dots<I: Simd>(
 ///
 /// # Safety
 /// `o` must be valid for reading and writing `ev` floats, `p` for reading `n`, and
-/// `v` for `n` rows of `ev` floats `vs` apart.
+/// `v` for `n` rows of `ev` elements `vs` apart.
 #[inline(always)]
-unsafe fn accumulate<I: Simd>(
+unsafe fn accumulate<T: Element, I: Simd>(
     isa: I,
     o: *mut f32,
     p: *const f32,
-    v: *const f32,
+    v: *const T,
     vs: isize,
     ev: usize,
     n: usize,
@@ -549,7 +594,7 @@ unsafe fn accumulate<I: Simd>(
                 let pj = isa.splat(*p.add(j));
                 let vj = v.offset(j as isize * vs).add(c);
                 for (t, a) in acc.iter_mut().enumerate() {
-                    *a = isa.fma(pj, isa.load(vj.add(t * LANES)), *a);
+                    *a = isa.fma(pj, rows::load(isa, vj.add(t * LANES)), *a);
                 }
             }
             for (t, a) in acc.iter().enumerate() {
@@ -562,7 +607,7 @@ unsafe fn accumulate<I: Simd>(
             let mut a = isa.load_part(o.add(c), w);
             for j in 0..n {
                 let vj = v.offset(j as isize * vs).add(c);
-                a = isa.fma(isa.splat(*p.add(j)), isa.load_part(vj, w), a);
+                a = isa.fma(isa.splat(*p.add(j)), rows::load_part(isa, vj, w), a);
             }
             isa.store_part(o.add(c), a, w);
             c += w;
