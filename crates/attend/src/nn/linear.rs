@@ -2,7 +2,9 @@
 
 use ndarray::{Array, Array1, Array2, ArrayView, Axis, Dimension, Ix2};
 
+use super::matmul::{PackedBf16, PackedWeight};
 use super::Activation;
+use crate::attention::Precision;
 use crate::{Error, Result};
 
 /// A dense layer with PyTorch's `[out, in]` weight orientation.
@@ -12,10 +14,13 @@ pub struct Linear {
     pub weight: Array2<f32>,
     /// `[out]`, if the layer has a bias.
     pub bias: Option<Array1<f32>>,
-    /// The weight packed for this CPU's product, made by
+    /// The weight packed for this CPU's f32 product, made by
     /// [`for_inference`](Self::for_inference); used while it still matches `weight`.
-    #[cfg(target_arch = "x86_64")]
-    packed: Option<std::sync::Arc<super::matmul::PackedWeight>>,
+    packed: Option<std::sync::Arc<PackedWeight>>,
+    /// The weight rounded to bf16 and packed for the bf16 product, made by
+    /// [`for_inference_with`](Self::for_inference_with)`(Precision::Bf16)`: its
+    /// presence makes the layer compute in bf16.
+    bf16: Option<std::sync::Arc<PackedBf16>>,
 }
 
 /// Layers are equal when their weights and biases are (however they are stored).
@@ -41,8 +46,8 @@ impl Linear {
         Ok(Linear {
             weight,
             bias,
-            #[cfg(target_arch = "x86_64")]
             packed: None,
+            bf16: None,
         })
     }
 
@@ -66,15 +71,62 @@ impl Linear {
     /// crate. For weights loaded once and used many times. Changing `weight`
     /// afterwards is safe but slow: a packing that no longer matches is not used.
     pub fn for_inference(self) -> Self {
-        #[cfg(target_arch = "x86_64")]
-        if super::matmul::available() {
-            let packed = super::matmul::PackedWeight::new(self.weight.view(), true);
-            return Linear {
-                packed: Some(std::sync::Arc::new(packed)),
-                ..self
-            };
+        self.for_inference_with(Precision::F32)
+    }
+
+    /// [`for_inference`](Self::for_inference) in the given precision. With
+    /// [`Precision::Bf16`] the layer computes as PyTorch's autocast to bf16 does:
+    /// the weight is rounded to bf16 (to nearest, ties to even) and kept packed for
+    /// the bf16 product (`vdpbf16ps` where the CPU has AVX512-BF16, two fused
+    /// multiply-adds per pair elsewhere), each input is rounded to bf16, products
+    /// are summed in f32 and the output, bias and activation stay f32. `weight`
+    /// then holds the rounded numbers the layer multiplies, and the packing takes
+    /// half of its bytes (the f32 layer's packing takes as many as `weight`).
+    pub fn for_inference_with(self, precision: Precision) -> Self {
+        let layer = Linear {
+            packed: None,
+            bf16: None,
+            ..self
+        };
+        match precision {
+            Precision::Bf16 => {
+                let weight = crate::element::round_to_bf16(layer.weight.view());
+                let packed = PackedBf16::new(weight.view(), true);
+                Linear {
+                    weight,
+                    bf16: Some(std::sync::Arc::new(packed)),
+                    ..layer
+                }
+            }
+            Precision::F32 if super::matmul::available() => {
+                let packed = PackedWeight::new(layer.weight.view(), true);
+                Linear {
+                    packed: Some(std::sync::Arc::new(packed)),
+                    ..layer
+                }
+            }
+            Precision::F32 => layer.column_major(),
         }
-        self.column_major()
+    }
+
+    /// The precision of the layer's products: [`Precision::Bf16`] after
+    /// [`for_inference_with`](Self::for_inference_with)`(Precision::Bf16)`, else
+    /// f32.
+    pub fn precision(&self) -> Precision {
+        if self.bf16.is_some() {
+            Precision::Bf16
+        } else {
+            Precision::F32
+        }
+    }
+
+    /// Bytes of the layer's parameters and of the packed copies it keeps for
+    /// the products.
+    pub fn bytes(&self) -> usize {
+        let f32s = self.weight.len() + self.bias.as_ref().map_or(0, |b| b.len());
+        let packed = self.packed.as_ref().map_or(0, |p| p.bytes());
+        let bf16 = self.bf16.as_ref().map_or(0, |p| p.bytes());
+        f32s * std::mem::size_of::<f32>() + packed + bf16
     }
 
     /// Input width.
@@ -129,20 +181,28 @@ impl Linear {
         Ok(y.into_shape_with_order(shape).expect("same element count"))
     }
 
-    /// `act(x [rows, in] · weightᵀ + bias)` for `x` of any strides: through this
-    /// crate's AVX2 kernel (`nn::matmul`) when the weight is column-major and the
-    /// CPU has AVX2 but not AVX-512, else through the `gemm` crate. Both are
-    /// parallel over output blocks with rayon, so the result does not depend on the
-    /// thread count.
+    /// `act(x [rows, in] · weightᵀ + bias)` for `x` of any strides: in bf16
+    /// through `nn::matmul`'s bf16 product (every CPU) for a bf16 layer; else
+    /// through this crate's AVX2 kernel (`nn::matmul`) when the CPU has AVX2 but
+    /// not AVX-512, else through the `gemm` crate. All are parallel over output
+    /// blocks with rayon, so the result does not depend on the thread count.
     fn forward_rows(&self, x: ArrayView<'_, f32, Ix2>, act: Option<Activation>) -> Array2<f32> {
-        #[cfg(target_arch = "x86_64")]
+        let bias = self.bias.as_ref().map(|b| match b.as_slice() {
+            Some(slice) => std::borrow::Cow::Borrowed(slice),
+            None => std::borrow::Cow::Owned(b.to_vec()),
+        });
+        let bias = bias.as_deref();
+        let w = self.weight.view();
+        if let Some(packed) = &self.bf16 {
+            return match packed.matches(w) {
+                true => super::matmul::linear_bf16(x, packed, bias, act),
+                // Changed since it was packed: pack the weight as it is now.
+                false => super::matmul::linear_bf16(x, &PackedBf16::new(w, true), bias, act),
+            };
+        }
         if super::matmul::available() {
-            let bias = self.bias.as_ref().and_then(|b| b.as_slice());
-            if bias.is_some() == self.bias.is_some() {
-                let w = self.weight.view();
-                let packed = self.packed.as_deref().filter(|p| p.matches(w));
-                return super::matmul::linear(x, w, packed, bias, act);
-            }
+            let packed = self.packed.as_deref().filter(|p| p.matches(w));
+            return super::matmul::linear(x, w, packed, bias, act);
         }
         let mut y = self.forward_gemm(x);
         if let Some(act) = act {
