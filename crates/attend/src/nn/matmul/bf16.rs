@@ -158,6 +158,16 @@ impl PackedBf16 {
         PackedBf16 { n, k, data }
     }
 
+    /// `[n, k]`.
+    pub(crate) fn dim(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+
+    /// The packed weight `[n, k]`, widened to f32 (exact).
+    pub(crate) fn unpack(&self) -> Array2<f32> {
+        Array2::from_shape_fn((self.n, self.k), |(j, kk)| self.at(j, kk))
+    }
+
     /// Bytes held.
     pub(crate) fn bytes(&self) -> usize {
         self.data.len() * std::mem::size_of::<u32>()
