@@ -78,7 +78,7 @@ fn mpnet_in_bf16_is_within_cosine_0_999_of_f32() {
 }
 
 #[test]
-fn bf16_layers_take_a_quarter_of_the_f32_layers_bytes_on_avx2() {
+fn bf16_dense_layers_take_at_most_half_the_f32_layers_bytes() {
     let dir = MINILM.dir();
     let f32_model = attend::models::BertModel::load_with(&dir, Precision::F32).unwrap();
     let bf16_model = attend::models::BertModel::load_with(&dir, Precision::Bf16).unwrap();
