@@ -242,6 +242,7 @@ impl Operands for PairOperands<'_> {
 
 /// One register tile's operands: rows of pairs from `a` (`lda` pairs apart), a
 /// packed panel from `b` (rows of 16 pairs), `kc` pairs deep.
+#[derive(Clone, Copy)]
 struct PairTile {
     a: *const u32,
     lda: usize,
@@ -258,6 +259,21 @@ impl PairTile {
     /// `ldc` apart; `rows ≤ 6`.
     #[inline(always)]
     unsafe fn run<I: Simd>(&self, isa: I, rows: usize, c: *mut f32, ldc: usize, init: Init<'_>) {
+        // Sixteen registers (AVX2) cannot hold 6 rows' accumulators (12) with the
+        // panel's pairs widened to f32 (4) and a row's pair (2): four rows, then
+        // the rest, each row's sums in the same order as in one pass.
+        if I::REGISTERS < 32 && rows > 4 {
+            let rest = PairTile {
+                // SAFETY: rows 4.. are within the caller's `rows` rows of `a`.
+                a: unsafe { self.a.add(4 * self.lda) },
+                ..*self
+            };
+            // SAFETY: the caller's guarantees, split at row 4.
+            unsafe {
+                self.rows::<I, 4>(isa, c, ldc, init);
+                return rest.run(isa, rows - 4, c.add(4 * ldc), ldc, init);
+            }
+        }
         // SAFETY: the caller's guarantees, for `R = rows`.
         unsafe {
             match rows {
