@@ -268,10 +268,16 @@ impl PairTile {
                 a: unsafe { self.a.add(4 * self.lda) },
                 ..*self
             };
-            // SAFETY: the caller's guarantees, split at row 4.
+            // SAFETY: the caller's guarantees, split at row 4. (No recursion: a
+            // recursive call could not be inlined into the instruction set's entry
+            // point, and would run without its features.)
             unsafe {
                 self.rows::<I, 4>(isa, c, ldc, init);
-                return rest.run(isa, rows - 4, c.add(4 * ldc), ldc, init);
+                let c = c.add(4 * ldc);
+                return match rows {
+                    6 => rest.rows::<I, 2>(isa, c, ldc, init),
+                    _ => rest.rows::<I, 1>(isa, c, ldc, init),
+                };
             }
         }
         // SAFETY: the caller's guarantees, for `R = rows`.
