@@ -7,6 +7,7 @@ use attend::models::SentenceEncoder;
 use attend::Error;
 
 use crate::embed_corpus;
+use crate::model_args::PrecisionArg;
 use crate::model_dir::{self, Format};
 
 /// Flags of `attend embed`.
@@ -16,6 +17,10 @@ pub struct Args {
     /// $ATTEND_MODEL_DIR, then ~/.cache/attend/all-minilm-l6-v2 (scripts/fetch-model).
     #[arg(long, value_name = "DIR")]
     model: Option<PathBuf>,
+    /// Precision of the encoder's dense layers: `bf16` keeps their weights in bf16
+    /// (half the model's memory) and multiplies bf16 numbers with f32 sums.
+    #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
+    precision: PrecisionArg,
     /// Sentences: `text` (one line of numbers per sentence) or `json`
     /// ({"embeddings": [[...], ...]}). With --output: `npy` or `jsonl` (default: the
     /// output's extension).
@@ -66,6 +71,7 @@ pub fn run(args: Args) -> Result<(), Error> {
     if let (Some(input), Some(output)) = (args.input, args.output) {
         let job = embed_corpus::Job {
             model: model_dir::resolve(args.model),
+            precision: args.precision.into(),
             input,
             field: args.field,
             output,
@@ -85,7 +91,8 @@ pub fn run(args: Args) -> Result<(), Error> {
             )))
         }
     };
-    let encoder = SentenceEncoder::load(model_dir::resolve(args.model))?;
+    let encoder =
+        SentenceEncoder::load_with(model_dir::resolve(args.model), args.precision.into())?;
     let texts: Vec<&str> = args.sentences.iter().map(String::as_str).collect();
     let out = encoder.embed(&texts)?;
     for w in &out.warnings {

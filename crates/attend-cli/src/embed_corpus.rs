@@ -25,6 +25,8 @@ use crate::progress::ProgressBar;
 pub struct Job {
     /// The model directory.
     pub model: PathBuf,
+    /// `--precision`.
+    pub precision: attend::attention::Precision,
     /// `--input` (`-` for standard input).
     pub input: PathBuf,
     /// `--field`.
@@ -60,7 +62,7 @@ pub fn run(job: Job) -> Result<(), Error> {
             let origin = job.input.display().to_string();
             (Box::new(BufReader::new(f)), origin, size)
         };
-    let encoder = SentenceEncoder::load(&job.model)?;
+    let encoder = SentenceEncoder::load_with(&job.model, job.precision)?;
     let input_format = match job.field {
         Some(field) => InputFormat::Jsonl { field },
         None => InputFormat::Lines,

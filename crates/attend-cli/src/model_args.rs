@@ -58,3 +58,22 @@ impl ModelRun {
         self.trace.attention_maps(&self.title)
     }
 }
+
+/// `--precision`: the precision of a real encoder's dense layers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum PrecisionArg {
+    /// f32 weights and products.
+    #[default]
+    F32,
+    /// Weights kept in bf16, products of bf16 numbers summed in f32.
+    Bf16,
+}
+
+impl From<PrecisionArg> for attend::attention::Precision {
+    fn from(p: PrecisionArg) -> Self {
+        match p {
+            PrecisionArg::F32 => attend::attention::Precision::F32,
+            PrecisionArg::Bf16 => attend::attention::Precision::Bf16,
+        }
+    }
+}

@@ -375,3 +375,97 @@ fn hostile_models_are_refused_by_name() {
         std::fs::remove_dir_all(model).unwrap();
     }
 }
+
+/// Rows of `{"embeddings": [[...], ...]}` or of `{"embedding": [...]}` lines.
+fn vectors(text: &str) -> Vec<Vec<f64>> {
+    let row = |v: &Value| -> Vec<f64> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect()
+    };
+    match serde_json::from_str::<Value>(text) {
+        Ok(doc) => doc["embeddings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(row)
+            .collect(),
+        Err(_) => text
+            .lines()
+            .map(|l| row(&serde_json::from_str::<Value>(l).unwrap()["embedding"]))
+            .collect(),
+    }
+}
+
+fn cosine(a: &[f64], b: &[f64]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let norm = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
+    dot / (norm(a) * norm(b))
+}
+
+#[test]
+fn embed_precision_bf16_is_within_cosine_0_999_of_f32_in_both_modes() {
+    let dir = model_dir();
+    let d = dir.to_str().unwrap();
+    let texts = [
+        "A cat sat on the mat.",
+        "What is the capital of France?",
+        "Dogs bark loudly at night.",
+    ];
+    let run = |precision: &str| {
+        let mut args = vec![
+            "embed",
+            "--model",
+            d,
+            "--format",
+            "json",
+            "--precision",
+            precision,
+        ];
+        args.extend(texts);
+        let (code, out, err) = attend(&args);
+        assert_eq!(code, 0, "{err}");
+        vectors(&out)
+    };
+    let (f32_rows, bf16_rows) = (run("f32"), run("bf16"));
+    let tmp = std::env::temp_dir().join(format!("attend-bf16-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let (input, output) = (tmp.join("corpus.txt"), tmp.join("out.jsonl"));
+    std::fs::write(&input, texts.join("\n") + "\n").unwrap();
+    let (code, _, err) = attend(&[
+        "embed",
+        "--model",
+        d,
+        "--precision",
+        "bf16",
+        "--input",
+        input.to_str().unwrap(),
+        "--output",
+        output.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let corpus_rows = vectors(&std::fs::read_to_string(&output).unwrap());
+    std::fs::remove_dir_all(&tmp).unwrap();
+    assert_eq!(corpus_rows.len(), texts.len());
+    for i in 0..texts.len() {
+        for (what, rows) in [("sentences", &bf16_rows), ("--input", &corpus_rows)] {
+            let c = cosine(&rows[i], &f32_rows[i]);
+            assert!(c >= 0.999, "{what} text {i}: cosine {c}");
+            // bf16 really ran: its rounding moves the vector by far more than f32's.
+            assert!(c < 0.999_999_9, "{what} text {i}: cosine {c}");
+        }
+    }
+}
+
+#[test]
+fn a_bad_precision_is_refused_naming_the_flag() {
+    let (code, out, err) = attend(&["embed", "--precision", "fp8", "x"]);
+    assert_eq!(code, 2);
+    assert!(out.is_empty());
+    assert_eq!(
+        err.trim_end(),
+        "error: invalid value 'fp8' for '--precision <PRECISION>' [possible values: f32, bf16]"
+    );
+}

@@ -11,7 +11,7 @@ use ndarray::{s, Array2, Array3, Array4, ArrayView2, Axis};
 use super::family::{self, Family};
 use super::positions::{mpnet_bias, position_ids, sinusoidal_table, MPNET_BUCKETS};
 use super::BertConfig;
-use crate::attention::{attention, AttentionOptions};
+use crate::attention::{attention, AttentionOptions, Precision};
 use crate::io::safetensors::SafeTensors;
 use crate::nn::state_dict::load_linear;
 use crate::nn::{heads_view, LayerNorm, Linear, ModuleTrace, MultiHeadAttention};
@@ -112,6 +112,10 @@ pub struct BertModel {
     /// (`encoder.relative_attention_bias`), shared by every layer; `None` for the
     /// other families.
     pub relative_attention_bias: Option<Array2<f32>>,
+    /// Precision of the encoder layers' dense products
+    /// ([`Linear::for_inference_with`]); the embeddings, LayerNorms, activations
+    /// and attention stay f32.
+    pub precision: Precision,
 }
 
 /// Every intermediate of a [`BertModel::trace`] run.
@@ -134,6 +138,12 @@ pub struct BertTrace {
 impl BertModel {
     /// Loads `config.json` and `model.safetensors` from a checkpoint directory.
     pub fn load(dir: impl AsRef<Path>) -> Result<Self> {
+        Self::load_with(dir, Precision::F32)
+    }
+
+    /// [`load`](Self::load) with the encoder layers' dense products in
+    /// `precision` (see [`from_safetensors_with`](Self::from_safetensors_with)).
+    pub fn load_with(dir: impl AsRef<Path>, precision: Precision) -> Result<Self> {
         let dir = dir.as_ref();
         if !dir.is_dir() {
             return Err(Error::io(
@@ -145,7 +155,7 @@ impl BertModel {
         let weights = SafeTensors::open(dir.join("model.safetensors"))?;
         // Some checks (a LayerNorm's, the attention module's) know the tensor but
         // not the file: every error of the model file names it.
-        Self::from_safetensors(config, &weights).map_err(|e| {
+        Self::from_safetensors_with(config, &weights, precision).map_err(|e| {
             let message = e.to_string();
             if message.starts_with(weights.origin()) {
                 e
@@ -159,6 +169,20 @@ impl BertModel {
     /// without a task model's prefix, `bert.`, `roberta.`, …), checking every shape
     /// against `config`.
     pub fn from_safetensors(config: BertConfig, file: &SafeTensors) -> Result<Self> {
+        Self::from_safetensors_with(config, file, Precision::F32)
+    }
+
+    /// [`from_safetensors`](Self::from_safetensors) with the encoder layers' dense
+    /// products in `precision`: with [`Precision::Bf16`] their weights are rounded
+    /// to bf16 and kept packed as bf16 for a product with bf16 inputs and f32 sums
+    /// (PyTorch's autocast to bf16), in 2 bytes a weight (the f32 layers take 8
+    /// where the CPU runs `nn::matmul`'s AVX2 product, the weight and its packing,
+    /// and 4 elsewhere).
+    pub fn from_safetensors_with(
+        config: BertConfig,
+        file: &SafeTensors,
+        precision: Precision,
+    ) -> Result<Self> {
         let family = config.family;
         let names = family.names();
         let root = if file.contains(family::WORD_EMBEDDINGS) {
@@ -219,7 +243,7 @@ impl BertModel {
                     l.weight.shape()
                 )));
             }
-            Ok(l.for_inference())
+            Ok(l.for_inference_with(precision))
         };
         let position = if config.sinusoidal_positions
             && !file.contains(&format!("{root}{}", family::POSITION_EMBEDDINGS))
@@ -302,6 +326,7 @@ impl BertModel {
             embeddings,
             layers,
             relative_attention_bias,
+            precision,
         })
     }
 

@@ -8,6 +8,7 @@ use serde_json::Value;
 use super::modules::{read_json, SentenceModules};
 use super::tokenize::{short, Tokenized, Tokenizer};
 use super::{BertModel, BertTrace, TokenBatch};
+use crate::attention::Precision;
 use crate::{Error, Result};
 
 /// A BERT-family encoder (BERT, DistilBERT, RoBERTa, XLM-RoBERTa, MPNet) with its
@@ -169,8 +170,15 @@ impl SentenceEncoder {
     /// maximum length is `max_seq_length`, else the tokenizer config's
     /// `model_max_length`, never more than the position embeddings allow.
     pub fn load(dir: impl AsRef<Path>) -> Result<Self> {
+        Self::load_with(dir, Precision::F32)
+    }
+
+    /// [`load`](Self::load) with the encoder's dense products in `precision`:
+    /// [`Precision::Bf16`] keeps their weights in bf16 and multiplies in bf16 with
+    /// f32 sums ([`BertModel::load_with`]); pooling and the Dense modules stay f32.
+    pub fn load_with(dir: impl AsRef<Path>, precision: Precision) -> Result<Self> {
         let dir = dir.as_ref();
-        let model = BertModel::load(dir)?;
+        let model = BertModel::load_with(dir, precision)?;
         let mut max_len = model.config.max_tokens();
         let st_config = read_json(&dir.join("sentence_bert_config.json"))?;
         let tok_config = read_json(&dir.join("tokenizer_config.json"))?;

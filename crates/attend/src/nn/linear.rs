@@ -2,26 +2,35 @@
 
 use ndarray::{Array, Array1, Array2, ArrayView, Axis, Dimension, Ix2};
 
+use super::matmul::{PackedBf16, PackedWeight};
 use super::Activation;
+use crate::attention::Precision;
 use crate::{Error, Result};
 
 /// A dense layer with PyTorch's `[out, in]` weight orientation.
 #[derive(Clone, Debug)]
 pub struct Linear {
-    /// `[out, in]`.
+    /// `[out, in]`. Empty (`[0, 0]`) in a layer made by
+    /// [`for_inference_with`](Self::for_inference_with)`(Precision::Bf16)`, which
+    /// keeps its weight in bf16 only ([`weight_f32`](Self::weight_f32) widens it);
+    /// a weight assigned to such a layer afterwards is used, rounded to bf16.
     pub weight: Array2<f32>,
     /// `[out]`, if the layer has a bias.
     pub bias: Option<Array1<f32>>,
-    /// The weight packed for this CPU's product, made by
+    /// The weight packed for this CPU's f32 product, made by
     /// [`for_inference`](Self::for_inference); used while it still matches `weight`.
-    #[cfg(target_arch = "x86_64")]
-    packed: Option<std::sync::Arc<super::matmul::PackedWeight>>,
+    packed: Option<std::sync::Arc<PackedWeight>>,
+    /// The weight rounded to bf16 and packed for the bf16 product, made by
+    /// [`for_inference_with`](Self::for_inference_with)`(Precision::Bf16)`: its
+    /// presence makes the layer compute in bf16, and while `weight` is empty it is
+    /// the layer's weight.
+    bf16: Option<std::sync::Arc<PackedBf16>>,
 }
 
 /// Layers are equal when their weights and biases are (however they are stored).
 impl PartialEq for Linear {
     fn eq(&self, other: &Self) -> bool {
-        self.weight == other.weight && self.bias == other.bias
+        self.bias == other.bias && *self.weight_f32() == *other.weight_f32()
     }
 }
 
@@ -41,8 +50,8 @@ impl Linear {
         Ok(Linear {
             weight,
             bias,
-            #[cfg(target_arch = "x86_64")]
             packed: None,
+            bf16: None,
         })
     }
 
@@ -66,25 +75,93 @@ impl Linear {
     /// crate. For weights loaded once and used many times. Changing `weight`
     /// afterwards is safe but slow: a packing that no longer matches is not used.
     pub fn for_inference(self) -> Self {
-        #[cfg(target_arch = "x86_64")]
-        if super::matmul::available() {
-            let packed = super::matmul::PackedWeight::new(self.weight.view(), true);
-            return Linear {
-                packed: Some(std::sync::Arc::new(packed)),
-                ..self
-            };
+        self.for_inference_with(Precision::F32)
+    }
+
+    /// [`for_inference`](Self::for_inference) in the given precision. With
+    /// [`Precision::Bf16`] the layer computes as PyTorch's autocast to bf16 does:
+    /// the weight is rounded to bf16 (to nearest, ties to even) and kept only so,
+    /// packed for the bf16 product (`vdpbf16ps` where the CPU has AVX512-BF16, two
+    /// fused multiply-adds per pair elsewhere); each input is rounded to bf16,
+    /// products are summed in f32 and the output, bias and activation stay f32.
+    /// The layer then holds 2 bytes per weight, against 8 for an f32 inference
+    /// layer on AVX2 (the weight and its packing) and 4 elsewhere; `weight` is
+    /// left empty.
+    pub fn for_inference_with(self, precision: Precision) -> Self {
+        let weight = match self.bf16_weight() {
+            Some(packed) => packed.unpack(),
+            None => self.weight,
+        };
+        let layer = Linear {
+            weight,
+            packed: None,
+            bf16: None,
+            ..self
+        };
+        match precision {
+            Precision::Bf16 => {
+                let packed = PackedBf16::new(layer.weight.view(), true);
+                Linear {
+                    weight: Array2::zeros((0, 0)),
+                    bf16: Some(std::sync::Arc::new(packed)),
+                    ..layer
+                }
+            }
+            Precision::F32 if super::matmul::available() => {
+                let packed = PackedWeight::new(layer.weight.view(), true);
+                Linear {
+                    packed: Some(std::sync::Arc::new(packed)),
+                    ..layer
+                }
+            }
+            Precision::F32 => layer.column_major(),
         }
-        self.column_major()
+    }
+
+    /// The precision of the layer's products: [`Precision::Bf16`] after
+    /// [`for_inference_with`](Self::for_inference_with)`(Precision::Bf16)`, else
+    /// f32.
+    pub fn precision(&self) -> Precision {
+        if self.bf16.is_some() {
+            Precision::Bf16
+        } else {
+            Precision::F32
+        }
+    }
+
+    /// The weight `[out, in]` as f32: `weight`, or, in a bf16 layer that keeps
+    /// its weight in bf16 only, those numbers widened (exactly).
+    pub fn weight_f32(&self) -> std::borrow::Cow<'_, Array2<f32>> {
+        match self.bf16_weight() {
+            Some(packed) => std::borrow::Cow::Owned(packed.unpack()),
+            None => std::borrow::Cow::Borrowed(&self.weight),
+        }
+    }
+
+    /// The bf16 packing when it stands for the weight (`weight` left empty).
+    fn bf16_weight(&self) -> Option<&PackedBf16> {
+        self.bf16.as_deref().filter(|_| self.weight.is_empty())
+    }
+
+    /// Bytes of the layer's parameters and of the packed copies it keeps for
+    /// the products.
+    pub fn bytes(&self) -> usize {
+        let f32s = self.weight.len() + self.bias.as_ref().map_or(0, |b| b.len());
+        let packed = self.packed.as_ref().map_or(0, |p| p.bytes());
+        let bf16 = self.bf16.as_ref().map_or(0, |p| p.bytes());
+        f32s * std::mem::size_of::<f32>() + packed + bf16
     }
 
     /// Input width.
     pub fn in_features(&self) -> usize {
-        self.weight.ncols()
+        self.bf16_weight()
+            .map_or(self.weight.ncols(), |p| p.dim().1)
     }
 
     /// Output width.
     pub fn out_features(&self) -> usize {
-        self.weight.nrows()
+        self.bf16_weight()
+            .map_or(self.weight.nrows(), |p| p.dim().0)
     }
 
     /// Applies the layer to the last axis of `x` (any number of leading axes).
@@ -112,7 +189,7 @@ impl Linear {
             return Err(Error::shape(format!(
                 "input of shape {:?} does not fit a Linear layer with weight {:?} (last axis must be {})",
                 x.shape(),
-                self.weight.shape(),
+                [self.out_features(), self.in_features()],
                 self.in_features()
             )));
         }
@@ -129,20 +206,28 @@ impl Linear {
         Ok(y.into_shape_with_order(shape).expect("same element count"))
     }
 
-    /// `act(x [rows, in] · weightᵀ + bias)` for `x` of any strides: through this
-    /// crate's AVX2 kernel (`nn::matmul`) when the weight is column-major and the
-    /// CPU has AVX2 but not AVX-512, else through the `gemm` crate. Both are
-    /// parallel over output blocks with rayon, so the result does not depend on the
-    /// thread count.
+    /// `act(x [rows, in] · weightᵀ + bias)` for `x` of any strides: in bf16
+    /// through `nn::matmul`'s bf16 product (every CPU) for a bf16 layer; else
+    /// through this crate's AVX2 kernel (`nn::matmul`) when the CPU has AVX2 but
+    /// not AVX-512, else through the `gemm` crate. All are parallel over output
+    /// blocks with rayon, so the result does not depend on the thread count.
     fn forward_rows(&self, x: ArrayView<'_, f32, Ix2>, act: Option<Activation>) -> Array2<f32> {
-        #[cfg(target_arch = "x86_64")]
+        let bias = self.bias.as_ref().map(|b| match b.as_slice() {
+            Some(slice) => std::borrow::Cow::Borrowed(slice),
+            None => std::borrow::Cow::Owned(b.to_vec()),
+        });
+        let bias = bias.as_deref();
+        let w = self.weight.view();
+        if let Some(packed) = &self.bf16 {
+            return match self.weight.is_empty() || packed.matches(w) {
+                true => super::matmul::linear_bf16(x, packed, bias, act),
+                // Changed since it was packed: pack the weight as it is now.
+                false => super::matmul::linear_bf16(x, &PackedBf16::new(w, true), bias, act),
+            };
+        }
         if super::matmul::available() {
-            let bias = self.bias.as_ref().and_then(|b| b.as_slice());
-            if bias.is_some() == self.bias.is_some() {
-                let w = self.weight.view();
-                let packed = self.packed.as_deref().filter(|p| p.matches(w));
-                return super::matmul::linear(x, w, packed, bias, act);
-            }
+            let packed = self.packed.as_deref().filter(|p| p.matches(w));
+            return super::matmul::linear(x, w, packed, bias, act);
         }
         let mut y = self.forward_gemm(x);
         if let Some(act) = act {
@@ -322,6 +407,52 @@ mod tests {
         let changed = Linear::new(fast.weight.clone(), fast.bias.clone()).unwrap();
         let (y, want) = (fast.forward(x.view()).unwrap(), naive(&x, &changed));
         assert!(err(&y, &want) < 1e-4, "{}", err(&y, &want));
+    }
+
+    #[test]
+    fn a_bf16_layer_keeps_its_weight_in_bf16_and_multiplies_in_bf16() {
+        let (m, k, n) = (9, 67, 40);
+        let w = Array::from_shape_fn((n, k), |(i, j)| ((i * 7 + j * 3) % 17) as f32 / 8.3 - 1.0);
+        let x = Array::from_shape_fn((m, k), |(i, j)| ((i + 2 * j) % 11) as f32 / 3.7 - 1.4);
+        let l = Linear::new(w, Some(Array::from_elem(n, 0.5))).unwrap();
+        let b = l.clone().for_inference_with(Precision::Bf16);
+        assert_eq!(b.precision(), Precision::Bf16);
+        assert_eq!((b.in_features(), b.out_features()), (k, n));
+        assert!(b.weight.is_empty());
+        let rounded = crate::element::round_to_bf16(l.weight.view());
+        assert_eq!(*b.weight_f32(), rounded);
+        // Two bytes per weight (panels padded to 16 outputs, pairs to even k),
+        // and the f32 bias.
+        assert_eq!(
+            b.bytes(),
+            n.next_multiple_of(16) * k.next_multiple_of(2) * 2 + n * 4
+        );
+        // The product of the rounded operands, summed in f32: within a sum's
+        // rounding of the f64 product, |error| ≤ k·ε·Σ|terms| (each term ≤ 1.4).
+        let xr = crate::element::round_to_bf16(x.view());
+        let want = naive(&xr, &Linear::new(rounded, l.bias.clone()).unwrap());
+        let y = b.forward(x.view()).unwrap();
+        let err = (&y - &want).mapv(f32::abs).fold(0.0f32, |a, &v| a.max(v));
+        assert!(
+            err <= k as f32 * f32::EPSILON * (k as f32 * 1.4 + 0.5),
+            "{err}"
+        );
+        // Far from f32's own product: the inputs were rounded.
+        let f32_err = (&l.forward(x.view()).unwrap() - &y).mapv(f32::abs);
+        assert!(f32_err.fold(0.0f32, |a, &v| a.max(v)) > 1e-3);
+        // Made again for inference (in either precision), it is the same layer.
+        assert_eq!(b.clone().for_inference_with(Precision::Bf16), b);
+        assert_eq!(b.clone().for_inference().weight, *b.weight_f32());
+        // A weight assigned afterwards is the one used, rounded to bf16.
+        let mut changed = b.clone();
+        changed.weight = l.weight.mapv(|v| v * 0.5);
+        let want = Linear::new(changed.weight.clone(), l.bias.clone())
+            .unwrap()
+            .for_inference_with(Precision::Bf16);
+        assert_eq!(
+            changed.forward(x.view()).unwrap(),
+            want.forward(x.view()).unwrap()
+        );
     }
 
     #[test]

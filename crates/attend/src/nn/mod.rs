@@ -12,7 +12,6 @@ mod embedding;
 pub mod initialisers;
 mod layer_norm;
 mod linear;
-#[cfg(target_arch = "x86_64")]
 mod matmul;
 pub(crate) mod simd;
 pub mod state_dict;

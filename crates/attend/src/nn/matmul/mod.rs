@@ -14,14 +14,19 @@
 //! Every path runs the same kernel in the same order of operations, and work is
 //! split into blocks of rows × panels that each compute their outputs whole, so a
 //! row's result depends neither on the other rows in the batch nor on the thread
-//! count. On CPUs with AVX-512 (or without AVX2) `Linear` keeps the `gemm` crate,
-//! whose kernels use the wider registers.
+//! count. On CPUs with AVX-512 (or without AVX2) `Linear` keeps the `gemm` crate
+//! for f32, whose kernels use the wider registers; the bf16 product ([`bf16`])
+//! runs here on every instruction set, since only it has one.
 
 use ndarray::{Array2, ArrayView2};
 use rayon::prelude::*;
 
 use super::Activation;
 use crate::isa::{dispatch, Isa, IsaToken, Simd, SimdJob};
+
+mod bf16;
+
+pub(crate) use bf16::{linear_bf16, PackedBf16};
 
 /// Rows of the register tile.
 const MR: usize = 6;
@@ -61,20 +66,8 @@ pub(crate) fn linear<'a>(
     let n = w.nrows();
     assert_eq!(w.ncols(), k, "inner dimensions");
     assert!(bias.is_none_or(|b| b.len() == n), "bias length");
-    let mut y = Array2::<f32>::zeros((m, n));
-    if m == 0 || n == 0 {
-        return y;
-    }
-    if k == 0 {
-        if let Some(b) = bias {
-            y.rows_mut()
-                .into_iter()
-                .for_each(|mut row| row.assign(&ndarray::aview1(b)));
-        }
-        if let Some(act) = act {
-            act.apply(y.as_slice_mut().expect("fresh arrays are contiguous"));
-        }
-        return y;
+    if m == 0 || n == 0 || k == 0 {
+        return bias_only(m, n, bias, act);
     }
     // Contiguous rows (a copy only for transposed or strided views).
     let x = x.as_standard_layout();
@@ -98,6 +91,45 @@ pub(crate) fn linear<'a>(
         }
         None => Panels::Owned(PackedWeight::new(w, parallel)),
     };
+    let operands = F32Operands {
+        x: x.as_ptr(),
+        lda,
+        k,
+        panels: &source,
+    };
+    let mut y = Array2::<f32>::zeros((m, n));
+    let problem = Problem {
+        n,
+        bias,
+        act,
+        operands: &operands,
+    };
+    problem.run(IsaToken::best(), &mut y, parallel);
+    y
+}
+
+/// `act(bias)` in every row of an `[m, n]` output: the product when `k = 0` (or
+/// the output is empty).
+fn bias_only(m: usize, n: usize, bias: Option<&[f32]>, act: Option<Activation>) -> Array2<f32> {
+    let mut y = Array2::<f32>::zeros((m, n));
+    if y.is_empty() {
+        return y;
+    }
+    if let Some(b) = bias {
+        y.rows_mut()
+            .into_iter()
+            .for_each(|mut row| row.assign(&ndarray::aview1(b)));
+    }
+    if let Some(act) = act {
+        act.apply(y.as_slice_mut().expect("fresh arrays are contiguous"));
+    }
+    y
+}
+
+/// Splits an output of `m` rows × `panels` panels into the blocks threads take.
+/// The split does not change any output's order of operations, only who
+/// computes it.
+fn plan(m: usize, panels: usize, parallel: bool) -> Vec<Block> {
     let (row_block, panel_chunk) = if m > FEW_ROWS {
         // Enough blocks for both threads, each ~7 M multiply-adds at MiniLM's sizes.
         (MC, panels.min(24))
@@ -112,7 +144,7 @@ pub(crate) fn linear<'a>(
         // one task per thread).
         (m, panels.div_ceil(12 * ways))
     };
-    let blocks: Vec<Block> = (0..m)
+    (0..m)
         .step_by(row_block)
         .flat_map(|r0| {
             (0..panels).step_by(panel_chunk).map(move |p0| Block {
@@ -120,32 +152,16 @@ pub(crate) fn linear<'a>(
                 panels: p0..(p0 + panel_chunk).min(panels),
             })
         })
-        .collect();
-    let out = Out(y.as_mut_ptr());
-    let problem = Problem {
-        x: x.as_ptr(),
-        lda,
-        k,
-        n,
-        bias,
-        act,
-        panels: &source,
-    };
-    let isa = IsaToken::best();
-    let run = |block: &Block| {
-        let job = BlockJob {
-            problem: &problem,
-            block,
-            out: &out,
-        };
-        dispatch(isa, job)
-    };
+        .collect()
+}
+
+/// Runs `run` on every block, on the current rayon pool if `parallel`.
+fn run_blocks(blocks: &[Block], parallel: bool, run: impl Fn(&Block) + Sync + Send) {
     if parallel && blocks.len() > 1 {
         blocks.par_iter().for_each(run);
     } else {
         blocks.iter().for_each(run);
     }
-    y
 }
 
 /// A block of output rows × weight panels, computed by one thread.
@@ -155,17 +171,17 @@ struct Block {
 }
 
 /// One block of the product, for [`dispatch`].
-struct BlockJob<'a, 'p, 'w> {
-    problem: &'a Problem<'p, 'w>,
+struct BlockJob<'a, 'p, O> {
+    problem: &'a Problem<'p, O>,
     block: &'a Block,
     out: &'a Out,
 }
 
-impl SimdJob for BlockJob<'_, '_, '_> {
+impl<O: Operands> SimdJob for BlockJob<'_, '_, O> {
     type Output = ();
     #[inline(always)]
     fn run<I: Simd>(self, isa: I) {
-        // SAFETY: `linear` makes blocks that cover disjoint parts of the output,
+        // SAFETY: `plan` makes blocks that cover disjoint parts of the output,
         // which outlives them; `problem` describes live arrays of checked shapes.
         unsafe { self.problem.block(isa, self.block, self.out) }
     }
@@ -207,6 +223,11 @@ impl PackedWeight {
                 .for_each(|(p, dst)| copy_panel(w, p, dst));
         }
         PackedWeight { n, k, data }
+    }
+
+    /// Bytes held.
+    pub(crate) fn bytes(&self) -> usize {
+        self.data.len() * std::mem::size_of::<f32>()
     }
 
     /// Whether this is still `w`'s packing: the shape, and 64 entries spread over
@@ -284,35 +305,105 @@ impl Panels<'_> {
     }
 }
 
-struct Problem<'a, 'w> {
+/// Where a product's operands come from, and the register tile that multiplies
+/// them: f32 rows against f32 panels, or bf16 pairs against bf16 pairs
+/// ([`bf16`]).
+trait Operands: Sync {
+    /// Steps of the sum per block, so that a block's panel stays in L1; a
+    /// multiple of every tile's partial-sum length, so that the order of
+    /// operations does not depend on the blocking.
+    const BLOCK: usize;
+    /// Steps of the sum (`k` for f32, its pairs for bf16).
+    fn depth(&self) -> usize;
+    /// `c[rows, 16] = init + x[r .. r + rows] · panel p`, over steps `s0 .. s0 + sc`.
+    ///
+    /// # Safety
+    /// `r + rows` must be within the input's rows (`rows ≤ 6`), `p` a panel of the
+    /// weight, `s0 + sc ≤ depth()`, and `c` readable and writable for `rows` rows
+    /// of 16 floats `ldc` apart.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile<I: Simd>(
+        &self,
+        isa: I,
+        r: usize,
+        rows: usize,
+        p: usize,
+        s0: usize,
+        sc: usize,
+        c: *mut f32,
+        ldc: usize,
+        init: Init<'_>,
+    );
+}
+
+/// The f32 product's operands: contiguous rows of `x` and the weight's panels.
+struct F32Operands<'a, 'w> {
     x: *const f32,
     lda: usize,
     k: usize,
-    n: usize,
-    bias: Option<&'a [f32]>,
-    act: Option<Activation>,
     panels: &'a Panels<'w>,
 }
 
 // SAFETY: `x` points to an input that is only read while the product runs.
-unsafe impl Sync for Problem<'_, '_> {}
+unsafe impl Sync for F32Operands<'_, '_> {}
 
-impl Problem<'_, '_> {
+impl Operands for F32Operands<'_, '_> {
+    const BLOCK: usize = KC;
+
+    fn depth(&self) -> usize {
+        self.k
+    }
+
+    #[inline(always)]
+    unsafe fn tile<I: Simd>(
+        &self,
+        isa: I,
+        r: usize,
+        rows: usize,
+        p: usize,
+        s0: usize,
+        sc: usize,
+        c: *mut f32,
+        ldc: usize,
+        init: Init<'_>,
+    ) {
+        let (b, ldb) = self.panels.at(p, s0);
+        let tile = Tile {
+            // SAFETY: the caller keeps `r` and `s0` inside `x`.
+            a: unsafe { self.x.add(r * self.lda + s0) },
+            lda: self.lda,
+            b,
+            ldb,
+            kc: sc,
+        };
+        // SAFETY: the caller's guarantees are the tile's.
+        unsafe { tile.run(isa, rows, c, ldc, init) }
+    }
+}
+
+/// A product: its operands, output width, bias and activation.
+struct Problem<'a, O> {
+    n: usize,
+    bias: Option<&'a [f32]>,
+    act: Option<Activation>,
+    operands: &'a O,
+}
+
+impl<O: Operands> Problem<'_, O> {
     /// Computes one block of the output.
     ///
     /// # Safety
     /// `out` must point to the `[m, n]` output and no other thread may write this
-    /// block's part of it.
+    /// block's part of it; the block's rows and panels must be the operands'.
     #[inline(always)]
     unsafe fn block<I: Simd>(&self, isa: I, b: &Block, out: &Out) {
         // SAFETY: the caller upholds this function's contract (see # Safety).
         unsafe {
-            let (k, n) = (self.k, self.n);
-            for k0 in (0..k).step_by(KC) {
-                let kc = KC.min(k - k0);
-                let first = k0 == 0;
+            let (depth, n) = (self.operands.depth(), self.n);
+            for s0 in (0..depth).step_by(O::BLOCK) {
+                let sc = O::BLOCK.min(depth - s0);
+                let first = s0 == 0;
                 for p in b.panels.clone() {
-                    let (bp, ldb) = self.panels.at(p, k0);
                     let j0 = p * NR;
                     let cols = NR.min(n - j0);
                     let mut bias = [0.0f32; NR];
@@ -323,17 +414,11 @@ impl Problem<'_, '_> {
                     let mut r = b.rows.start;
                     while r < b.rows.end {
                         let rows = MR.min(b.rows.end - r);
-                        let a = self.x.add(r * self.lda + k0);
                         let c = out.0.add(r * n + j0);
-                        let tile = Tile {
-                            a,
-                            lda: self.lda,
-                            b: bp,
-                            ldb,
-                            kc,
-                        };
+                        let tile =
+                            |c, ldc| self.operands.tile(isa, r, rows, p, s0, sc, c, ldc, init);
                         if cols == NR {
-                            tile.run(isa, rows, c, n, init);
+                            tile(c, n);
                         } else {
                             // A partial panel: through a 6 × 16 buffer.
                             let mut buf = [0.0f32; MR * NR];
@@ -343,7 +428,7 @@ impl Problem<'_, '_> {
                                     buf[i * NR..i * NR + cols].copy_from_slice(src);
                                 }
                             }
-                            tile.run(isa, rows, buf.as_mut_ptr(), NR, init);
+                            tile(buf.as_mut_ptr(), NR);
                             for i in 0..rows {
                                 let dst = std::slice::from_raw_parts_mut(c.add(i * n), cols);
                                 dst.copy_from_slice(&buf[i * NR..i * NR + cols]);
@@ -363,6 +448,23 @@ impl Problem<'_, '_> {
                 }
             }
         }
+    }
+
+    /// Runs every block of an `[m, n]` output `y` on `isa`, in parallel if
+    /// `parallel`.
+    fn run(&self, isa: IsaToken, y: &mut Array2<f32>, parallel: bool) {
+        let (m, n) = y.dim();
+        debug_assert_eq!(n, self.n);
+        let blocks = plan(m, n.div_ceil(NR), parallel);
+        let out = Out(y.as_mut_ptr());
+        run_blocks(&blocks, parallel, |block| {
+            let job = BlockJob {
+                problem: self,
+                block,
+                out: &out,
+            };
+            dispatch(isa, job)
+        });
     }
 }
 

@@ -1,0 +1,539 @@
+//! The dense layers' product in bf16: `y = act(x · wᵀ + bias)` with `x` and `w`
+//! rounded to bf16 (to nearest, ties to even), products of bf16 numbers and f32
+//! sums, as PyTorch's autocast to bf16 computes a `Linear`.
+//!
+//! [`Simd::dot2`] multiplies two vectors of bf16 *pairs* lane by lane, so both
+//! operands are paired along the sum (`k`): the weight is rounded and packed once,
+//! at load ([`PackedBf16`], `Linear::for_inference_with`), as the f32 product's
+//! 16-output panels with each row a pair of adjacent `k` (`[k/2][16]` pairs, half
+//! the bytes of the f32 panel); each call rounds the rows of `x` and packs them as
+//! pairs of adjacent columns (`[m][k/2]`), and the 6 × 16 tile broadcasts one
+//! pair of a row against a row of the panel. AVX512-BF16 does a pair in one
+//! `vdpbf16ps`; the other instruction sets in two fused multiply-adds, to the same
+//! sums (a product of bf16 numbers is exact in f32). An odd `k` ends with a pair
+//! whose high half is zero in both operands.
+//!
+//! The blocking, the partial sums of [`SUM_BLOCK`] terms, the bias, the fused
+//! activation and the split into blocks are the f32 product's, so a row's result
+//! depends neither on the batch nor on the thread count.
+
+use ndarray::{Array2, ArrayView2};
+use rayon::prelude::*;
+
+use super::{bias_only, Activation, Init, Operands, Problem, KC, NR, PARALLEL_MIN, SUM_BLOCK};
+use crate::isa::{bf16_bits, dispatch, IsaToken, Scalar, Simd};
+
+/// Pairs in a row of `k` numbers.
+fn pairs(k: usize) -> usize {
+    k.div_ceil(2)
+}
+
+/// Pairs per partial sum: [`SUM_BLOCK`] terms, as in the f32 product.
+const PAIR_SUM: usize = SUM_BLOCK / 2;
+
+/// `act(x · wᵀ + bias)` in bf16 for `x [m, k]` (any strides) and the weight
+/// packed in `w`, `bias [n]`. Runs on the best instruction set of this CPU,
+/// whichever it is.
+pub(crate) fn linear_bf16(
+    x: ArrayView2<'_, f32>,
+    w: &PackedBf16,
+    bias: Option<&[f32]>,
+    act: Option<Activation>,
+) -> Array2<f32> {
+    linear_bf16_on(IsaToken::best(), x, w, bias, act)
+}
+
+/// [`linear_bf16`] on the instruction set `isa`.
+fn linear_bf16_on(
+    isa: IsaToken,
+    x: ArrayView2<'_, f32>,
+    w: &PackedBf16,
+    bias: Option<&[f32]>,
+    act: Option<Activation>,
+) -> Array2<f32> {
+    let (m, k) = x.dim();
+    let n = w.n;
+    assert_eq!(w.k, k, "inner dimensions");
+    assert!(bias.is_none_or(|b| b.len() == n), "bias length");
+    if m == 0 || n == 0 || k == 0 {
+        return bias_only(m, n, bias, act);
+    }
+    let parallel = m * n * k >= PARALLEL_MIN && rayon::current_num_threads() > 1;
+    let xp = pack_rows(isa, x, parallel);
+    let operands = PairOperands {
+        x: &xp,
+        lda: pairs(k),
+        w,
+    };
+    let mut y = Array2::<f32>::zeros((m, n));
+    let problem = Problem {
+        n,
+        bias,
+        act,
+        operands: &operands,
+    };
+    problem.run(isa, &mut y, parallel);
+    y
+}
+
+/// The rows of `x [m, k]` rounded to bf16, as pairs of adjacent columns
+/// `[m][k/2]` (the low half the even column). Rounding is `O(m·k)` against the
+/// product's `O(m·n·k)`, so it is scalar code ([`bf16_bits`], which
+/// [`Simd::pack_bf16`] computes lane by lane), vectorised by the compiler.
+fn pack_rows(isa: IsaToken, x: ArrayView2<'_, f32>, parallel: bool) -> Vec<u32> {
+    let (m, k) = x.dim();
+    let kp = pairs(k);
+    let mut out = vec![0u32; m * kp];
+    let pack = |(i, dst): (usize, &mut [u32])| {
+        let row = x.row(i);
+        match row.as_slice() {
+            Some(src) => dispatch(isa, Scalar(|| pack_row(src, dst))),
+            None => pack_row(&row.to_vec(), dst),
+        }
+    };
+    if parallel {
+        out.par_chunks_mut(kp).enumerate().for_each(pack);
+    } else {
+        out.chunks_mut(kp).enumerate().for_each(pack);
+    }
+    out
+}
+
+/// `src` rounded to bf16 as pairs of adjacent numbers (a last odd one paired
+/// with zero).
+#[inline(always)]
+fn pack_row(src: &[f32], dst: &mut [u32]) {
+    let (whole, tail) = src.split_at(src.len() & !1);
+    for (d, s) in dst.iter_mut().zip(whole.chunks_exact(2)) {
+        *d = pair(s[0], s[1]);
+    }
+    if let [last] = tail {
+        dst[whole.len() / 2] = pair(*last, 0.0);
+    }
+}
+
+/// The pair `(low, high)` rounded to bf16.
+#[inline(always)]
+fn pair(low: f32, high: f32) -> u32 {
+    bf16_bits(low) as u32 | (bf16_bits(high) as u32) << 16
+}
+
+/// A weight `w [n, k]` rounded to bf16 in the product's layout: 16-output panels,
+/// each `[k/2][16]` pairs (row `q`, lane `j`: `w[16p + j][2q]` low,
+/// `w[16p + j][2q + 1]` high), zero past `n` and past `k`. Half the bytes of the
+/// f32 packing.
+#[derive(Clone)]
+pub(crate) struct PackedBf16 {
+    n: usize,
+    k: usize,
+    data: Vec<u32>,
+}
+
+impl std::fmt::Debug for PackedBf16 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PackedBf16([{}, {}])", self.n, self.k)
+    }
+}
+
+impl PackedBf16 {
+    /// Rounds and packs `w [n, k]` (any strides), in parallel if `parallel`.
+    pub(crate) fn new(w: ArrayView2<'_, f32>, parallel: bool) -> Self {
+        let (n, k) = w.dim();
+        let panel = pairs(k) * NR;
+        let mut data = vec![0u32; n.div_ceil(NR) * panel];
+        let fill = |(p, dst): (usize, &mut [u32])| {
+            for j in p * NR..((p + 1) * NR).min(n) {
+                let row = w.row(j);
+                for (q, slot) in dst.iter_mut().skip(j - p * NR).step_by(NR).enumerate() {
+                    let high = if 2 * q + 1 < k { row[2 * q + 1] } else { 0.0 };
+                    *slot = pair(row[2 * q], high);
+                }
+            }
+        };
+        if panel > 0 && parallel {
+            data.par_chunks_mut(panel).enumerate().for_each(fill);
+        } else if panel > 0 {
+            data.chunks_mut(panel).enumerate().for_each(fill);
+        }
+        PackedBf16 { n, k, data }
+    }
+
+    /// `[n, k]`.
+    pub(crate) fn dim(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+
+    /// The packed weight `[n, k]`, widened to f32 (exact).
+    pub(crate) fn unpack(&self) -> Array2<f32> {
+        Array2::from_shape_fn((self.n, self.k), |(j, kk)| self.at(j, kk))
+    }
+
+    /// Bytes held.
+    pub(crate) fn bytes(&self) -> usize {
+        self.data.len() * std::mem::size_of::<u32>()
+    }
+
+    /// The packed number `w[j, kk]`, widened to f32.
+    fn at(&self, j: usize, kk: usize) -> f32 {
+        let word = self.data[((j / NR) * pairs(self.k) + kk / 2) * NR + j % NR];
+        crate::isa::bf16_to_f32((word >> (16 * (kk % 2))) as u16)
+    }
+
+    /// Whether this is still `w`'s packing: the shape, and 64 entries spread over
+    /// the matrix rounding to the packed numbers (as `PackedWeight::matches`: a
+    /// weight changed in place after packing is noticed, at a cost that does not
+    /// grow with the weight).
+    pub(crate) fn matches(&self, w: ArrayView2<'_, f32>) -> bool {
+        if w.dim() != (self.n, self.k) {
+            return false;
+        }
+        if self.n == 0 || self.k == 0 {
+            return true;
+        }
+        (0..64).all(|i| {
+            let (j, kk) = (i * self.n / 64, (i * 7919 + self.k - 1) % self.k);
+            let packed = self.at(j, kk);
+            let want = crate::isa::bf16_to_f32(bf16_bits(w[[j, kk]]));
+            packed.to_bits() == want.to_bits() || (packed.is_nan() && want.is_nan())
+        })
+    }
+}
+
+/// The bf16 product's operands: the rows of `x` as pairs and the packed weight.
+struct PairOperands<'a> {
+    x: &'a [u32],
+    /// Pairs per row of `x`.
+    lda: usize,
+    w: &'a PackedBf16,
+}
+
+impl Operands for PairOperands<'_> {
+    /// 384 pairs: a panel block is 24 KiB, as the f32 product's.
+    const BLOCK: usize = KC;
+
+    fn depth(&self) -> usize {
+        self.lda
+    }
+
+    #[inline(always)]
+    unsafe fn tile<I: Simd>(
+        &self,
+        isa: I,
+        r: usize,
+        rows: usize,
+        p: usize,
+        s0: usize,
+        sc: usize,
+        c: *mut f32,
+        ldc: usize,
+        init: Init<'_>,
+    ) {
+        let tile = PairTile {
+            a: self.x[r * self.lda + s0..].as_ptr(),
+            lda: self.lda,
+            b: self.w.data[(p * self.lda + s0) * NR..].as_ptr(),
+            kc: sc,
+        };
+        // SAFETY: the caller's guarantees (rows of `x`, a panel of `w`, steps
+        // within the depth) are the tile's.
+        unsafe { tile.run(isa, rows, c, ldc, init) }
+    }
+}
+
+/// One register tile's operands: rows of pairs from `a` (`lda` pairs apart), a
+/// packed panel from `b` (rows of 16 pairs), `kc` pairs deep.
+#[derive(Clone, Copy)]
+struct PairTile {
+    a: *const u32,
+    lda: usize,
+    b: *const u32,
+    kc: usize,
+}
+
+impl PairTile {
+    /// `c[rows, 16] = init + a·b`, `c` with row stride `ldc`.
+    ///
+    /// # Safety
+    /// `a` must be readable for `rows` rows of `kc` pairs `lda` apart, `b` for `kc`
+    /// rows of 16 pairs, and `c` readable and writable for `rows` rows of 16 floats
+    /// `ldc` apart; `rows ≤ 6`.
+    #[inline(always)]
+    unsafe fn run<I: Simd>(&self, isa: I, rows: usize, c: *mut f32, ldc: usize, init: Init<'_>) {
+        // Sixteen registers (AVX2) cannot hold 6 rows' accumulators (12) with the
+        // panel's pairs widened to f32 (4) and a row's pair (2): four rows, then
+        // the rest, each row's sums in the same order as in one pass.
+        if I::REGISTERS < 32 && rows > 4 {
+            let rest = PairTile {
+                // SAFETY: rows 4.. are within the caller's `rows` rows of `a`.
+                a: unsafe { self.a.add(4 * self.lda) },
+                ..*self
+            };
+            // SAFETY: the caller's guarantees, split at row 4. (No recursion: a
+            // recursive call could not be inlined into the instruction set's entry
+            // point, and would run without its features.)
+            unsafe {
+                self.rows::<I, 4>(isa, c, ldc, init);
+                let c = c.add(4 * ldc);
+                return match rows {
+                    6 => rest.rows::<I, 2>(isa, c, ldc, init),
+                    _ => rest.rows::<I, 1>(isa, c, ldc, init),
+                };
+            }
+        }
+        // SAFETY: the caller's guarantees, for `R = rows`.
+        unsafe {
+            match rows {
+                6 => self.rows::<I, 6>(isa, c, ldc, init),
+                5 => self.rows::<I, 5>(isa, c, ldc, init),
+                4 => self.rows::<I, 4>(isa, c, ldc, init),
+                3 => self.rows::<I, 3>(isa, c, ldc, init),
+                2 => self.rows::<I, 2>(isa, c, ldc, init),
+                _ => self.rows::<I, 1>(isa, c, ldc, init),
+            }
+        }
+    }
+
+    /// [`run`](Self::run) for `R` rows.
+    ///
+    /// # Safety
+    /// As [`run`](Self::run)'s, with `rows = R`.
+    #[inline(always)]
+    unsafe fn rows<I: Simd, const R: usize>(
+        &self,
+        isa: I,
+        c: *mut f32,
+        ldc: usize,
+        init: Init<'_>,
+    ) {
+        // SAFETY: every read and write below is inside the caller's `R` rows of `a`
+        // and `c` and `kc` rows of `b`.
+        unsafe {
+            let mut a = self.a;
+            let mut b = self.b;
+            let mut init = init;
+            let mut left = self.kc;
+            // Partial sums of SUM_BLOCK terms, each added to the output, as in the
+            // f32 product.
+            while left > 0 {
+                let steps = left.min(PAIR_SUM);
+                let mut acc = [isa.splat(0.0); R];
+                for _ in 0..steps {
+                    let bv = isa.load_pairs(b);
+                    for (i, row) in acc.iter_mut().enumerate() {
+                        *row = isa.dot2(*row, isa.splat_pair(*a.add(i * self.lda)), bv);
+                    }
+                    a = a.add(1);
+                    b = b.add(NR);
+                }
+                for (i, row) in acc.iter().enumerate() {
+                    let ci = c.add(i * ldc);
+                    let start = match init {
+                        Init::Bias(bias) => isa.load(bias.as_ptr()),
+                        Init::Add => isa.load(ci),
+                    };
+                    isa.store(ci, isa.add(start, *row));
+                }
+                init = Init::Add;
+                left -= steps;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::isa::Isa;
+    use ndarray::{s, Array};
+
+    /// Numbers of a few sizes and both signs, from a fixed generator.
+    fn numbers(len: usize, seed: u64) -> Vec<f32> {
+        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..len)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let u = (state >> 40) as f32 / (1u64 << 24) as f32;
+                let scale = [0.03, 0.5, 2.0][(state >> 8) as usize % 3];
+                (u - 0.5) * scale
+            })
+            .collect()
+    }
+
+    fn operands(m: usize, k: usize, n: usize) -> (Array2<f32>, Array2<f32>, Vec<f32>) {
+        let x = Array::from_shape_vec((m, k), numbers(m * k, 1 + m as u64)).unwrap();
+        let w = Array::from_shape_vec((n, k), numbers(n * k, 2 + k as u64)).unwrap();
+        (x, w, numbers(n, 3))
+    }
+
+    fn rounded(a: &Array2<f32>) -> Array2<f32> {
+        crate::element::round_to_bf16(a.view())
+    }
+
+    /// `x · wᵀ + bias` in f64 on the bf16-rounded operands: the exact answer the
+    /// bf16 product approximates.
+    fn exact(x: &Array2<f32>, w: &Array2<f32>, bias: &[f32]) -> Array2<f64> {
+        let (x, w) = (rounded(x), rounded(w));
+        Array2::from_shape_fn((x.nrows(), w.nrows()), |(i, j)| {
+            (0..x.ncols()).fold(bias[j] as f64, |s, kk| {
+                s + x[[i, kk]] as f64 * w[[j, kk]] as f64
+            })
+        })
+    }
+
+    /// The naive bf16 product of docs/design.md's rule: the bf16 products (exact
+    /// in f32) summed one by one in f32, then the bias added.
+    fn naive(x: &Array2<f32>, w: &Array2<f32>, bias: &[f32]) -> Array2<f32> {
+        let (x, w) = (rounded(x), rounded(w));
+        Array2::from_shape_fn((x.nrows(), w.nrows()), |(i, j)| {
+            let sum = (0..x.ncols()).fold(0.0f32, |s, kk| s + x[[i, kk]] * w[[j, kk]]);
+            sum + bias[j]
+        })
+    }
+
+    fn max_err(a: &Array2<f32>, exact: &Array2<f64>) -> f64 {
+        a.iter()
+            .zip(exact.iter())
+            .fold(0.0f64, |e, (&a, &b)| e.max((a as f64 - b).abs()))
+    }
+
+    #[test]
+    fn within_twice_the_naive_error_on_every_edge_and_instruction_set() {
+        // Row counts on both sides of the tile, partial panels, odd depths, and
+        // depths across a block of pairs (384 pairs = 768 numbers).
+        for &(m, k, n) in &[
+            (1, 1, 1),
+            (1, 2, 16),
+            (5, 7, 17),
+            (6, 33, 16),
+            (7, 385, 40),
+            (13, 768, 48),
+            (13, 769, 33),
+            (50, 1000, 70),
+            (97, 1536, 384),
+        ] {
+            let (x, w, bias) = operands(m, k, n);
+            let want = exact(&x, &w, &bias);
+            let naive_err = max_err(&naive(&x, &w, &bias), &want);
+            // The f32 rounding floor: a few ulps of the largest output.
+            let vmax = want.iter().fold(0.0f64, |a, &b| a.max(b.abs()));
+            let floor = 4.0 * f32::EPSILON as f64 * vmax;
+            let packed = PackedBf16::new(w.view(), false);
+            for isa in Isa::available() {
+                let token = isa.token().unwrap();
+                let y = linear_bf16_on(token, x.view(), &packed, Some(&bias), None);
+                let err = max_err(&y, &want);
+                assert!(
+                    err <= 2.0 * naive_err + floor,
+                    "{isa} {m}x{k}x{n}: error {err:e} > 2 × naive {naive_err:e} + floor {floor:e}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_instruction_set_gives_the_same_bits() {
+        // `dot2` is two fused multiply-adds in a fixed order everywhere (one
+        // `vdpbf16ps` on AVX512-BF16, which differs only on subnormals).
+        let (x, w, bias) = operands(29, 515, 50);
+        let packed = PackedBf16::new(w.view(), false);
+        let run = |isa: Isa| {
+            let token = isa.token().unwrap();
+            linear_bf16_on(
+                token,
+                x.view(),
+                &packed,
+                Some(&bias),
+                Some(Activation::Gelu),
+            )
+        };
+        let portable = run(Isa::Portable);
+        for isa in Isa::available() {
+            assert_eq!(run(isa), portable, "{isa}");
+        }
+    }
+
+    #[test]
+    fn a_row_gives_the_same_bits_alone_in_a_batch_and_strided() {
+        for &(k, n) in &[(400, 40), (1536, 48)] {
+            let (x, w, bias) = operands(30, k, n);
+            let packed = PackedBf16::new(w.view(), false);
+            let all = linear_bf16(x.view(), &packed, Some(&bias), None);
+            for m in [1, 5, 6, 7, 12, 13, 30] {
+                let y = linear_bf16(x.slice(s![..m, ..]), &packed, Some(&bias), None);
+                assert_eq!(y, all.slice(s![..m, ..]), "{m} rows of {k}x{n}");
+            }
+            // A transposed input (rows not contiguous) is copied, not misread.
+            let xt = x.t().as_standard_layout().into_owned();
+            assert_eq!(linear_bf16(xt.t(), &packed, Some(&bias), None), all);
+        }
+    }
+
+    #[test]
+    fn same_bits_whatever_the_thread_count() {
+        for m in [5, 200] {
+            let (x, w, bias) = operands(m, 1536, 384);
+            let packed = PackedBf16::new(w.view(), true);
+            let run = |threads: usize| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap()
+                    .install(|| linear_bf16(x.view(), &packed, Some(&bias), None))
+            };
+            let one = run(1);
+            assert_eq!(run(2), one);
+            assert_eq!(run(3), one);
+        }
+    }
+
+    #[test]
+    fn the_fused_activation_equals_the_separate_one() {
+        for m in [3, 40] {
+            let (x, w, bias) = operands(m, 64, 50);
+            let packed = PackedBf16::new(w.view(), false);
+            let fused = linear_bf16(x.view(), &packed, Some(&bias), Some(Activation::Gelu));
+            let mut separate = linear_bf16(x.view(), &packed, Some(&bias), None);
+            Activation::Gelu.apply(separate.as_slice_mut().unwrap());
+            assert_eq!(fused, separate);
+        }
+    }
+
+    #[test]
+    fn packing_rounds_to_nearest_even_and_notices_a_changed_weight() {
+        let (_, mut w, _) = operands(1, 21, 24);
+        // Halfway between 1 and 1 + 2^-7: rounds to the even 1.
+        w[[3, 4]] = 1.0 + 1.0 / 256.0;
+        let packed = PackedBf16::new(w.view(), false);
+        assert_eq!(packed.at(3, 4), 1.0);
+        for j in 0..24 {
+            for kk in 0..21 {
+                assert_eq!(packed.at(j, kk), half::bf16::from_f32(w[[j, kk]]).to_f32());
+            }
+        }
+        assert!(packed.matches(w.view()));
+        assert!(packed.matches(rounded(&w).view()));
+        assert!(!packed.matches(w.slice(s![..23, ..])));
+        w.mapv_inplace(|v| v * 1.5 + 0.01);
+        assert!(!packed.matches(w.view()));
+    }
+
+    #[test]
+    fn no_rows_no_depth_and_no_bias() {
+        let (x, w, bias) = operands(4, 0, 5);
+        let packed = PackedBf16::new(w.view(), false);
+        let y = linear_bf16(x.view(), &packed, Some(&bias), None);
+        assert_eq!(y, Array2::from_shape_fn((4, 5), |(_, j)| bias[j]));
+        let (x, w, _) = operands(0, 9, 5);
+        let packed = PackedBf16::new(w.view(), false);
+        assert_eq!(linear_bf16(x.view(), &packed, None, None).dim(), (0, 5));
+        let (x, w, _) = operands(3, 9, 5);
+        let packed = PackedBf16::new(w.view(), false);
+        let y = linear_bf16(x.view(), &packed, None, None);
+        let want = exact(&x, &w, &[0.0; 5]);
+        let naive_err = max_err(&naive(&x, &w, &[0.0; 5]), &want);
+        let floor = 4.0 * f32::EPSILON as f64 * want.iter().fold(0.0f64, |a, &b| a.max(b.abs()));
+        assert!(max_err(&y, &want) <= 2.0 * naive_err + floor);
+    }
+}
