@@ -2,6 +2,7 @@
 //! NaN, infinite or absurd value is refused with the flag named before any command
 //! starts, and every command sees only values it can act on.
 
+use attend::element::Dtype;
 use attend::limits::MAX_THREADS;
 
 /// The most timed runs or seconds a benchmark may be asked for: enough for any
@@ -84,6 +85,11 @@ pub fn finite_f32(s: &str) -> Result<f32, String> {
     Ok(x)
 }
 
+/// A tensor element type: `f32` (`float32`) or `bf16` (`bfloat16`).
+pub fn dtype(s: &str) -> Result<Dtype, String> {
+    Dtype::from_name(s.trim()).map_err(|e| e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,6 +116,8 @@ mod tests {
         assert!(finite_f32("nan").is_err());
         assert!(finite_f32("1e39").is_err());
         assert_eq!(finite_f32("-0.5").unwrap(), -0.5);
+        assert_eq!(dtype("bfloat16").unwrap(), Dtype::Bf16);
+        assert!(dtype("f16").unwrap_err().contains("bf16"));
     }
 
     proptest! {
