@@ -168,9 +168,16 @@ pub fn run(args: Args) -> Result<(), Error> {
         None => Isa::detect(),
     };
     let bf16 = args.dtype == Dtype::Bf16;
-    if bf16 && (args.backward || args.decode) {
+    if bf16 && args.backward {
         return Err(Error::value(
-            "--dtype bf16 times the forward only: drop --backward and --decode",
+            "--dtype bf16 times the forward only (there is no bf16 backward): drop --backward",
+        ));
+    }
+    // The bf16 decode kernel and its timing come with their own branch
+    // (bench_decode.rs); until then a bf16 decode is refused rather than timed in f32.
+    if bf16 && args.decode {
+        return Err(Error::value(
+            "--decode with --dtype bf16 is not available in this build",
         ));
     }
     if args.decode {
