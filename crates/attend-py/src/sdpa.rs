@@ -146,7 +146,7 @@ fn no_dropout(call: &Call<'_, i16>) -> PyResult<()> {
 }
 
 /// Attention forward on bfloat16 `q`, `k`, `v` (bf16 products, f32 accumulation):
-/// `(out [B, H, L, Ev]` as bfloat16 bits, `lse [B, H, L]` in f32`)`.
+/// `(out, lse)`, `out [B, H, L, Ev]` as bfloat16 bits and `lse [B, H, L]` in f32.
 #[pyfunction]
 pub fn sdpa_forward_bf16<'py>(
     py: Python<'py>,
