@@ -116,6 +116,8 @@ mod tests {
         assert!(finite_f32("nan").is_err());
         assert!(finite_f32("1e39").is_err());
         assert_eq!(finite_f32("-0.5").unwrap(), -0.5);
+        assert_eq!(dtype("bfloat16").unwrap(), Dtype::Bf16);
+        assert!(dtype("f16").unwrap_err().contains("bf16"));
     }
 
     proptest! {

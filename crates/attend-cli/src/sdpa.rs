@@ -1,13 +1,20 @@
 //! `attend sdpa`: scaled dot-product attention on `.npy` files, with PyTorch
 //! `scaled_dot_product_attention`'s shapes.
+//!
+//! With `--dtype bf16` the float32 inputs are rounded to bfloat16 as PyTorch's
+//! `tensor.to(torch.bfloat16)` rounds them (to nearest, ties to even), attention runs
+//! on bf16 tensors, and the bf16 results are written widened to float32 (exactly:
+//! NumPy has no bfloat16). The log-sum-exp stays the kernel's f32, as PyTorch's bf16
+//! SDPA keeps it in its f32 accumulation type.
 
 use std::path::PathBuf;
 
 use attend::attention::{attention_backward_with, BackwardConfig};
 use attend::attention::{attention_with, AttentionOptions, Causal, Config};
+use attend::element::{bf16, from_f32, round_to_bf16, to_f32, Dtype};
 use attend::io::npy::{self, NpyArray};
 use attend::Error;
-use ndarray::{Array4, ArrayD, Ix4};
+use ndarray::{Array3, Array4, ArrayD, Ix4};
 
 use crate::flags;
 use crate::outputs::Outputs;
@@ -40,6 +47,10 @@ pub struct Args {
     /// Worker threads (default: all cores).
     #[arg(long, value_parser = flags::threads)]
     threads: Option<usize>,
+    /// Element type of the computation: `f32`, or `bf16` (q, k, v, a float mask and
+    /// --dout rounded to bfloat16; results written as float32 holding bf16 values).
+    #[arg(long, default_value = "f32", value_parser = flags::dtype)]
+    dtype: Dtype,
     /// Output `[B, Hq, L, Ev]`.
     #[arg(long)]
     out: PathBuf,
@@ -47,7 +58,9 @@ pub struct Args {
     #[arg(long)]
     lse: Option<PathBuf>,
     /// Gradient of the loss with respect to the output, f32 `[B, Hq, L, Ev]`;
-    /// with it, --dq, --dk and --dv receive the gradients (fused backward).
+    /// with it, --dq, --dk and --dv receive the gradients (fused backward). With
+    /// `--dtype bf16` the backward runs in f32 on the bf16 values (the library has no
+    /// bf16 backward yet) and the gradients are rounded to bf16.
     #[arg(long, requires_all = ["dq", "dk", "dv"])]
     dout: Option<PathBuf>,
     /// Where to write ∂loss/∂q `[B, Hq, L, E]`.
@@ -105,10 +118,18 @@ pub fn run(args: Args) -> Result<(), Error> {
     ])?;
     let causal = args.causal.as_deref().map(parse_causal).transpose()?;
     let window = args.window.as_deref().map(parse_window).transpose()?;
-    let q = rank4("q", "[B, Hq, L, E]", npy::read_f32(&args.q)?)?;
-    let k = rank4("k", "[B, Hkv, S, E]", npy::read_f32(&args.k)?)?;
-    let v = rank4("v", "[B, Hkv, S, Ev]", npy::read_f32(&args.v)?)?;
-    let mask = args.mask.as_ref().map(npy::read).transpose()?;
+    let bf16 = args.dtype == Dtype::Bf16;
+    let read = |path: &PathBuf, name: &str, what: &str| -> Result<Array4<f32>, Error> {
+        let a = rank4(name, what, npy::read_f32(path)?)?;
+        Ok(if bf16 { round_to_bf16(a.view()) } else { a })
+    };
+    let q = read(&args.q, "q", "[B, Hq, L, E]")?;
+    let k = read(&args.k, "k", "[B, Hkv, S, E]")?;
+    let v = read(&args.v, "v", "[B, Hkv, S, Ev]")?;
+    let mask = match args.mask.as_ref().map(npy::read).transpose()? {
+        Some(NpyArray::F32(m)) if bf16 => Some(NpyArray::F32(round_to_bf16(m.view()))),
+        other => other,
+    };
     let mut opts = AttentionOptions {
         scale: args.scale,
         causal,
@@ -127,9 +148,9 @@ pub fn run(args: Args) -> Result<(), Error> {
     let dout = args
         .dout
         .as_ref()
-        .map(|p| npy::read_f32(p).and_then(|a| rank4("--dout", "[B, Hq, L, Ev]", a)))
+        .map(|p| read(p, "--dout", "[B, Hq, L, Ev]"))
         .transpose()?;
-    let (out, lse) = attention_with(q.view(), k.view(), v.view(), &opts, &config)?;
+    let (out, lse) = forward(args.dtype, [&q, &k, &v], &opts, &config)?;
     if let Some(dout) = &dout {
         if dout.shape() != out.shape() {
             return Err(Error::shape(format!(
@@ -152,11 +173,37 @@ pub fn run(args: Args) -> Result<(), Error> {
             &opts,
             &bconfig,
         )?;
+        // bf16 gradients, as PyTorch returns for bf16 inputs: the f32 backward of
+        // the bf16 values, rounded once.
         for (flag, grad) in [("--dq", g.dq), ("--dk", g.dk), ("--dv", g.dv)] {
+            let grad = if bf16 {
+                round_to_bf16(grad.view())
+            } else {
+                grad
+            };
             outputs.write(flag, |path| npy::write_f32(path, grad.into_dyn().view()))?;
         }
     }
     outputs.write("--out", |path| npy::write_f32(path, out.into_dyn().view()))?;
     outputs.write("--lse", |path| npy::write_f32(path, lse.into_dyn().view()))?;
     outputs.commit()
+}
+
+/// The attention output (as f32) and log-sum-exp of `q`, `k`, `v`, computed on
+/// tensors of `dtype`. For bf16 the inputs already hold bf16 values, so the
+/// conversion to bf16 is exact.
+fn forward(
+    dtype: Dtype,
+    [q, k, v]: [&Array4<f32>; 3],
+    opts: &AttentionOptions<'_>,
+    config: &Config,
+) -> Result<(Array4<f32>, Array3<f32>), Error> {
+    match dtype {
+        Dtype::F32 => attention_with(q.view(), k.view(), v.view(), opts, config),
+        Dtype::Bf16 => {
+            let [q, k, v] = [q, k, v].map(|a| from_f32::<bf16, _>(a.view()));
+            let (out, lse) = attention_with(q.view(), k.view(), v.view(), opts, config)?;
+            Ok((to_f32(out.view()), lse))
+        }
+    }
 }

@@ -18,6 +18,8 @@ fn _attend(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(sdpa::sdpa_forward, m)?)?;
     m.add_function(wrap_pyfunction!(sdpa::sdpa_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(sdpa::sdpa_forward_bf16, m)?)?;
+    m.add_function(wrap_pyfunction!(sdpa::sdpa_backward_bf16, m)?)?;
     m.add_function(wrap_pyfunction!(pool::isa, m)?)?;
     m.add_function(wrap_pyfunction!(explain::explain_experiment, m)?)?;
     m.add_function(wrap_pyfunction!(explain::explain_model, m)?)?;

@@ -17,9 +17,14 @@ class _Call(Protocol):
     scale: Optional[float]
     dropout_p: float
     seed: int
+    bf16: bool
 
 def sdpa_forward(call: _Call, threads: int) -> Tuple[np.ndarray, np.ndarray]: ...
 def sdpa_backward(
+    call: _Call, out: np.ndarray, lse: np.ndarray, dout: np.ndarray, threads: int
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+def sdpa_forward_bf16(call: _Call, threads: int) -> Tuple[np.ndarray, np.ndarray]: ...
+def sdpa_backward_bf16(
     call: _Call, out: np.ndarray, lse: np.ndarray, dout: np.ndarray, threads: int
 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 

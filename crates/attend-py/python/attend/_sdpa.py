@@ -48,6 +48,7 @@ class _Call:
         scale: Optional[float],
         enable_gqa: bool,
         seed: int,
+        bf16: bool = False,
     ) -> None:
         q, k, v = query, key, value
         if q.ndim < 2:
@@ -97,13 +98,19 @@ class _Call:
         self.scale = None if scale is None else float(scale)
         self.dropout_p = float(dropout_p)
         self.seed = seed
+        # q, k, v (and out, dout, the gradients) are int16 arrays of bfloat16 bits.
+        self.bf16 = bf16
 
     def forward(self) -> Tuple[np.ndarray, np.ndarray]:
-        """``(out [B, H, L, Ev], lse [B, H, L])``."""
+        """``(out [B, H, L, Ev], lse [B, H, L])``; ``out`` as bfloat16 bits for a bf16 call."""
+        if self.bf16:
+            return _attend.sdpa_forward_bf16(self, get_num_threads())
         return _attend.sdpa_forward(self, get_num_threads())
 
     def backward(self, out: np.ndarray, lse: np.ndarray, dout: np.ndarray):
         """``(dq, dk, dv)`` in the rank-4 layout, from ``dout`` shaped like the output."""
+        if self.bf16:
+            return _attend.sdpa_backward_bf16(self, out, lse, _as_rank4(dout), get_num_threads())
         return _attend.sdpa_backward(self, out, lse, _as_rank4(dout), get_num_threads())
 
 
@@ -147,11 +154,14 @@ def scaled_dot_product_attention(
     signature and semantics, on attend's fused CPU kernels.
 
     Args:
-        query: ``[..., L, E]`` float32, a CPU ``torch.Tensor`` or a ``numpy.ndarray``.
+        query: ``[..., L, E]`` float32, a CPU ``torch.Tensor`` or a ``numpy.ndarray``;
+            or a ``torch.bfloat16`` tensor (bf16 products, f32 accumulation, a
+            bfloat16 result; the backward runs in f32 on the bf16 values and returns
+            bf16 gradients; no dropout).
         key: ``[..., S, E]``, the same kind as ``query``.
         value: ``[..., S, Ev]``, the same kind as ``query``.
-        attn_mask: boolean (``True`` = attend) or float32 (added to the scaled scores),
-            broadcastable to ``[..., L, S]``. Rows whose keys are all masked give 0,
+        attn_mask: boolean (``True`` = attend) or float32 (added to the scaled scores;
+            also bfloat16 with bfloat16 inputs, as PyTorch allows), broadcastable to ``[..., L, S]``. Rows whose keys are all masked give 0,
             as PyTorch ≥ 2.5 does.
         dropout_p: probability of dropping each attention weight. The drop pattern
             is attend's own (drawn from torch's or NumPy's global generator), not

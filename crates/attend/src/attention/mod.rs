@@ -23,8 +23,8 @@
 mod backward;
 mod bf16;
 
-pub use crate::kernels::backward::AttentionGrads;
 pub use crate::element::Element;
+pub use crate::kernels::backward::AttentionGrads;
 pub use crate::problem::{
     AttentionOptions, Causal, Dims, Dropout, MaskTiles, Precision, Problem, SoftmaxAxis,
 };

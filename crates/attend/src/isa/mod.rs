@@ -575,7 +575,10 @@ mod tests {
                 let mut got = [0.0f32; 16];
                 isa.store(got.as_mut_ptr(), isa.dot2(isa.load(acc.as_ptr()), again, b));
                 for i in 0..16 {
-                    let (lo, hi) = (bf16_to_f32(bits[i] as u16), bf16_to_f32((bits[i] >> 16) as u16));
+                    let (lo, hi) = (
+                        bf16_to_f32(bits[i] as u16),
+                        bf16_to_f32((bits[i] >> 16) as u16),
+                    );
                     let want = lo.mul_add(0.75, hi.mul_add(-2.5, acc[i]));
                     assert!(
                         got[i].to_bits() == want.to_bits() || (got[i].is_nan() && want.is_nan()),

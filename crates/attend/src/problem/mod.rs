@@ -230,7 +230,9 @@ impl<'a, T> Problem<'a, T> {
         v: ArrayView4<'b, U>,
     ) -> Problem<'b, U> {
         assert!(
-            q.shape() == self.q.shape() && k.shape() == self.k.shape() && v.shape() == self.v.shape(),
+            q.shape() == self.q.shape()
+                && k.shape() == self.k.shape()
+                && v.shape() == self.v.shape(),
             "with_tensors needs the problem's shapes"
         );
         Problem {

@@ -54,7 +54,10 @@ pub fn scratch_len(d: &Dims) -> usize {
 /// # Panics
 /// If `!supports(p)` or `!reads_in_place(p)` (both checked by the caller).
 pub(crate) fn run(p: &Problem<'_, bf16>, isa: IsaToken) -> (Array4<f32>, Array3<f32>) {
-    assert!(super::supports(p), "fused kernel does not support this problem");
+    assert!(
+        super::supports(p),
+        "fused kernel does not support this problem"
+    );
     assert!(reads_in_place(p), "bf16 fused kernel needs contiguous rows");
     let d = p.dims();
     let mut out = Array4::<f32>::zeros((d.batch, d.heads, d.q_len, d.value_dim));
@@ -191,7 +194,11 @@ fn unit<I: Simd, const NQ: usize>(
     let q = p.q.slice(ndarray::s![b, h, i0..i0 + rows, ..]);
     for (ii, row) in q.outer_iter().enumerate() {
         for c in 0..pairs(e) {
-            let hi = if 2 * c + 1 < e { row[2 * c + 1] } else { bf16::ZERO };
+            let hi = if 2 * c + 1 < e {
+                row[2 * c + 1]
+            } else {
+                bf16::ZERO
+            };
             scr.qp[c * w + ii] = pair(row[2 * c], hi);
         }
     }
@@ -280,7 +287,10 @@ fn unit<I: Simd, const NQ: usize>(
                     } else {
                         isa.splat(0.0)
                     };
-                    isa.store_pairs(scr.pp.as_mut_ptr().add(tp * w + x * LANES), isa.pack_bf16(l, h));
+                    isa.store_pairs(
+                        scr.pp.as_mut_ptr().add(tp * w + x * LANES),
+                        isa.pack_bf16(l, h),
+                    );
                 }
             }
         }
