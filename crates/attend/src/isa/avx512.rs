@@ -206,7 +206,13 @@ unsafe impl<const BF16: bool> Simd for Avx512Of<BF16> {
         if BF16 {
             // SAFETY: `BF16` tokens exist only on CPUs with AVX512-BF16; the bf16
             // vector types are the same 512 bits reinterpreted.
-            unsafe { _mm512_dpbf16_ps(acc, std::mem::transmute(a), std::mem::transmute(b)) }
+            unsafe {
+                let (a, b) = (
+                    std::mem::transmute::<__m512i, __m512bh>(a),
+                    std::mem::transmute::<__m512i, __m512bh>(b),
+                );
+                _mm512_dpbf16_ps(acc, a, b)
+            }
         } else {
             // SAFETY: the token proves AVX-512F.
             unsafe {

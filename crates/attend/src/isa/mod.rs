@@ -518,7 +518,7 @@ mod tests {
             // 1 + 3·2^-8 is halfway between 1 + 2^-7 and 1 + 2^-6; even is the upper.
             1.0 + 3.0 / 256.0,
             1.0 + 1.0 / 256.0 + f32::EPSILON,
-            -3.141_592_7,
+            -5.432_1,
             f32::MAX,
             f32::MIN_POSITIVE,
             1.0e-40,

@@ -160,26 +160,26 @@ pub fn naive_bf16(p: &Problem<'_>) -> (Array4<f32>, Array3<f32>) {
         let mut w = vec![0.0f32; d.kv_len];
         let mut max = f32::NEG_INFINITY;
         let mut s = vec![f32::NEG_INFINITY; d.kv_len];
-        for j in lo..hi {
+        for (j, sj) in s.iter_mut().enumerate().take(hi).skip(lo) {
             if p.keeps(b, h, i, j) {
                 let mut dot = 0.0f32;
                 for e in 0..d.head_dim {
                     dot += p.q[[b, h, i, e]] * p.k[[b, h / group, j, e]];
                 }
-                s[j] = dot * p.scale + p.bias_at(b, h, i, j);
-                max = max.max(s[j]);
+                *sj = dot * p.scale + p.bias_at(b, h, i, j);
+                max = max.max(*sj);
             }
         }
         let mut sum = 0.0f32;
-        for j in lo..hi {
-            w[j] = (s[j] - max).exp();
-            sum += w[j];
+        for (wj, sj) in w[lo..hi].iter_mut().zip(&s[lo..hi]) {
+            *wj = (sj - max).exp();
+            sum += *wj;
         }
         for c in 0..d.value_dim {
             let mut acc = 0.0f32;
-            for j in lo..hi {
-                if w[j] != 0.0 {
-                    acc += round(w[j] / sum) * p.v[[b, h / group, j, c]];
+            for (j, wj) in w.iter().enumerate().take(hi).skip(lo) {
+                if *wj != 0.0 {
+                    acc += round(wj / sum) * p.v[[b, h / group, j, c]];
                 }
             }
             out[[b, h, i, c]] = round(acc);
