@@ -289,12 +289,17 @@ def test_the_gil_is_released_while_the_kernels_run():
     import threading
     import time
 
-    q = randn(1, 4, 2048, 64, seed=42)
     attend.set_num_threads(1)  # leave a core to the main thread
     try:
-        start = time.perf_counter()
-        attend.scaled_dot_product_attention(q, q, q)
-        call = time.perf_counter() - start
+        # Long enough to tell on a fast CPU too: the sequence doubles until one call
+        # takes a tenth of a second.
+        for n in (2048, 4096, 8192, 16384):
+            q = randn(1, 4, n, 64, seed=42)
+            start = time.perf_counter()
+            attend.scaled_dot_product_attention(q, q, q)
+            call = time.perf_counter() - start
+            if call > 0.1:
+                break
         worker = threading.Thread(target=attend.scaled_dot_product_attention, args=(q, q, q))
         # The first tick is taken before the start: a worker holding the GIL from
         # its first instruction would block the loop before its first iteration.
