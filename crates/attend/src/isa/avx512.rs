@@ -225,6 +225,22 @@ unsafe impl<const BF16: bool> Simd for Avx512Of<BF16> {
     }
     #[inline(always)]
     fn pack_bf16(self, low: __m512, high: __m512) -> __m512i {
+        if BF16 {
+            // SAFETY: `BF16` tokens exist only on CPUs with AVX512-BF16 (and BW for
+            // the word permutation); the bf16 vector type is the same 512 bits.
+            unsafe {
+                // `vcvtne2ps2bf16` rounds as `bf16_bits` does (but flushes subnormals),
+                // words `[low₀ … low₁₅, high₀ … high₁₅]`, which one permutation
+                // interleaves into pairs.
+                let words =
+                    std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(high, low));
+                let interleave = _mm512_set_epi16(
+                    31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21,
+                    5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0,
+                );
+                return _mm512_permutexvar_epi16(interleave, words);
+            }
+        }
         // SAFETY: the token proves AVX-512F.
         unsafe {
             let l = _mm512_srli_epi32::<16>(round_bf16(low));
