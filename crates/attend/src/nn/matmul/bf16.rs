@@ -238,6 +238,51 @@ impl Operands for PairOperands<'_> {
         // within the depth) are the tile's.
         unsafe { tile.run(isa, rows, c, ldc, init) }
     }
+
+    /// Two panels in one register tile where there are registers for it (twelve
+    /// accumulators: each row's pair, once broadcast, feeds two products, so the
+    /// loads no longer outnumber the products); two tiles otherwise.
+    #[inline(always)]
+    unsafe fn tile_pair<I: Simd>(
+        &self,
+        isa: I,
+        r: usize,
+        rows: usize,
+        p: usize,
+        s0: usize,
+        sc: usize,
+        c: *mut f32,
+        ldc: usize,
+        init: [Init<'_>; 2],
+    ) {
+        let tile = PairTile {
+            a: self.x[r * self.lda + s0..].as_ptr(),
+            lda: self.lda,
+            b: self.w.data[(p * self.lda + s0) * NR..].as_ptr(),
+            kc: sc,
+        };
+        let next = self.lda * NR;
+        // SAFETY: the caller's guarantees, for panels `p` and `p + 1` (`next` pairs
+        // after `p`'s in the packing).
+        unsafe {
+            if I::REGISTERS < 32 {
+                tile.run(isa, rows, c, ldc, init[0]);
+                let tile = PairTile {
+                    b: tile.b.add(next),
+                    ..tile
+                };
+                return tile.run(isa, rows, c.add(NR), ldc, init[1]);
+            }
+            match rows {
+                6 => tile.rows_pair::<I, 6>(isa, next, c, ldc, init),
+                5 => tile.rows_pair::<I, 5>(isa, next, c, ldc, init),
+                4 => tile.rows_pair::<I, 4>(isa, next, c, ldc, init),
+                3 => tile.rows_pair::<I, 3>(isa, next, c, ldc, init),
+                2 => tile.rows_pair::<I, 2>(isa, next, c, ldc, init),
+                _ => tile.rows_pair::<I, 1>(isa, next, c, ldc, init),
+            }
+        }
+    }
 }
 
 /// One register tile's operands: rows of pairs from `a` (`lda` pairs apart), a
@@ -334,6 +379,60 @@ impl PairTile {
                     isa.store(ci, isa.add(start, *row));
                 }
                 init = Init::Add;
+                left -= steps;
+            }
+        }
+    }
+}
+
+impl PairTile {
+    /// [`rows`](Self::rows) for two panels at once, the second `next` pairs after
+    /// `b` and 16 floats right of `c`: each output's sums in the same order.
+    ///
+    /// # Safety
+    /// As [`rows`](Self::rows)'s for both panels.
+    #[inline(always)]
+    unsafe fn rows_pair<I: Simd, const R: usize>(
+        &self,
+        isa: I,
+        next: usize,
+        c: *mut f32,
+        ldc: usize,
+        init: [Init<'_>; 2],
+    ) {
+        // SAFETY: every read and write below is inside the caller's `R` rows of `a`
+        // and `c` (32 floats each) and `kc` rows of both panels of `b`.
+        unsafe {
+            let mut a = self.a;
+            let mut b = self.b;
+            let mut init = init;
+            let mut left = self.kc;
+            while left > 0 {
+                let steps = left.min(PAIR_SUM);
+                // One array per panel: a two-dimensional one was kept on the stack.
+                let mut left_acc = [isa.splat(0.0); R];
+                let mut right_acc = [isa.splat(0.0); R];
+                for _ in 0..steps {
+                    let (bl, br) = (isa.load_pairs(b), isa.load_pairs(b.add(next)));
+                    for i in 0..R {
+                        let ai = isa.splat_pair(*a.add(i * self.lda));
+                        left_acc[i] = isa.dot2(left_acc[i], ai, bl);
+                        right_acc[i] = isa.dot2(right_acc[i], ai, br);
+                    }
+                    a = a.add(1);
+                    b = b.add(NR);
+                }
+                for (half, (acc, start)) in [left_acc, right_acc].iter().zip(init).enumerate() {
+                    for (i, sum) in acc.iter().enumerate() {
+                        let ci = c.add(i * ldc + half * NR);
+                        let start = match start {
+                            Init::Bias(bias) => isa.load(bias.as_ptr()),
+                            Init::Add => isa.load(ci),
+                        };
+                        isa.store(ci, isa.add(start, *sum));
+                    }
+                }
+                init = [Init::Add; 2];
                 left -= steps;
             }
         }

@@ -334,6 +334,33 @@ trait Operands: Sync {
         ldc: usize,
         init: Init<'_>,
     );
+    /// [`tile`](Self::tile) for two adjacent full panels `p` and `p + 1`, the second
+    /// one's output 16 floats to the right, each with its own `init`. The same sums
+    /// in the same order as two calls of `tile` (which is what it does unless an
+    /// implementation has a wider register tile).
+    ///
+    /// # Safety
+    /// As [`tile`](Self::tile)'s, for both panels, with 32 floats a row of `c`.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile_pair<I: Simd>(
+        &self,
+        isa: I,
+        r: usize,
+        rows: usize,
+        p: usize,
+        s0: usize,
+        sc: usize,
+        c: *mut f32,
+        ldc: usize,
+        init: [Init<'_>; 2],
+    ) {
+        // SAFETY: the caller's guarantees, one panel at a time.
+        unsafe {
+            self.tile(isa, r, rows, p, s0, sc, c, ldc, init[0]);
+            self.tile(isa, r, rows, p + 1, s0, sc, c.add(NR), ldc, init[1]);
+        }
+    }
 }
 
 /// The f32 product's operands: contiguous rows of `x` and the weight's panels.
@@ -403,7 +430,30 @@ impl<O: Operands> Problem<'_, O> {
             for s0 in (0..depth).step_by(O::BLOCK) {
                 let sc = O::BLOCK.min(depth - s0);
                 let first = s0 == 0;
-                for p in b.panels.clone() {
+                let mut p = b.panels.start;
+                while p < b.panels.end {
+                    // Two full panels at a time where there are two.
+                    if p + 1 < b.panels.end && (p + 2) * NR <= n {
+                        let mut bias = [[0.0f32; NR]; 2];
+                        if let Some(bs) = self.bias {
+                            bias[0].copy_from_slice(&bs[p * NR..(p + 1) * NR]);
+                            bias[1].copy_from_slice(&bs[(p + 1) * NR..(p + 2) * NR]);
+                        }
+                        let init = if first {
+                            [Init::Bias(&bias[0]), Init::Bias(&bias[1])]
+                        } else {
+                            [Init::Add; 2]
+                        };
+                        let mut r = b.rows.start;
+                        while r < b.rows.end {
+                            let rows = MR.min(b.rows.end - r);
+                            let c = out.0.add(r * n + p * NR);
+                            self.operands.tile_pair(isa, r, rows, p, s0, sc, c, n, init);
+                            r += rows;
+                        }
+                        p += 2;
+                        continue;
+                    }
                     let j0 = p * NR;
                     let cols = NR.min(n - j0);
                     let mut bias = [0.0f32; NR];
@@ -436,6 +486,7 @@ impl<O: Operands> Problem<'_, O> {
                         }
                         r += rows;
                     }
+                    p += 1;
                 }
             }
             if let Some(act) = self.act {
