@@ -65,6 +65,38 @@ fn run_and_check(
     }
 }
 
+/// Says plainly which bf16 product path these tests exercised on this CPU: every
+/// test here runs on each instruction set `Isa::available()` lists, and only
+/// `avx512bf16` multiplies with `vdpbf16ps`.
+#[test]
+fn report_which_bf16_paths_ran() {
+    let isas = Isa::available();
+    let names: Vec<&str> = isas.iter().map(|i| i.name()).collect();
+    eprintln!("bf16 forward exercised on: {}", names.join(", "));
+    if !isas.contains(&Isa::Avx512Bf16) {
+        eprintln!(
+            "vdpbf16ps path NOT exercised: this CPU lacks AVX512-BF16 (its pairs were \
+             multiplied with two f32 FMAs instead)"
+        );
+    }
+    // A CPU that has the instructions must not skip their path.
+    #[cfg(target_arch = "x86_64")]
+    {
+        let has = ["avx512f", "avx512vl", "avx512bw", "avx512dq", "avx512bf16"];
+        let cpu = std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512dq")
+            && std::arch::is_x86_feature_detected!("avx512bf16");
+        assert_eq!(
+            isas.contains(&Isa::Avx512Bf16),
+            cpu,
+            "avx512bf16 listed iff the CPU has {}",
+            has.join(", ")
+        );
+    }
+}
+
 #[test]
 fn shapes_widths_and_grouped_heads() {
     let shapes = [
@@ -230,6 +262,65 @@ fn huge_scores_keep_their_exponent() {
         &Default::default(),
         "huge scores",
     );
+}
+
+/// Values are multiplied in pairs of adjacent keys, so a block of queries whose band
+/// of keys starts or ends on an odd key must not pair in the key beyond its edge: a
+/// zero weight times a NaN value is NaN. (Inside a band, a NaN value reaches the
+/// rows that give its key a zero weight, as in the f32 kernel and in PyTorch's
+/// `softmax(scores) @ v`; beyond it, it must not.)
+#[test]
+fn a_nan_value_beyond_a_bands_odd_edge_stays_out() {
+    // (what, options, key length, NaN key, rows that see it, rows whose band of
+    // keys ends or starts next to it)
+    let cases = [
+        (
+            // Queries 64..128 see keys 61.. (an odd start); 60..64 see key 60.
+            "window (3, 0), odd first key",
+            AttentionOptions {
+                window: Some((3, 0)),
+                ..Default::default()
+            },
+            128,
+            60,
+            60..64,
+            64..128,
+        ),
+        (
+            // Queries 0..64 see keys up to 64 (an odd end, 65, inside the keys);
+            // key 65 is seen by queries 64.. only.
+            "causal bottom-right, odd last key",
+            AttentionOptions {
+                causal: Some(Causal::BottomRight),
+                ..Default::default()
+            },
+            129,
+            65,
+            64..128,
+            0..64,
+        ),
+    ];
+    for (what, opts, s, nan_key, seeing, beyond) in cases {
+        let [q, k, mut v] = qkv(51, [1, 2, 2, 128, s, 16, 24]);
+        v.slice_mut(ndarray::s![.., .., nan_key, ..])
+            .fill(bf16::NAN);
+        for isa in Isa::available() {
+            let config = config(Kernel::Fused, isa, 2);
+            let (out, _) = attention_with(q.view(), k.view(), v.view(), &opts, &config).unwrap();
+            for h in 0..2 {
+                let row = |i: usize| out.slice(ndarray::s![0, h, i, ..]).to_vec();
+                for i in seeing.clone() {
+                    assert!(row(i).iter().all(|x| x.is_nan()), "{what} {isa}: row {i}");
+                }
+                for i in beyond.clone() {
+                    assert!(
+                        row(i).iter().all(|x| x.is_finite()),
+                        "{what} {isa}: row {i}"
+                    );
+                }
+            }
+        }
+    }
 }
 
 #[test]

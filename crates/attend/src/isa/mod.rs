@@ -336,7 +336,8 @@ pub(crate) unsafe trait Simd: Copy + Send + Sync {
     fn dot2(self, acc: Self::V, a: Self::P, b: Self::P) -> Self::V;
     /// Rounds `low` and `high` to bf16 (to nearest, ties to even, as
     /// [`bf16_bits`]) and interleaves them: lane `i` is the pair
-    /// `(low[i], high[i])`.
+    /// `(low[i], high[i])`. Only subnormals may differ: AVX512-BF16's
+    /// `vcvtne2ps2bf16` flushes them to zero.
     fn pack_bf16(self, low: Self::V, high: Self::V) -> Self::P;
     /// Loads 16 contiguous bf16 numbers (their bits), widened exactly to f32.
     ///

@@ -82,6 +82,7 @@ pub(crate) fn run(p: &Problem<'_, bf16>, isa: IsaToken) -> (Array4<f32>, Array3<
         masks: p.mask_tiles(),
         dropout: None,
     };
+    let values = ValuePairs::new(p, isa);
     let units = super::units(&d, nq * LANES, &mut out, &mut lse);
     let len = scratch_len(&d);
     units.into_par_iter().for_each(|unit| {
@@ -91,6 +92,7 @@ pub(crate) fn run(p: &Problem<'_, bf16>, isa: IsaToken) -> (Array4<f32>, Array3<
                 UnitJob {
                     p,
                     plan: &plan,
+                    values: &values,
                     unit,
                     scratch,
                 },
@@ -98,6 +100,86 @@ pub(crate) fn run(p: &Problem<'_, bf16>, isa: IsaToken) -> (Array4<f32>, Array3<
         })
     });
     (out, lse)
+}
+
+/// Every head's values as bf16 pairs of adjacent rows (keys `2t` and `2t + 1`),
+/// packed once per call and shared by every unit of the head, `[B·Hkv][⌈S/2⌉][Evp]`;
+/// an odd last key is paired with zero. A tile whose keys start on an even key and
+/// end on an even key (or the last) reads its pairs here; any other tile packs its
+/// own, since pairs across its edge would multiply a key it must not see (a zero
+/// weight times a NaN or infinite value is NaN).
+struct ValuePairs {
+    data: Vec<u32>,
+    /// Pairs per head, `⌈S/2⌉ · Evp`.
+    head: usize,
+    /// Pairs per row, `Ev` rounded up to 16.
+    evp: usize,
+}
+
+impl ValuePairs {
+    fn new(p: &Problem<'_, bf16>, isa: IsaToken) -> Self {
+        let d = p.dims();
+        let evp = d.value_dim.next_multiple_of(LANES);
+        let head = pairs(d.kv_len) * evp;
+        let mut data = vec![0u32; d.batch * d.kv_heads * head];
+        data.par_chunks_mut(head.max(1))
+            .enumerate()
+            .for_each(|(bh, dst)| {
+                let v =
+                    p.v.slice(ndarray::s![bh / d.kv_heads, bh % d.kv_heads, .., ..]);
+                let src = (v.as_ptr() as *const u16, v.strides()[0]);
+                // SAFETY: `v` holds `S` rows of `Ev` contiguous bf16 (`reads_in_place`),
+                // `dst` `⌈S/2⌉` rows of `evp` pairs.
+                let job = PackValues {
+                    src,
+                    rows: d.kv_len,
+                    ev: d.value_dim,
+                    dst,
+                    evp,
+                };
+                dispatch(isa, job)
+            });
+        ValuePairs { data, head, evp }
+    }
+
+    /// The pairs of keys `j0..j1` of head `(b, kvh)`, if they can be read here.
+    fn tile(
+        &self,
+        (b, kvh, kv_heads): (usize, usize, usize),
+        (j0, j1, s): (usize, usize, usize),
+    ) -> Option<&[u32]> {
+        let even = j0 % 2 == 0 && (j1 % 2 == 0 || j1 == s);
+        let at = (b * kv_heads + kvh) * self.head + j0 / 2 * self.evp;
+        even.then(|| &self.data[at..at + pairs(j1 - j0) * self.evp])
+    }
+}
+
+/// [`pack_value_pairs`] over one head, for [`dispatch`].
+struct PackValues<'d> {
+    src: (*const u16, isize),
+    rows: usize,
+    ev: usize,
+    dst: &'d mut [u32],
+    evp: usize,
+}
+
+impl SimdJob for PackValues<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run<I: Simd>(self, isa: I) {
+        assert!(self.dst.len() >= pairs(self.rows) * self.evp);
+        // SAFETY: `src` holds `rows` rows of `ev` contiguous bf16 (the maker's
+        // guarantee), `dst` was checked to hold their pairs.
+        unsafe {
+            pack_value_pairs(
+                isa,
+                self.src,
+                (self.rows, self.ev),
+                self.dst.as_mut_ptr(),
+                self.evp,
+            )
+        }
+    }
 }
 
 /// A unit's buffers, carved from the thread's scratch (pairs are `u32`).
@@ -152,6 +234,7 @@ fn as_words(f: &mut [f32]) -> &mut [u32] {
 struct UnitJob<'a, 'p, 'o, 's> {
     p: &'a Problem<'p, bf16>,
     plan: &'a Plan,
+    values: &'a ValuePairs,
     unit: Unit<'o>,
     scratch: &'s mut [f32],
 }
@@ -163,13 +246,14 @@ impl SimdJob for UnitJob<'_, '_, '_, '_> {
         let UnitJob {
             p,
             plan,
+            values,
             unit: u,
             scratch,
         } = self;
         match plan.nq {
-            1 => unit::<I, 1>(isa, p, plan, u, scratch),
-            2 => unit::<I, 2>(isa, p, plan, u, scratch),
-            _ => unit::<I, 4>(isa, p, plan, u, scratch),
+            1 => unit::<I, 1>(isa, p, (plan, values), u, scratch),
+            2 => unit::<I, 2>(isa, p, (plan, values), u, scratch),
+            _ => unit::<I, 4>(isa, p, (plan, values), u, scratch),
         }
     }
 }
@@ -185,7 +269,7 @@ fn pair(lo: bf16, hi: bf16) -> u32 {
 fn unit<I: Simd, const NQ: usize>(
     isa: I,
     p: &Problem<'_, bf16>,
-    plan: &Plan,
+    (plan, values): (&Plan, &ValuePairs),
     u: Unit<'_>,
     scratch: &mut [f32],
 ) {
@@ -282,18 +366,26 @@ fn unit<I: Simd, const NQ: usize>(
                 scr.alpha.as_mut_ptr(),
             )
         };
-        // The values as pairs of rows.
-        let vrows = v.slice(ndarray::s![j0..j1, ..]);
-        // SAFETY: `vrows` holds `nk` rows of `ev` contiguous bf16 (`reads_in_place`),
-        // `vp` holds `pairs(BK) ≥ pairs(nk)` rows of `evp ≥ ev` pairs.
-        unsafe {
-            pack_value_pairs(
-                isa,
-                (vrows.as_ptr() as *const u16, vrows.strides()[0]),
-                (nk, ev),
-                scr.vp.as_mut_ptr(),
-                evp,
-            )
+        // The values as pairs of rows: packed for the whole call where the tile's
+        // pairs are the head's, here otherwise.
+        let vp: &[u32] = match values.tile((b, kvh, d.kv_heads), (j0, j1, d.kv_len)) {
+            Some(pairs) => pairs,
+            None => {
+                let vrows = v.slice(ndarray::s![j0..j1, ..]);
+                // SAFETY: `vrows` holds `nk` rows of `ev` contiguous bf16
+                // (`reads_in_place`), `vp` `pairs(BK) ≥ pairs(nk)` rows of `evp ≥ ev`
+                // pairs.
+                unsafe {
+                    pack_value_pairs(
+                        isa,
+                        (vrows.as_ptr() as *const u16, vrows.strides()[0]),
+                        (nk, ev),
+                        scr.vp.as_mut_ptr(),
+                        evp,
+                    )
+                };
+                &scr.vp[..pairs(nk) * evp]
+            }
         };
 
         // Oᵀ = α Oᵀ + Vᵀ Pᵀ, MR value columns at a time.
@@ -301,7 +393,7 @@ fn unit<I: Simd, const NQ: usize>(
         while c0 < ev {
             let n = mr.min(ev - c0);
             // SAFETY: `pp` holds `pairs(nk)` rows of `w` pairs, `vp` as many rows of
-            // `evp ≥ c0 + n` pairs; `ot` holds `ev` rows of `w` floats.
+            // `evp ≥ c0 + n` pairs (either source); `ot` holds `ev` rows of `w` floats.
             unsafe {
                 with_block!(
                     n,
@@ -309,7 +401,7 @@ fn unit<I: Simd, const NQ: usize>(
                         isa,
                         scr.pp.as_ptr(),
                         pairs(nk),
-                        (scr.vp.as_ptr().add(c0), evp),
+                        (vp.as_ptr().add(c0), evp),
                         scr.ot.as_mut_ptr().add(c0 * w),
                         scr.alpha.as_ptr()
                     )
