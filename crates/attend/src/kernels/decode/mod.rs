@@ -470,12 +470,13 @@ unsafe fn dots16<T: Element, I: Simd>(
         let full = e / LANES;
         let tail = e % LANES;
         let mut acc = [isa.splat(0.0); BLOCK];
-        for c in 0..full {
-            let qv = isa.load(q.add(c * LANES));
-            for (j, a) in acc.iter_mut().enumerate() {
+        // Key by key, so that the rows are read in memory order.
+        for (j, a) in acc.iter_mut().enumerate() {
+            let kj = k.offset(j as isize * ks);
+            for c in 0..full {
                 *a = isa.fma(
-                    qv,
-                    rows::load(isa, k.offset(j as isize * ks).add(c * LANES)),
+                    isa.load(q.add(c * LANES)),
+                    rows::load(isa, kj.add(c * LANES)),
                     *a,
                 );
             }
