@@ -274,12 +274,12 @@ impl Operands for PairOperands<'_> {
                 return tile.run(isa, rows, c.add(NR), ldc, init[1]);
             }
             match rows {
-                6 => tile.rows_pair::<I, 6>(isa, next, c, ldc, init),
-                5 => tile.rows_pair::<I, 5>(isa, next, c, ldc, init),
-                4 => tile.rows_pair::<I, 4>(isa, next, c, ldc, init),
-                3 => tile.rows_pair::<I, 3>(isa, next, c, ldc, init),
-                2 => tile.rows_pair::<I, 2>(isa, next, c, ldc, init),
-                _ => tile.rows_pair::<I, 1>(isa, next, c, ldc, init),
+                6 => tile.rows::<I, 6, 2>(isa, next, c, ldc, init),
+                5 => tile.rows::<I, 5, 2>(isa, next, c, ldc, init),
+                4 => tile.rows::<I, 4, 2>(isa, next, c, ldc, init),
+                3 => tile.rows::<I, 3, 2>(isa, next, c, ldc, init),
+                2 => tile.rows::<I, 2, 2>(isa, next, c, ldc, init),
+                _ => tile.rows::<I, 1, 2>(isa, next, c, ldc, init),
             }
         }
     }
@@ -317,41 +317,46 @@ impl PairTile {
             // recursive call could not be inlined into the instruction set's entry
             // point, and would run without its features.)
             unsafe {
-                self.rows::<I, 4>(isa, c, ldc, init);
+                self.rows::<I, 4, 1>(isa, 0, c, ldc, [init]);
                 let c = c.add(4 * ldc);
                 return match rows {
-                    6 => rest.rows::<I, 2>(isa, c, ldc, init),
-                    _ => rest.rows::<I, 1>(isa, c, ldc, init),
+                    6 => rest.rows::<I, 2, 1>(isa, 0, c, ldc, [init]),
+                    _ => rest.rows::<I, 1, 1>(isa, 0, c, ldc, [init]),
                 };
             }
         }
         // SAFETY: the caller's guarantees, for `R = rows`.
         unsafe {
             match rows {
-                6 => self.rows::<I, 6>(isa, c, ldc, init),
-                5 => self.rows::<I, 5>(isa, c, ldc, init),
-                4 => self.rows::<I, 4>(isa, c, ldc, init),
-                3 => self.rows::<I, 3>(isa, c, ldc, init),
-                2 => self.rows::<I, 2>(isa, c, ldc, init),
-                _ => self.rows::<I, 1>(isa, c, ldc, init),
+                6 => self.rows::<I, 6, 1>(isa, 0, c, ldc, [init]),
+                5 => self.rows::<I, 5, 1>(isa, 0, c, ldc, [init]),
+                4 => self.rows::<I, 4, 1>(isa, 0, c, ldc, [init]),
+                3 => self.rows::<I, 3, 1>(isa, 0, c, ldc, [init]),
+                2 => self.rows::<I, 2, 1>(isa, 0, c, ldc, [init]),
+                _ => self.rows::<I, 1, 1>(isa, 0, c, ldc, [init]),
             }
         }
     }
 
-    /// [`run`](Self::run) for `R` rows.
+    /// [`run`](Self::run) for `R` rows of `P` adjacent panels, each `next` pairs
+    /// after the one before in `b` and 16 floats right of it in `c`, with an `init`
+    /// each. With two panels each broadcast row pair feeds two products, so the loads
+    /// no longer outnumber the products; every output's sums are in the same order
+    /// whatever `P`.
     ///
     /// # Safety
-    /// As [`run`](Self::run)'s, with `rows = R`.
+    /// As [`run`](Self::run)'s, with `rows = R`, for each of the `P` panels.
     #[inline(always)]
-    unsafe fn rows<I: Simd, const R: usize>(
+    unsafe fn rows<I: Simd, const R: usize, const P: usize>(
         &self,
         isa: I,
+        next: usize,
         c: *mut f32,
         ldc: usize,
-        init: Init<'_>,
+        init: [Init<'_>; P],
     ) {
         // SAFETY: every read and write below is inside the caller's `R` rows of `a`
-        // and `c` and `kc` rows of `b`.
+        // and `c` and `kc` rows of each panel of `b`.
         unsafe {
             let mut a = self.a;
             let mut b = self.b;
@@ -361,70 +366,27 @@ impl PairTile {
             // f32 product.
             while left > 0 {
                 let steps = left.min(PAIR_SUM);
-                let mut acc = [isa.splat(0.0); R];
+                let mut acc = [[isa.splat(0.0); R]; P];
                 for _ in 0..steps {
-                    let bv = isa.load_pairs(b);
-                    for (i, row) in acc.iter_mut().enumerate() {
-                        *row = isa.dot2(*row, isa.splat_pair(*a.add(i * self.lda)), bv);
+                    let mut bv = [isa.splat_pair(0); P];
+                    for (q, v) in bv.iter_mut().enumerate() {
+                        *v = isa.load_pairs(b.add(q * next));
                     }
-                    a = a.add(1);
-                    b = b.add(NR);
-                }
-                for (i, row) in acc.iter().enumerate() {
-                    let ci = c.add(i * ldc);
-                    let start = match init {
-                        Init::Bias(bias) => isa.load(bias.as_ptr()),
-                        Init::Add => isa.load(ci),
-                    };
-                    isa.store(ci, isa.add(start, *row));
-                }
-                init = Init::Add;
-                left -= steps;
-            }
-        }
-    }
-}
-
-impl PairTile {
-    /// [`rows`](Self::rows) for two panels at once, the second `next` pairs after
-    /// `b` and 16 floats right of `c`: each output's sums in the same order.
-    ///
-    /// # Safety
-    /// As [`rows`](Self::rows)'s for both panels.
-    #[inline(always)]
-    unsafe fn rows_pair<I: Simd, const R: usize>(
-        &self,
-        isa: I,
-        next: usize,
-        c: *mut f32,
-        ldc: usize,
-        init: [Init<'_>; 2],
-    ) {
-        // SAFETY: every read and write below is inside the caller's `R` rows of `a`
-        // and `c` (32 floats each) and `kc` rows of both panels of `b`.
-        unsafe {
-            let mut a = self.a;
-            let mut b = self.b;
-            let mut init = init;
-            let mut left = self.kc;
-            while left > 0 {
-                let steps = left.min(PAIR_SUM);
-                // One array per panel: a two-dimensional one was kept on the stack.
-                let mut left_acc = [isa.splat(0.0); R];
-                let mut right_acc = [isa.splat(0.0); R];
-                for _ in 0..steps {
-                    let (bl, br) = (isa.load_pairs(b), isa.load_pairs(b.add(next)));
+                    // Indices, not iterators: an iterator over a nested accumulator
+                    // array kept it on the stack (a store after every product).
+                    #[allow(clippy::needless_range_loop)]
                     for i in 0..R {
                         let ai = isa.splat_pair(*a.add(i * self.lda));
-                        left_acc[i] = isa.dot2(left_acc[i], ai, bl);
-                        right_acc[i] = isa.dot2(right_acc[i], ai, br);
+                        for q in 0..P {
+                            acc[q][i] = isa.dot2(acc[q][i], ai, bv[q]);
+                        }
                     }
                     a = a.add(1);
                     b = b.add(NR);
                 }
-                for (half, (acc, start)) in [left_acc, right_acc].iter().zip(init).enumerate() {
-                    for (i, sum) in acc.iter().enumerate() {
-                        let ci = c.add(i * ldc + half * NR);
+                for (q, (start, sums)) in init.iter().zip(&acc).enumerate() {
+                    for (i, sum) in sums.iter().enumerate() {
+                        let ci = c.add(i * ldc + q * NR);
                         let start = match start {
                             Init::Bias(bias) => isa.load(bias.as_ptr()),
                             Init::Add => isa.load(ci),
@@ -432,7 +394,7 @@ impl PairTile {
                         isa.store(ci, isa.add(start, *sum));
                     }
                 }
-                init = [Init::Add; 2];
+                init = [Init::Add; P];
                 left -= steps;
             }
         }
