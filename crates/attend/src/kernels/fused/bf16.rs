@@ -20,7 +20,7 @@
 use ndarray::{Array3, Array4, ArrayView4};
 use rayon::prelude::*;
 
-use super::{query_vectors, register_block, Plan, Unit, BK};
+use super::{query_vectors, register_block, running_max, Plan, Unit, BK};
 use crate::element::bf16;
 use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
 use crate::kernels::scratch::{carve, with_scratch};
@@ -438,16 +438,7 @@ unsafe fn softmax_pairs<I: Simd, const NQ: usize>(
         let log2e = isa.splat(std::f32::consts::LOG2_E);
         for x in 0..NQ {
             let o = x * LANES;
-            let m_old = isa.load(m.add(o));
-            let mut mx = m_old;
-            for j in 0..nk {
-                mx = isa.max(mx, isa.load(s.add(j * w + o)));
-            }
-            isa.store(m.add(o), mx);
-            // As in `softmax_tile`: a row with every score so far masked subtracts the
-            // lowest finite float, so that masked scores give 0 rather than NaN.
-            let m_use = isa.max(isa.splat(f32::MIN), mx);
-            let a = isa.exp2(isa.mul(isa.sub(m_old, m_use), log2e));
+            let (m_use, a) = running_max::<I, NQ>(isa, s.add(o), nk, m.add(o));
             // Not a closure: a closure is a function of its own, compiled without the
             // instruction set's features unless it is inlined.
             #[inline(always)]

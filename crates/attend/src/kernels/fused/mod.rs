@@ -525,17 +525,7 @@ unsafe fn softmax_tile<I: Simd, const NQ: usize>(
         let log2e = isa.splat(std::f32::consts::LOG2_E);
         for v in 0..NQ {
             let o = v * LANES;
-            let m_old = isa.load(m.add(o));
-            let mut mx = m_old;
-            for j in 0..nk {
-                mx = isa.max(mx, isa.load(s.add(j * w + o)));
-            }
-            isa.store(m.add(o), mx);
-            // While every score so far is masked the max is −∞; subtract the lowest
-            // finite float instead, so that masked scores give 0 rather than NaN
-            // (max keeps a NaN in its second operand).
-            let m_use = isa.max(isa.splat(f32::MIN), mx);
-            let a = isa.exp2(isa.mul(isa.sub(m_old, m_use), log2e));
+            let (m_use, a) = running_max::<I, NQ>(isa, s.add(o), nk, m.add(o));
             let mut sum = isa.splat(0.0);
             for j in 0..nk {
                 let ptr = s.add(j * w + o);
@@ -546,6 +536,37 @@ unsafe fn softmax_tile<I: Simd, const NQ: usize>(
             isa.store(l.add(o), isa.fma(isa.load(l.add(o)), a, sum));
             isa.store(alpha.add(o), a);
         }
+    }
+}
+
+/// The running maximum of 16 queries updated with a tile's `nk` scores (rows of
+/// `16·NQ` floats from `s`) and stored in `m`; returns the maximum to subtract from
+/// the tile's scores and `exp(m_old − m)`, the factor that rescales what came before.
+///
+/// # Safety
+/// `s` valid for `nk` rows of 16 floats `16·NQ` apart, `m` for 16 floats.
+#[inline(always)]
+unsafe fn running_max<I: Simd, const NQ: usize>(
+    isa: I,
+    s: *const f32,
+    nk: usize,
+    m: *mut f32,
+) -> (I::V, I::V) {
+    // SAFETY: the caller upholds this function's contract (see # Safety).
+    unsafe {
+        let w = NQ * LANES;
+        let m_old = isa.load(m);
+        let mut mx = m_old;
+        for j in 0..nk {
+            mx = isa.max(mx, isa.load(s.add(j * w)));
+        }
+        isa.store(m, mx);
+        // While every score so far is masked the max is −∞; subtract the lowest
+        // finite float instead, so that masked scores give 0 rather than NaN (max
+        // keeps a NaN in its second operand).
+        let m_use = isa.max(isa.splat(f32::MIN), mx);
+        let log2e = isa.splat(std::f32::consts::LOG2_E);
+        (m_use, isa.exp2(isa.mul(isa.sub(m_old, m_use), log2e)))
     }
 }
 

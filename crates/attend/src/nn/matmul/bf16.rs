@@ -13,23 +13,20 @@
 //! sums (a product of bf16 numbers is exact in f32). An odd `k` ends with a pair
 //! whose high half is zero in both operands.
 //!
-//! The blocking, the partial sums of [`SUM_BLOCK`] terms, the bias, the fused
+//! The blocking, the partial sums of `SUM_BLOCK` terms, the bias, the fused
 //! activation and the split into blocks are the f32 product's, so a row's result
 //! depends neither on the batch nor on the thread count.
 
 use ndarray::{Array2, ArrayView2};
 use rayon::prelude::*;
 
-use super::{bias_only, Activation, Init, Operands, Problem, KC, NR, PARALLEL_MIN, SUM_BLOCK};
+use super::{bias_only, Activation, Init, Operands, Problem, Tile, KC, NR, PARALLEL_MIN};
 use crate::isa::{bf16_bits, dispatch, IsaToken, Scalar, Simd};
 
 /// Pairs in a row of `k` numbers.
 fn pairs(k: usize) -> usize {
     k.div_ceil(2)
 }
-
-/// Pairs per partial sum: [`SUM_BLOCK`] terms, as in the f32 product.
-const PAIR_SUM: usize = SUM_BLOCK / 2;
 
 /// `act(x · wᵀ + bias)` in bf16 for `x [m, k]` (any strides) and the weight
 /// packed in `w`, `bias [n]`. Runs on the best instruction set of this CPU,
@@ -228,20 +225,12 @@ impl Operands for PairOperands<'_> {
         ldc: usize,
         init: Init<'_>,
     ) {
-        let tile = PairTile {
-            a: self.x[r * self.lda + s0..].as_ptr(),
-            lda: self.lda,
-            b: self.w.data[(p * self.lda + s0) * NR..].as_ptr(),
-            kc: sc,
-        };
+        let tile = self.tile_at(r, p, s0, sc);
         // SAFETY: the caller's guarantees (rows of `x`, a panel of `w`, steps
         // within the depth) are the tile's.
-        unsafe { tile.run(isa, rows, c, ldc, init) }
+        unsafe { tile.run::<I, 1>(isa, rows, c, ldc, [init]) }
     }
 
-    /// Two panels in one register tile where there are registers for it (twelve
-    /// accumulators: each row's pair, once broadcast, feeds two products, so the
-    /// loads no longer outnumber the products); two tiles otherwise.
     #[inline(always)]
     unsafe fn tile_pair<I: Simd>(
         &self,
@@ -255,148 +244,24 @@ impl Operands for PairOperands<'_> {
         ldc: usize,
         init: [Init<'_>; 2],
     ) {
-        let tile = PairTile {
+        let tile = self.tile_at(r, p, s0, sc);
+        // SAFETY: the caller's guarantees, for panels `p` and `p + 1`.
+        unsafe { tile.run::<I, 2>(isa, rows, c, ldc, init) }
+    }
+}
+
+impl PairOperands<'_> {
+    /// The tile of rows from `r` and panel `p` (the next panel `depth` rows of 16
+    /// pairs further), `sc` pairs from pair `s0`.
+    #[inline(always)]
+    fn tile_at(&self, r: usize, p: usize, s0: usize, sc: usize) -> Tile<u32> {
+        Tile {
             a: self.x[r * self.lda + s0..].as_ptr(),
             lda: self.lda,
             b: self.w.data[(p * self.lda + s0) * NR..].as_ptr(),
+            ldb: NR,
+            next: self.lda * NR,
             kc: sc,
-        };
-        let next = self.lda * NR;
-        // SAFETY: the caller's guarantees, for panels `p` and `p + 1` (`next` pairs
-        // after `p`'s in the packing).
-        unsafe {
-            if I::REGISTERS < 32 {
-                tile.run(isa, rows, c, ldc, init[0]);
-                let tile = PairTile {
-                    b: tile.b.add(next),
-                    ..tile
-                };
-                return tile.run(isa, rows, c.add(NR), ldc, init[1]);
-            }
-            match rows {
-                6 => tile.rows::<I, 6, 2>(isa, next, c, ldc, init),
-                5 => tile.rows::<I, 5, 2>(isa, next, c, ldc, init),
-                4 => tile.rows::<I, 4, 2>(isa, next, c, ldc, init),
-                3 => tile.rows::<I, 3, 2>(isa, next, c, ldc, init),
-                2 => tile.rows::<I, 2, 2>(isa, next, c, ldc, init),
-                _ => tile.rows::<I, 1, 2>(isa, next, c, ldc, init),
-            }
-        }
-    }
-}
-
-/// One register tile's operands: rows of pairs from `a` (`lda` pairs apart), a
-/// packed panel from `b` (rows of 16 pairs), `kc` pairs deep.
-#[derive(Clone, Copy)]
-struct PairTile {
-    a: *const u32,
-    lda: usize,
-    b: *const u32,
-    kc: usize,
-}
-
-impl PairTile {
-    /// `c[rows, 16] = init + a·b`, `c` with row stride `ldc`.
-    ///
-    /// # Safety
-    /// `a` must be readable for `rows` rows of `kc` pairs `lda` apart, `b` for `kc`
-    /// rows of 16 pairs, and `c` readable and writable for `rows` rows of 16 floats
-    /// `ldc` apart; `rows ≤ 6`.
-    #[inline(always)]
-    unsafe fn run<I: Simd>(&self, isa: I, rows: usize, c: *mut f32, ldc: usize, init: Init<'_>) {
-        // Sixteen registers (AVX2) cannot hold 6 rows' accumulators (12) with the
-        // panel's pairs widened to f32 (4) and a row's pair (2): four rows, then
-        // the rest, each row's sums in the same order as in one pass.
-        if I::REGISTERS < 32 && rows > 4 {
-            let rest = PairTile {
-                // SAFETY: rows 4.. are within the caller's `rows` rows of `a`.
-                a: unsafe { self.a.add(4 * self.lda) },
-                ..*self
-            };
-            // SAFETY: the caller's guarantees, split at row 4. (No recursion: a
-            // recursive call could not be inlined into the instruction set's entry
-            // point, and would run without its features.)
-            unsafe {
-                self.rows::<I, 4, 1>(isa, 0, c, ldc, [init]);
-                let c = c.add(4 * ldc);
-                return match rows {
-                    6 => rest.rows::<I, 2, 1>(isa, 0, c, ldc, [init]),
-                    _ => rest.rows::<I, 1, 1>(isa, 0, c, ldc, [init]),
-                };
-            }
-        }
-        // SAFETY: the caller's guarantees, for `R = rows`.
-        unsafe {
-            match rows {
-                6 => self.rows::<I, 6, 1>(isa, 0, c, ldc, [init]),
-                5 => self.rows::<I, 5, 1>(isa, 0, c, ldc, [init]),
-                4 => self.rows::<I, 4, 1>(isa, 0, c, ldc, [init]),
-                3 => self.rows::<I, 3, 1>(isa, 0, c, ldc, [init]),
-                2 => self.rows::<I, 2, 1>(isa, 0, c, ldc, [init]),
-                _ => self.rows::<I, 1, 1>(isa, 0, c, ldc, [init]),
-            }
-        }
-    }
-
-    /// [`run`](Self::run) for `R` rows of `P` adjacent panels, each `next` pairs
-    /// after the one before in `b` and 16 floats right of it in `c`, with an `init`
-    /// each. With two panels each broadcast row pair feeds two products, so the loads
-    /// no longer outnumber the products; every output's sums are in the same order
-    /// whatever `P`.
-    ///
-    /// # Safety
-    /// As [`run`](Self::run)'s, with `rows = R`, for each of the `P` panels.
-    #[inline(always)]
-    unsafe fn rows<I: Simd, const R: usize, const P: usize>(
-        &self,
-        isa: I,
-        next: usize,
-        c: *mut f32,
-        ldc: usize,
-        init: [Init<'_>; P],
-    ) {
-        // SAFETY: every read and write below is inside the caller's `R` rows of `a`
-        // and `c` and `kc` rows of each panel of `b`.
-        unsafe {
-            let mut a = self.a;
-            let mut b = self.b;
-            let mut init = init;
-            let mut left = self.kc;
-            // Partial sums of SUM_BLOCK terms, each added to the output, as in the
-            // f32 product.
-            while left > 0 {
-                let steps = left.min(PAIR_SUM);
-                let mut acc = [[isa.splat(0.0); R]; P];
-                for _ in 0..steps {
-                    let mut bv = [isa.splat_pair(0); P];
-                    for (q, v) in bv.iter_mut().enumerate() {
-                        *v = isa.load_pairs(b.add(q * next));
-                    }
-                    // Indices, not iterators: an iterator over a nested accumulator
-                    // array kept it on the stack (a store after every product).
-                    #[allow(clippy::needless_range_loop)]
-                    for i in 0..R {
-                        let ai = isa.splat_pair(*a.add(i * self.lda));
-                        for q in 0..P {
-                            acc[q][i] = isa.dot2(acc[q][i], ai, bv[q]);
-                        }
-                    }
-                    a = a.add(1);
-                    b = b.add(NR);
-                }
-                for (q, (start, sums)) in init.iter().zip(&acc).enumerate() {
-                    for (i, sum) in sums.iter().enumerate() {
-                        let ci = c.add(i * ldc + q * NR);
-                        let start = match start {
-                            Init::Bias(bias) => isa.load(bias.as_ptr()),
-                            Init::Add => isa.load(ci),
-                        };
-                        isa.store(ci, isa.add(start, *sum));
-                    }
-                }
-                init = [Init::Add; P];
-                left -= steps;
-            }
         }
     }
 }

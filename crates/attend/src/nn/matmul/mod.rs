@@ -25,6 +25,9 @@ use super::Activation;
 use crate::isa::{dispatch, Isa, IsaToken, Simd, SimdJob};
 
 mod bf16;
+mod tile;
+
+use tile::Tile;
 
 pub(crate) use bf16::{linear_bf16, PackedBf16};
 
@@ -335,13 +338,12 @@ trait Operands: Sync {
         init: Init<'_>,
     );
     /// [`tile`](Self::tile) for two adjacent full panels `p` and `p + 1`, the second
-    /// one's output 16 floats to the right, each with its own `init`. The same sums
-    /// in the same order as two calls of `tile` (which is what it does unless an
-    /// implementation has a wider register tile).
+    /// one's output 16 floats to the right, each with its own `init`: the same sums
+    /// in the same order as two calls of `tile` (`tile::Tile` takes both panels in
+    /// one register tile where there are registers for it).
     ///
     /// # Safety
     /// As [`tile`](Self::tile)'s, for both panels, with 32 floats a row of `c`.
-    #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     unsafe fn tile_pair<I: Simd>(
         &self,
@@ -354,13 +356,7 @@ trait Operands: Sync {
         c: *mut f32,
         ldc: usize,
         init: [Init<'_>; 2],
-    ) {
-        // SAFETY: the caller's guarantees, one panel at a time.
-        unsafe {
-            self.tile(isa, r, rows, p, s0, sc, c, ldc, init[0]);
-            self.tile(isa, r, rows, p + 1, s0, sc, c.add(NR), ldc, init[1]);
-        }
-    }
+    );
 }
 
 /// The f32 product's operands: contiguous rows of `x` and the weight's panels.
@@ -401,10 +397,41 @@ impl Operands for F32Operands<'_, '_> {
             lda: self.lda,
             b,
             ldb,
+            next: 0,
             kc: sc,
         };
         // SAFETY: the caller's guarantees are the tile's.
-        unsafe { tile.run(isa, rows, c, ldc, init) }
+        unsafe { tile.run::<I, 1>(isa, rows, c, ldc, [init]) }
+    }
+
+    #[inline(always)]
+    unsafe fn tile_pair<I: Simd>(
+        &self,
+        isa: I,
+        r: usize,
+        rows: usize,
+        p: usize,
+        s0: usize,
+        sc: usize,
+        c: *mut f32,
+        ldc: usize,
+        init: [Init<'_>; 2],
+    ) {
+        let ((b, ldb), (b1, ldb1)) = (self.panels.at(p, s0), self.panels.at(p + 1, s0));
+        debug_assert_eq!(ldb, ldb1, "two full panels are laid out alike");
+        let tile = Tile {
+            // SAFETY: the caller keeps `r` and `s0` inside `x`.
+            a: unsafe { self.x.add(r * self.lda + s0) },
+            lda: self.lda,
+            b,
+            ldb,
+            // Full panels lie in one buffer (packed) or one weight (in place), the
+            // next one after this one.
+            next: (b1 as usize - b as usize) / std::mem::size_of::<f32>(),
+            kc: sc,
+        };
+        // SAFETY: the caller's guarantees are the tile's, for both panels.
+        unsafe { tile.run::<I, 2>(isa, rows, c, ldc, init) }
     }
 }
 
@@ -526,85 +553,6 @@ enum Init<'a> {
     Bias(&'a [f32; NR]),
     /// The partial sums already in the output.
     Add,
-}
-
-/// One register tile's operands: rows of `x` from `a` (row stride `lda`), a weight
-/// panel from `b` (row stride `ldb`), `kc` deep.
-struct Tile {
-    a: *const f32,
-    lda: usize,
-    b: *const f32,
-    ldb: usize,
-    kc: usize,
-}
-
-impl Tile {
-    /// `c[rows, 16] = init + a·b`, `c` with row stride `ldc`.
-    ///
-    /// # Safety
-    /// `a` must be readable for `rows` rows of `kc` floats `lda` apart, `b` for `kc`
-    /// rows of 16 floats `ldb` apart, and `c` readable and writable for `rows` rows
-    /// of 16 floats `ldc` apart; `rows ≤ 6`.
-    #[inline(always)]
-    unsafe fn run<I: Simd>(&self, isa: I, rows: usize, c: *mut f32, ldc: usize, init: Init<'_>) {
-        // SAFETY: the caller's guarantees, for `R = rows`.
-        unsafe {
-            match rows {
-                6 => self.rows::<I, 6>(isa, c, ldc, init),
-                5 => self.rows::<I, 5>(isa, c, ldc, init),
-                4 => self.rows::<I, 4>(isa, c, ldc, init),
-                3 => self.rows::<I, 3>(isa, c, ldc, init),
-                2 => self.rows::<I, 2>(isa, c, ldc, init),
-                _ => self.rows::<I, 1>(isa, c, ldc, init),
-            }
-        }
-    }
-
-    /// [`run`](Self::run) for `R` rows.
-    ///
-    /// # Safety
-    /// As [`run`](Self::run)'s, with `rows = R`.
-    #[inline(always)]
-    unsafe fn rows<I: Simd, const R: usize>(
-        &self,
-        isa: I,
-        c: *mut f32,
-        ldc: usize,
-        init: Init<'_>,
-    ) {
-        // SAFETY: every read and write below is inside the caller's `R` rows of `a`
-        // and `c` and `kc` rows of `b`.
-        unsafe {
-            let mut a = self.a;
-            let mut b = self.b;
-            let mut init = init;
-            let mut left = self.kc;
-            // Partial sums of SUM_BLOCK terms, each added to the output: the error of
-            // a sum of k terms then grows like SUM_BLOCK + k/SUM_BLOCK, not like k.
-            while left > 0 {
-                let steps = left.min(SUM_BLOCK);
-                let mut acc = [isa.splat(0.0); R];
-                for _ in 0..steps {
-                    let bv = isa.load(b);
-                    for (i, row) in acc.iter_mut().enumerate() {
-                        *row = isa.fma(isa.splat(*a.add(i * self.lda)), bv, *row);
-                    }
-                    a = a.add(1);
-                    b = b.add(self.ldb);
-                }
-                for (i, row) in acc.iter().enumerate() {
-                    let ci = c.add(i * ldc);
-                    let start = match init {
-                        Init::Bias(bias) => isa.load(bias.as_ptr()),
-                        Init::Add => isa.load(ci),
-                    };
-                    isa.store(ci, isa.add(start, *row));
-                }
-                init = Init::Add;
-                left -= steps;
-            }
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,215 @@
+//! The register tile of both dense-layer products: `R ≤ 6` rows of the input times
+//! `P` adjacent 16-wide weight panels, written once over what one step of the sum
+//! multiplies ([`Step`]: an f32 number, or a bf16 pair through [`Simd::dot2`]).
+//!
+//! With one panel a step loads as many numbers as it multiplies (one panel vector,
+//! `R` broadcasts, `R` products); with two, each broadcast feeds two products, so
+//! 32-register instruction sets take two full panels at a time. Every output's sum
+//! runs over the same steps in the same order whatever the tile's shape, so the bits
+//! do not depend on it.
+
+use super::{Init, NR};
+use crate::isa::Simd;
+
+/// One step of a dot product: what `a` and `b` hold and how they multiply.
+pub(super) trait Step: Copy {
+    /// The vector of 16 steps' `b` operands (one per output column).
+    type B<I: Simd>: Copy;
+    /// Steps in a partial sum before it joins the output (the same number of terms
+    /// for every element type: `SUM_BLOCK` products).
+    const PARTIAL: usize;
+    /// Rows a 16-register instruction set can hold in one tile.
+    const ROWS_16: usize;
+    /// Loads 16 steps' `b` operands.
+    ///
+    /// # Safety
+    /// `p` must be valid for reading 16 elements.
+    unsafe fn load<I: Simd>(isa: I, p: *const Self) -> Self::B<I>;
+    /// Broadcasts one row's `a` operand.
+    fn splat<I: Simd>(isa: I, a: Self) -> Self::B<I>;
+    /// `acc + a · b`, lane by lane.
+    fn mul_add<I: Simd>(isa: I, acc: I::V, a: Self::B<I>, b: Self::B<I>) -> I::V;
+}
+
+impl Step for f32 {
+    type B<I: Simd> = I::V;
+    const PARTIAL: usize = super::SUM_BLOCK;
+    const ROWS_16: usize = 6;
+    #[inline(always)]
+    unsafe fn load<I: Simd>(isa: I, p: *const f32) -> I::V {
+        // SAFETY: the caller guarantees 16 readable floats.
+        unsafe { isa.load(p) }
+    }
+    #[inline(always)]
+    fn splat<I: Simd>(isa: I, a: f32) -> I::V {
+        isa.splat(a)
+    }
+    #[inline(always)]
+    fn mul_add<I: Simd>(isa: I, acc: I::V, a: I::V, b: I::V) -> I::V {
+        isa.fma(a, b, acc)
+    }
+}
+
+/// A bf16 pair (its bits, low element in the low half): two products per step.
+impl Step for u32 {
+    type B<I: Simd> = I::P;
+    const PARTIAL: usize = super::SUM_BLOCK / 2;
+    /// Six rows' accumulators, the panel's pairs widened to f32 and a row's pair do
+    /// not fit in 16 registers: four rows, then the rest.
+    const ROWS_16: usize = 4;
+    #[inline(always)]
+    unsafe fn load<I: Simd>(isa: I, p: *const u32) -> I::P {
+        // SAFETY: the caller guarantees 16 readable pairs.
+        unsafe { isa.load_pairs(p) }
+    }
+    #[inline(always)]
+    fn splat<I: Simd>(isa: I, a: u32) -> I::P {
+        isa.splat_pair(a)
+    }
+    #[inline(always)]
+    fn mul_add<I: Simd>(isa: I, acc: I::V, a: I::P, b: I::P) -> I::V {
+        isa.dot2(acc, a, b)
+    }
+}
+
+/// One register tile's operands: rows of `a` (`lda` apart), a panel of `b` (rows of
+/// 16 elements `ldb` apart, the next panel `next` elements further), `kc` steps.
+#[derive(Clone, Copy)]
+pub(super) struct Tile<E> {
+    pub a: *const E,
+    pub lda: usize,
+    pub b: *const E,
+    pub ldb: usize,
+    pub next: usize,
+    pub kc: usize,
+}
+
+impl<E: Step> Tile<E> {
+    /// `c[rows, 16·P] = init + a·b` for `P` (1 or 2) adjacent panels, `c` with row
+    /// stride `ldc`, each panel with its own `init`.
+    ///
+    /// # Safety
+    /// `a` must be readable for `rows` rows of `kc` elements `lda` apart, `b` for
+    /// `kc` rows of 16 elements `ldb` apart in each of the `P` panels, and `c`
+    /// readable and writable for `rows` rows of `16·P` floats `ldc` apart;
+    /// `rows ≤ 6`.
+    #[inline(always)]
+    pub unsafe fn run<I: Simd, const P: usize>(
+        &self,
+        isa: I,
+        rows: usize,
+        c: *mut f32,
+        ldc: usize,
+        init: [Init<'_>; P],
+    ) {
+        // SAFETY: the caller's guarantees, split by panel and by rows below (no
+        // recursion: a recursive call could not be inlined into the instruction
+        // set's entry point, and would run without its features).
+        unsafe {
+            if I::REGISTERS < 32 && (P > 1 || rows > E::ROWS_16) {
+                for (q, &init) in init.iter().enumerate() {
+                    let panel = Tile {
+                        b: self.b.add(q * self.next),
+                        ..*self
+                    };
+                    let c = c.add(q * NR);
+                    let top = rows.min(E::ROWS_16);
+                    panel.fixed::<I, 1>(isa, top, c, ldc, [init]);
+                    if rows > top {
+                        let rest = Tile {
+                            a: panel.a.add(top * self.lda),
+                            ..panel
+                        };
+                        rest.fixed::<I, 1>(isa, rows - top, c.add(top * ldc), ldc, [init]);
+                    }
+                }
+                return;
+            }
+            self.fixed::<I, P>(isa, rows, c, ldc, init);
+        }
+    }
+
+    /// [`run`](Self::run) with the row count made a constant.
+    ///
+    /// # Safety
+    /// As [`run`](Self::run)'s.
+    #[inline(always)]
+    unsafe fn fixed<I: Simd, const P: usize>(
+        &self,
+        isa: I,
+        rows: usize,
+        c: *mut f32,
+        ldc: usize,
+        init: [Init<'_>; P],
+    ) {
+        // SAFETY: the caller's guarantees, for `R = rows`.
+        unsafe {
+            match rows {
+                6 => self.rows::<I, 6, P>(isa, c, ldc, init),
+                5 => self.rows::<I, 5, P>(isa, c, ldc, init),
+                4 => self.rows::<I, 4, P>(isa, c, ldc, init),
+                3 => self.rows::<I, 3, P>(isa, c, ldc, init),
+                2 => self.rows::<I, 2, P>(isa, c, ldc, init),
+                _ => self.rows::<I, 1, P>(isa, c, ldc, init),
+            }
+        }
+    }
+
+    /// [`run`](Self::run) for `R` rows.
+    ///
+    /// # Safety
+    /// As [`run`](Self::run)'s, with `rows = R`.
+    #[inline(always)]
+    unsafe fn rows<I: Simd, const R: usize, const P: usize>(
+        &self,
+        isa: I,
+        c: *mut f32,
+        ldc: usize,
+        init: [Init<'_>; P],
+    ) {
+        // SAFETY: every read and write below is inside the caller's `R` rows of `a`
+        // and `c` and `kc` rows of each panel of `b`.
+        unsafe {
+            let mut a = self.a;
+            let mut b = self.b;
+            let mut init = init;
+            let mut left = self.kc;
+            // Partial sums of `SUM_BLOCK` products, each added to the output: the
+            // error of a sum of k terms then grows like SUM_BLOCK + k/SUM_BLOCK, not
+            // like k.
+            while left > 0 {
+                let steps = left.min(E::PARTIAL);
+                let mut acc = [[isa.splat(0.0); R]; P];
+                for _ in 0..steps {
+                    let mut bv = [E::splat(isa, *a); P];
+                    for (q, v) in bv.iter_mut().enumerate() {
+                        *v = E::load(isa, b.add(q * self.next));
+                    }
+                    // Indices, not iterators: an iterator over a nested accumulator
+                    // array kept it on the stack (a store after every product).
+                    #[allow(clippy::needless_range_loop)]
+                    for i in 0..R {
+                        let ai = E::splat(isa, *a.add(i * self.lda));
+                        for q in 0..P {
+                            acc[q][i] = E::mul_add(isa, acc[q][i], ai, bv[q]);
+                        }
+                    }
+                    a = a.add(1);
+                    b = b.add(self.ldb);
+                }
+                for (q, (start, sums)) in init.iter().zip(&acc).enumerate() {
+                    for (i, sum) in sums.iter().enumerate() {
+                        let ci = c.add(i * ldc + q * NR);
+                        let start = match start {
+                            Init::Bias(bias) => isa.load(bias.as_ptr()),
+                            Init::Add => isa.load(ci),
+                        };
+                        isa.store(ci, isa.add(start, *sum));
+                    }
+                }
+                init = [Init::Add; P];
+                left -= steps;
+            }
+        }
+    }
+}
