@@ -127,17 +127,7 @@ impl ValuePairs {
             .for_each(|(bh, dst)| {
                 let v =
                     p.v.slice(ndarray::s![bh / d.kv_heads, bh % d.kv_heads, .., ..]);
-                let src = (v.as_ptr() as *const u16, v.strides()[0]);
-                // SAFETY: `v` holds `S` rows of `Ev` contiguous bf16 (`reads_in_place`),
-                // `dst` `⌈S/2⌉` rows of `evp` pairs.
-                let job = PackValues {
-                    src,
-                    rows: d.kv_len,
-                    ev: d.value_dim,
-                    dst,
-                    evp,
-                };
-                dispatch(isa, job)
+                dispatch(isa, PackValues { v, dst, evp })
             });
         ValuePairs { data, head, evp }
     }
@@ -154,31 +144,27 @@ impl ValuePairs {
     }
 }
 
-/// [`pack_value_pairs`] over one head, for [`dispatch`].
-struct PackValues<'d> {
-    src: (*const u16, isize),
-    rows: usize,
-    ev: usize,
+/// [`pack_value_pairs`] over one head's values `[S, Ev]`, for [`dispatch`].
+struct PackValues<'v, 'd> {
+    v: ndarray::ArrayView2<'v, bf16>,
     dst: &'d mut [u32],
     evp: usize,
 }
 
-impl SimdJob for PackValues<'_> {
+impl SimdJob for PackValues<'_, '_> {
     type Output = ();
     #[inline(always)]
     fn run<I: Simd>(self, isa: I) {
-        assert!(self.dst.len() >= pairs(self.rows) * self.evp);
-        // SAFETY: `src` holds `rows` rows of `ev` contiguous bf16 (the maker's
-        // guarantee), `dst` was checked to hold their pairs.
-        unsafe {
-            pack_value_pairs(
-                isa,
-                self.src,
-                (self.rows, self.ev),
-                self.dst.as_mut_ptr(),
-                self.evp,
-            )
-        }
+        let (rows, ev) = self.v.dim();
+        assert!(
+            self.v.strides()[1] == 1 || ev <= 1,
+            "value rows must be contiguous"
+        );
+        assert!(self.evp >= ev && self.dst.len() >= pairs(rows) * self.evp);
+        let src = (self.v.as_ptr() as *const u16, self.v.strides()[0]);
+        // SAFETY: `v` holds `rows` rows of `ev` contiguous bf16 (checked), `src.1`
+        // apart (a bf16 is its `u16` bits); `dst` was checked to hold their pairs.
+        unsafe { pack_value_pairs(isa, src, (rows, ev), self.dst.as_mut_ptr(), self.evp) }
     }
 }
 
