@@ -213,7 +213,7 @@ impl Operands for PairOperands<'_> {
     }
 
     #[inline(always)]
-    unsafe fn tile<I: Simd>(
+    unsafe fn tile<I: Simd, const P: usize>(
         &self,
         isa: I,
         r: usize,
@@ -223,46 +223,20 @@ impl Operands for PairOperands<'_> {
         sc: usize,
         c: *mut f32,
         ldc: usize,
-        init: Init<'_>,
+        init: [Init<'_>; P],
     ) {
-        let tile = self.tile_at(r, p, s0, sc);
-        // SAFETY: the caller's guarantees (rows of `x`, a panel of `w`, steps
-        // within the depth) are the tile's.
-        unsafe { tile.run::<I, 1>(isa, rows, c, ldc, [init]) }
-    }
-
-    #[inline(always)]
-    unsafe fn tile_pair<I: Simd>(
-        &self,
-        isa: I,
-        r: usize,
-        rows: usize,
-        p: usize,
-        s0: usize,
-        sc: usize,
-        c: *mut f32,
-        ldc: usize,
-        init: [Init<'_>; 2],
-    ) {
-        let tile = self.tile_at(r, p, s0, sc);
-        // SAFETY: the caller's guarantees, for panels `p` and `p + 1`.
-        unsafe { tile.run::<I, 2>(isa, rows, c, ldc, init) }
-    }
-}
-
-impl PairOperands<'_> {
-    /// The tile of rows from `r` and panel `p` (the next panel `depth` rows of 16
-    /// pairs further), `sc` pairs from pair `s0`.
-    #[inline(always)]
-    fn tile_at(&self, r: usize, p: usize, s0: usize, sc: usize) -> Tile<u32> {
-        Tile {
+        let tile = Tile {
             a: self.x[r * self.lda + s0..].as_ptr(),
             lda: self.lda,
             b: self.w.data[(p * self.lda + s0) * NR..].as_ptr(),
             ldb: NR,
+            // The packing keeps each panel's `depth` rows of 16 pairs together.
             next: self.lda * NR,
             kc: sc,
-        }
+        };
+        // SAFETY: the caller's guarantees (rows of `x`, panels of `w`, steps within
+        // the depth) are the tile's.
+        unsafe { tile.run::<I, P>(isa, rows, c, ldc, init) }
     }
 }
 

@@ -318,14 +318,18 @@ trait Operands: Sync {
     const BLOCK: usize;
     /// Steps of the sum (`k` for f32, its pairs for bf16).
     fn depth(&self) -> usize;
-    /// `c[rows, 16] = init + x[r .. r + rows] · panel p`, over steps `s0 .. s0 + sc`.
+    /// `c[rows, 16·P] = init + x[r .. r + rows] · panels p .. p + P`, over steps
+    /// `s0 .. s0 + sc`, each panel with its own `init` and its output 16 floats right
+    /// of the one before. Every output's sum is the same, in the same order, whatever
+    /// `P` (`Tile` takes two full panels in one register tile where there are
+    /// registers for it).
     ///
     /// # Safety
-    /// `r + rows` must be within the input's rows (`rows ≤ 6`), `p` a panel of the
-    /// weight, `s0 + sc ≤ depth()`, and `c` readable and writable for `rows` rows
-    /// of 16 floats `ldc` apart.
+    /// `r + rows` must be within the input's rows (`rows ≤ 6`), `p .. p + P` panels
+    /// of the weight (full ones when `P > 1`), `s0 + sc ≤ depth()`, and `c` readable
+    /// and writable for `rows` rows of `16·P` floats `ldc` apart.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn tile<I: Simd>(
+    unsafe fn tile<I: Simd, const P: usize>(
         &self,
         isa: I,
         r: usize,
@@ -335,27 +339,7 @@ trait Operands: Sync {
         sc: usize,
         c: *mut f32,
         ldc: usize,
-        init: Init<'_>,
-    );
-    /// [`tile`](Self::tile) for two adjacent full panels `p` and `p + 1`, the second
-    /// one's output 16 floats to the right, each with its own `init`: the same sums
-    /// in the same order as two calls of `tile` (`tile::Tile` takes both panels in
-    /// one register tile where there are registers for it).
-    ///
-    /// # Safety
-    /// As [`tile`](Self::tile)'s, for both panels, with 32 floats a row of `c`.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn tile_pair<I: Simd>(
-        &self,
-        isa: I,
-        r: usize,
-        rows: usize,
-        p: usize,
-        s0: usize,
-        sc: usize,
-        c: *mut f32,
-        ldc: usize,
-        init: [Init<'_>; 2],
+        init: [Init<'_>; P],
     );
 }
 
@@ -378,7 +362,7 @@ impl Operands for F32Operands<'_, '_> {
     }
 
     #[inline(always)]
-    unsafe fn tile<I: Simd>(
+    unsafe fn tile<I: Simd, const P: usize>(
         &self,
         isa: I,
         r: usize,
@@ -388,50 +372,29 @@ impl Operands for F32Operands<'_, '_> {
         sc: usize,
         c: *mut f32,
         ldc: usize,
-        init: Init<'_>,
+        init: [Init<'_>; P],
     ) {
         let (b, ldb) = self.panels.at(p, s0);
+        // Full panels lie in one buffer (packed) or one weight (in place), each
+        // after the one before.
+        let next = if P > 1 {
+            let (b1, ldb1) = self.panels.at(p + 1, s0);
+            debug_assert_eq!(ldb, ldb1, "full panels are laid out alike");
+            (b1 as usize - b as usize) / std::mem::size_of::<f32>()
+        } else {
+            0
+        };
         let tile = Tile {
             // SAFETY: the caller keeps `r` and `s0` inside `x`.
             a: unsafe { self.x.add(r * self.lda + s0) },
             lda: self.lda,
             b,
             ldb,
-            next: 0,
+            next,
             kc: sc,
         };
         // SAFETY: the caller's guarantees are the tile's.
-        unsafe { tile.run::<I, 1>(isa, rows, c, ldc, [init]) }
-    }
-
-    #[inline(always)]
-    unsafe fn tile_pair<I: Simd>(
-        &self,
-        isa: I,
-        r: usize,
-        rows: usize,
-        p: usize,
-        s0: usize,
-        sc: usize,
-        c: *mut f32,
-        ldc: usize,
-        init: [Init<'_>; 2],
-    ) {
-        let ((b, ldb), (b1, ldb1)) = (self.panels.at(p, s0), self.panels.at(p + 1, s0));
-        debug_assert_eq!(ldb, ldb1, "two full panels are laid out alike");
-        let tile = Tile {
-            // SAFETY: the caller keeps `r` and `s0` inside `x`.
-            a: unsafe { self.x.add(r * self.lda + s0) },
-            lda: self.lda,
-            b,
-            ldb,
-            // Full panels lie in one buffer (packed) or one weight (in place), the
-            // next one after this one.
-            next: (b1 as usize - b as usize) / std::mem::size_of::<f32>(),
-            kc: sc,
-        };
-        // SAFETY: the caller's guarantees are the tile's, for both panels.
-        unsafe { tile.run::<I, 2>(isa, rows, c, ldc, init) }
+        unsafe { tile.run::<I, P>(isa, rows, c, ldc, init) }
     }
 }
 
@@ -456,64 +419,16 @@ impl<O: Operands> Problem<'_, O> {
             let (depth, n) = (self.operands.depth(), self.n);
             for s0 in (0..depth).step_by(O::BLOCK) {
                 let sc = O::BLOCK.min(depth - s0);
-                let first = s0 == 0;
                 let mut p = b.panels.start;
                 while p < b.panels.end {
                     // Two full panels at a time where there are two.
                     if p + 1 < b.panels.end && (p + 2) * NR <= n {
-                        let mut bias = [[0.0f32; NR]; 2];
-                        if let Some(bs) = self.bias {
-                            bias[0].copy_from_slice(&bs[p * NR..(p + 1) * NR]);
-                            bias[1].copy_from_slice(&bs[(p + 1) * NR..(p + 2) * NR]);
-                        }
-                        let init = if first {
-                            [Init::Bias(&bias[0]), Init::Bias(&bias[1])]
-                        } else {
-                            [Init::Add; 2]
-                        };
-                        let mut r = b.rows.start;
-                        while r < b.rows.end {
-                            let rows = MR.min(b.rows.end - r);
-                            let c = out.0.add(r * n + p * NR);
-                            self.operands.tile_pair(isa, r, rows, p, s0, sc, c, n, init);
-                            r += rows;
-                        }
+                        self.panels::<I, 2>(isa, b, p, (s0, sc), out);
                         p += 2;
-                        continue;
+                    } else {
+                        self.panels::<I, 1>(isa, b, p, (s0, sc), out);
+                        p += 1;
                     }
-                    let j0 = p * NR;
-                    let cols = NR.min(n - j0);
-                    let mut bias = [0.0f32; NR];
-                    if let Some(bs) = self.bias {
-                        bias[..cols].copy_from_slice(&bs[j0..j0 + cols]);
-                    }
-                    let init = if first { Init::Bias(&bias) } else { Init::Add };
-                    let mut r = b.rows.start;
-                    while r < b.rows.end {
-                        let rows = MR.min(b.rows.end - r);
-                        let c = out.0.add(r * n + j0);
-                        let tile =
-                            |c, ldc| self.operands.tile(isa, r, rows, p, s0, sc, c, ldc, init);
-                        if cols == NR {
-                            tile(c, n);
-                        } else {
-                            // A partial panel: through a 6 × 16 buffer.
-                            let mut buf = [0.0f32; MR * NR];
-                            if !first {
-                                for i in 0..rows {
-                                    let src = std::slice::from_raw_parts(c.add(i * n), cols);
-                                    buf[i * NR..i * NR + cols].copy_from_slice(src);
-                                }
-                            }
-                            tile(buf.as_mut_ptr(), NR);
-                            for i in 0..rows {
-                                let dst = std::slice::from_raw_parts_mut(c.add(i * n), cols);
-                                dst.copy_from_slice(&buf[i * NR..i * NR + cols]);
-                            }
-                        }
-                        r += rows;
-                    }
-                    p += 1;
                 }
             }
             if let Some(act) = self.act {
@@ -524,6 +439,71 @@ impl<O: Operands> Problem<'_, O> {
                         j1 - j0,
                     ));
                 }
+            }
+        }
+    }
+
+    /// Panels `p .. p + P` of one block over steps `s0 .. s0 + sc`, every row
+    /// block of the block's rows; the bias starts the first steps' sums.
+    ///
+    /// # Safety
+    /// As [`block`](Self::block)'s, for panels of the block (full ones when
+    /// `P > 1`).
+    #[inline(always)]
+    unsafe fn panels<I: Simd, const P: usize>(
+        &self,
+        isa: I,
+        b: &Block,
+        p: usize,
+        (s0, sc): (usize, usize),
+        out: &Out,
+    ) {
+        // SAFETY: the caller upholds this function's contract (see # Safety).
+        unsafe {
+            let n = self.n;
+            let j0 = p * NR;
+            let cols = (P * NR).min(n - j0);
+            let mut bias = [[0.0f32; NR]; P];
+            if let Some(bs) = self.bias {
+                for (q, bq) in bias.iter_mut().enumerate() {
+                    let (lo, hi) = (j0 + q * NR, (j0 + (q + 1) * NR).min(n));
+                    bq[..hi - lo].copy_from_slice(&bs[lo..hi]);
+                }
+            }
+            let first = s0 == 0;
+            let mut init = [Init::Add; P];
+            if first {
+                for (i, bq) in init.iter_mut().zip(&bias) {
+                    *i = Init::Bias(bq);
+                }
+            }
+            let width = P * NR;
+            let mut r = b.rows.start;
+            while r < b.rows.end {
+                let rows = MR.min(b.rows.end - r);
+                let c = out.0.add(r * n + j0);
+                let tile = |c, ldc| {
+                    self.operands
+                        .tile::<I, P>(isa, r, rows, p, s0, sc, c, ldc, init)
+                };
+                if cols == width {
+                    tile(c, n);
+                } else {
+                    // A partial panel: through a buffer of whole ones.
+                    let mut buf = [0.0f32; MR * 2 * NR];
+                    if !first {
+                        for i in 0..rows {
+                            let src = std::slice::from_raw_parts(c.add(i * n), cols);
+                            buf[i * width..i * width + cols].copy_from_slice(src);
+                        }
+                    }
+                    tile(buf.as_mut_ptr(), width);
+                    for i in 0..rows {
+                        let dst = std::slice::from_raw_parts_mut(c.add(i * n), cols);
+                        dst.copy_from_slice(&buf[i * width..i * width + cols]);
+                    }
+                }
+                r += rows;
             }
         }
     }
