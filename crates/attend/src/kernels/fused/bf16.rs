@@ -20,7 +20,7 @@
 use ndarray::{Array3, Array4, ArrayView4};
 use rayon::prelude::*;
 
-use super::{query_vectors, register_block, running_max, Plan, Unit, BK};
+use super::{exp_shifted, query_vectors, register_block, running_max, Plan, Unit, BK};
 use crate::element::bf16;
 use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
 use crate::kernels::scratch::{carve, with_scratch};
@@ -114,6 +114,9 @@ struct ValuePairs {
     head: usize,
     /// Pairs per row, `Ev` rounded up to 16.
     evp: usize,
+    /// Key/value heads `Hkv` and keys `S`.
+    kv_heads: usize,
+    keys: usize,
 }
 
 impl ValuePairs {
@@ -129,17 +132,19 @@ impl ValuePairs {
                     p.v.slice(ndarray::s![bh / d.kv_heads, bh % d.kv_heads, .., ..]);
                 dispatch(isa, PackValues { v, dst, evp })
             });
-        ValuePairs { data, head, evp }
+        ValuePairs {
+            data,
+            head,
+            evp,
+            kv_heads: d.kv_heads,
+            keys: d.kv_len,
+        }
     }
 
     /// The pairs of keys `j0..j1` of head `(b, kvh)`, if they can be read here.
-    fn tile(
-        &self,
-        (b, kvh, kv_heads): (usize, usize, usize),
-        (j0, j1, s): (usize, usize, usize),
-    ) -> Option<&[u32]> {
-        let even = j0 % 2 == 0 && (j1 % 2 == 0 || j1 == s);
-        let at = (b * kv_heads + kvh) * self.head + j0 / 2 * self.evp;
+    fn tile(&self, (b, kvh): (usize, usize), (j0, j1): (usize, usize)) -> Option<&[u32]> {
+        let even = j0 % 2 == 0 && (j1 % 2 == 0 || j1 == self.keys);
+        let at = (b * self.kv_heads + kvh) * self.head + j0 / 2 * self.evp;
         even.then(|| &self.data[at..at + pairs(j1 - j0) * self.evp])
     }
 }
@@ -244,10 +249,10 @@ impl SimdJob for UnitJob<'_, '_, '_, '_> {
     }
 }
 
-/// The bits of a bf16 pair `(lo, hi)`.
+/// The bits of a bf16 pair `(lo, hi)`, from the numbers' bits.
 #[inline(always)]
-fn pair(lo: bf16, hi: bf16) -> u32 {
-    lo.to_bits() as u32 | (hi.to_bits() as u32) << 16
+fn pair(lo: u16, hi: u16) -> u32 {
+    lo as u32 | (hi as u32) << 16
 }
 
 /// One unit: pack `Qᵀ`, sweep the key tiles, normalise and write out.
@@ -278,7 +283,7 @@ fn unit<I: Simd, const NQ: usize>(
             } else {
                 bf16::ZERO
             };
-            scr.qp[c * w + ii] = pair(row[2 * c], hi);
+            scr.qp[c * w + ii] = pair(row[2 * c].to_bits(), hi.to_bits());
         }
     }
     scr.ot.fill(0.0);
@@ -354,7 +359,7 @@ fn unit<I: Simd, const NQ: usize>(
         };
         // The values as pairs of rows: packed for the whole call where the tile's
         // pairs are the head's, here otherwise.
-        let vp: &[u32] = match values.tile((b, kvh, d.kv_heads), (j0, j1, d.kv_len)) {
+        let vp: &[u32] = match values.tile((b, kvh), (j0, j1)) {
             Some(pairs) => pairs,
             None => {
                 let vrows = v.slice(ndarray::s![j0..j1, ..]);
@@ -421,23 +426,17 @@ unsafe fn softmax_pairs<I: Simd, const NQ: usize>(
     // SAFETY: the caller upholds this function's contract (see # Safety).
     unsafe {
         let w = NQ * LANES;
-        let log2e = isa.splat(std::f32::consts::LOG2_E);
         for x in 0..NQ {
             let o = x * LANES;
             let (m_use, a) = running_max::<I, NQ>(isa, s.add(o), nk, m.add(o));
-            // Not a closure: a closure is a function of its own, compiled without the
-            // instruction set's features unless it is inlined.
-            #[inline(always)]
-            unsafe fn weight<I: Simd>(isa: I, s: *const f32, m: I::V, log2e: I::V) -> I::V {
-                // SAFETY: the caller's `s` points at 16 readable floats.
-                isa.exp2(isa.mul(isa.sub(unsafe { isa.load(s) }, m), log2e))
-            }
+            // (No closure for the weight of key `j`: a closure is a function of its
+            // own, compiled without the instruction set's features unless inlined.)
             let mut sum = isa.splat(0.0);
             for t in 0..pairs(nk) {
-                let lo = weight(isa, s.add(2 * t * w + o), m_use, log2e);
+                let lo = exp_shifted(isa, isa.load(s.add(2 * t * w + o)), m_use);
                 sum = isa.add(sum, lo);
                 let hi = if 2 * t + 1 < nk {
-                    let hi = weight(isa, s.add((2 * t + 1) * w + o), m_use, log2e);
+                    let hi = exp_shifted(isa, isa.load(s.add((2 * t + 1) * w + o)), m_use);
                     sum = isa.add(sum, hi);
                     hi
                 } else {
@@ -479,8 +478,7 @@ unsafe fn pack_value_pairs<I: Simd>(
                 isa.store_pairs(out.add(c), isa.pack_bf16(isa.load_bf16(lo.add(c)), h));
             }
             for c in whole..ev {
-                let h = hi.map_or(0, |h| *h.add(c));
-                *out.add(c) = *lo.add(c) as u32 | (h as u32) << 16;
+                *out.add(c) = pair(*lo.add(c), hi.map_or(0, |h| *h.add(c)));
             }
         }
     }

@@ -522,14 +522,13 @@ unsafe fn softmax_tile<I: Simd, const NQ: usize>(
     // SAFETY: the caller upholds this function's contract (see # Safety).
     unsafe {
         let w = NQ * LANES;
-        let log2e = isa.splat(std::f32::consts::LOG2_E);
         for v in 0..NQ {
             let o = v * LANES;
             let (m_use, a) = running_max::<I, NQ>(isa, s.add(o), nk, m.add(o));
             let mut sum = isa.splat(0.0);
             for j in 0..nk {
                 let ptr = s.add(j * w + o);
-                let pj = isa.exp2(isa.mul(isa.sub(isa.load(ptr), m_use), log2e));
+                let pj = exp_shifted(isa, isa.load(ptr), m_use);
                 isa.store(ptr, pj);
                 sum = isa.add(sum, pj);
             }
@@ -565,9 +564,15 @@ unsafe fn running_max<I: Simd, const NQ: usize>(
         // finite float instead, so that masked scores give 0 rather than NaN (max
         // keeps a NaN in its second operand).
         let m_use = isa.max(isa.splat(f32::MIN), mx);
-        let log2e = isa.splat(std::f32::consts::LOG2_E);
-        (m_use, isa.exp2(isa.mul(isa.sub(m_old, m_use), log2e)))
+        (m_use, exp_shifted(isa, m_old, m_use))
     }
+}
+
+/// `exp(x − m)` as `2^((x − m)·log₂e)`: the difference first, which is exact for the
+/// scores that matter, so huge scores lose nothing.
+#[inline(always)]
+fn exp_shifted<I: Simd>(isa: I, x: I::V, m: I::V) -> I::V {
+    isa.exp2(isa.mul(isa.sub(x, m), isa.splat(std::f32::consts::LOG2_E)))
 }
 
 /// `ot[c][·] = alpha · ot[c][·] + Σ_j v[j, c] · p[j][·]` for `MC` value columns.
