@@ -82,8 +82,9 @@ unsafe fn exp2_half(x: __m256) -> __m256 {
         let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
         let f = _mm256_sub_ps(x, n);
         let c = EXP2_POLY;
-        let mut p = _mm256_set1_ps(c[7]);
-        for &ci in c[..7].iter().rev() {
+        let (&last, lower) = c.split_last().expect("a polynomial has a coefficient");
+        let mut p = _mm256_set1_ps(last);
+        for &ci in lower.iter().rev() {
             p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(ci));
         }
         // Scale by 2^n in two exact halves so that n down to −150 underflows gracefully.

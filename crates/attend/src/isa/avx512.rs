@@ -130,8 +130,9 @@ unsafe impl<const BF16: bool> Simd for Avx512Of<BF16> {
             let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
             let f = _mm512_sub_ps(x, n);
             let c = EXP2_POLY;
-            let mut p = _mm512_set1_ps(c[7]);
-            for &ci in c[..7].iter().rev() {
+            let (&last, lower) = c.split_last().expect("a polynomial has a coefficient");
+            let mut p = _mm512_set1_ps(last);
+            for &ci in lower.iter().rev() {
                 p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(ci));
             }
             // p · 2^n with correct underflow.

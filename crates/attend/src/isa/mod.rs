@@ -366,17 +366,19 @@ pub(crate) fn bf16_to_f32(bits: u16) -> f32 {
     f32::from_bits((bits as u32) << 16)
 }
 
-/// `2^f` on `f ∈ [−½, ½]`: Taylor coefficients of `e^(f ln 2)` to degree 7
-/// (truncation error below 6e−9, under a tenth of an f32 ulp).
-pub(crate) const EXP2_POLY: [f32; 8] = [
+/// `2^f` on `f ∈ [−½, ½]` to degree 6, highest last: `1 + f·g(f)` with `g` a
+/// relative-error-weighted Chebyshev fit of `(2^f − 1)/f`, rounded to f32. Evaluated
+/// by Horner's rule in f32 fused multiply-adds, its worst relative error over the
+/// interval is 8.0e−8 (0.67 ulp), against 6.5e−8 for degree 7: one multiply-add
+/// fewer in every softmax weight for a fifth of an ulp.
+pub(crate) const EXP2_POLY: [f32; 7] = [
     1.0,
     std::f32::consts::LN_2,
-    0.240_226_5,
-    0.055_504_11,
-    0.009_618_129,
-    0.001_333_355_8,
-    0.000_154_035_3,
-    0.000_015_252_734,
+    0.240_226_49,
+    0.055_503_424,
+    0.009_618_365,
+    0.001_339_469,
+    0.000_153_633_71,
 ];
 
 /// The scalar `2^x` every implementation follows lane by lane: the same reduction
@@ -390,8 +392,7 @@ pub(crate) fn exp2_scalar(x: f32) -> f32 {
     let n = (x + MAGIC) - MAGIC;
     let f = x - n;
     let c = EXP2_POLY;
-    let mut p = c[7];
-    p = p.mul_add(f, c[6]);
+    let mut p = c[6];
     p = p.mul_add(f, c[5]);
     p = p.mul_add(f, c[4]);
     p = p.mul_add(f, c[3]);

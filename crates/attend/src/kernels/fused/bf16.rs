@@ -20,14 +20,14 @@
 use ndarray::{Array3, Array4, ArrayView4};
 use rayon::prelude::*;
 
-use super::{exp_shifted, query_vectors, register_block, running_max, Plan, Unit, BK};
+use super::{exp_shifted, query_vectors, register_block, running_max, tile_keys, Plan, Unit, BK};
 use crate::element::bf16;
 use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
 use crate::kernels::scratch::{carve, with_scratch};
 use crate::problem::{Dims, Problem};
 
 /// Pairs (two products each) a dot product sums in registers before it joins its
-/// running total in memory. The f32 kernel joins every 16 products to keep long f32
+/// running total in memory. The f32 kernel joins every 32 products to keep long f32
 /// sums accurate; here the output is rounded to bf16 (relative error up to 2⁻⁹),
 /// which dwarfs the f32 rounding of a 64-product sum (64 · 2⁻²⁴ at worst), so one
 /// chunk covers a 64-wide head and saves its partial sums the trip through memory
@@ -294,10 +294,11 @@ fn unit<I: Simd, const NQ: usize>(
     let v = p.v.slice(ndarray::s![b, kvh, .., ..]);
     let (jlo, jhi) = p.block_key_range(i0, i0 + rows);
     let mr = register_block::<I>(NQ);
-    let mut t = jlo / BK;
-    while t * BK < jhi {
-        let j0 = (t * BK).max(jlo);
-        let j1 = ((t + 1) * BK).min(jhi);
+    let bk = tile_keys::<I>();
+    let mut t = jlo / bk;
+    while t * bk < jhi {
+        let j0 = (t * bk).max(jlo);
+        let j1 = ((t + 1) * bk).min(jhi);
         t += 1;
         if j0 >= j1 {
             continue;

@@ -14,7 +14,7 @@
 //! vector lanes:
 //!
 //! * `Qᵀ` is packed once, `[E][W]`;
-//! * for each tile of `BK` keys, `Sᵀ[j][·] = Σ_e K[j, e] · Qᵀ[e][·]`: broadcast one
+//! * for each tile of keys (`tile_keys`: 128 or 64), `Sᵀ[j][·] = Σ_e K[j, e] · Qᵀ[e][·]`: broadcast one
 //!   key element, multiply a row of queries (`qk_rows`, `MR` keys × `NQ` vectors
 //!   in registers), then `scale · dot + mask` rounded once. `K` is read in place
 //!   through its strides, never copied;
@@ -35,11 +35,14 @@ use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
 use crate::kernels::scratch::{carve, with_scratch};
 use crate::problem::{Dims, Dropout, MaskTiles, Problem, SoftmaxAxis};
 
-/// Keys per tile.
-const BK: usize = 64;
+/// Keys per tile at most (the scratch is sized for it); see [`tile_keys`].
+const BK: usize = 128;
 
-/// Products summed in registers before joining a dot product's running total.
-const DOT_CHUNK: usize = 16;
+/// Products summed in registers before joining a dot product's running total: the
+/// blocks keep long dot products (E = 128, 256) well below the naive sum's error,
+/// and each join costs a load, an add and a store per accumulator (32 rather than
+/// 16 halved those at E = 64; docs/fused-forward.md).
+const DOT_CHUNK: usize = 32;
 
 /// Whether the fused kernel handles this problem (the reference covers the rest:
 /// the softmax over queries, and empty value widths).
@@ -205,6 +208,19 @@ fn register_block<I: Simd>(nq: usize) -> usize {
     (I::REGISTERS * 3 / 4 / nq).clamp(1, 12)
 }
 
+/// Keys per tile for an instruction set: [`BK`] where 32 vector registers keep
+/// the products' loads few (a 128-key tile of scores fills the L1 cache, and the
+/// longer tiles halve the per-tile work: the dot products' and outputs' tails, the
+/// rescaling); half that on AVX2, whose one-row products read more per multiply-add
+/// and ran 4 % slower with the larger tile (docs/fused-forward.md).
+fn tile_keys<I: Simd>() -> usize {
+    if I::REGISTERS >= 32 {
+        BK
+    } else {
+        BK / 2
+    }
+}
+
 /// One unit of work, for [`dispatch`].
 struct UnitJob<'a, 'p, 'o, 's> {
     p: &'a Problem<'p>,
@@ -289,10 +305,11 @@ fn unit<I: Simd, const NQ: usize>(
     let (v_ptr, vrs, vcs) = head_ptr(&p.v, b, kvh);
     let (jlo, jhi) = p.block_key_range(i0, i0 + rows);
     let mr = register_block::<I>(NQ);
-    let mut t = jlo / BK;
-    while t * BK < jhi {
-        let j0 = (t * BK).max(jlo);
-        let j1 = ((t + 1) * BK).min(jhi);
+    let bk = tile_keys::<I>();
+    let mut t = jlo / bk;
+    while t * bk < jhi {
+        let j0 = (t * bk).max(jlo);
+        let j1 = ((t + 1) * bk).min(jhi);
         t += 1;
         if j0 >= j1 {
             continue; // no key visible to any query of the block
