@@ -417,9 +417,18 @@ fn unit<I: Simd, const NQ: usize>(
 
 /// Normalises a unit's `Oᵀ` (`[Ev][w]`) by the running sums `l` and writes it out
 /// `[rows, Ev]`, with the log-sum-exp from the running maxima `m`.
-fn write_out(ot: &[f32], m: &[f32], l: &[f32], w: usize, u: Unit<'_>) {
+///
+/// The divisions run down the rows of `Oᵀ` in place first, where the compiler
+/// vectorises them; divided while transposing, one at a time, they took 3.5 % of
+/// the samples of `perf record` at B1 H8 N512 d64.
+fn write_out(ot: &mut [f32], m: &[f32], l: &[f32], w: usize, u: Unit<'_>) {
     let rows = u.lse.len();
     let ev = u.out.len() / rows.max(1);
+    for orow in ot.chunks_exact_mut(w).take(ev) {
+        for (o, &l) in orow[..rows].iter_mut().zip(&l[..rows]) {
+            *o /= l;
+        }
+    }
     for ii in 0..rows {
         let (m, l) = (m[ii], l[ii]);
         let orow = &mut u.out[ii * ev..(ii + 1) * ev];
@@ -431,7 +440,7 @@ fn write_out(ot: &[f32], m: &[f32], l: &[f32], w: usize, u: Unit<'_>) {
             u.lse[ii] = f32::NEG_INFINITY;
         } else {
             for (c, o) in orow.iter_mut().enumerate() {
-                *o = ot[c * w + ii] / l;
+                *o = ot[c * w + ii];
             }
             u.lse[ii] = (m as f64 + (l as f64).ln()) as f32;
         }
