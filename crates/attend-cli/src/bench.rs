@@ -60,7 +60,9 @@ pub struct Args {
     dtype: Dtype,
     /// Decoding: one query token against --kv-len cached keys (default 4096), like
     /// `torch_sdpa.py --decode`; reports `gbps` (K and V bytes read once per call)
-    /// and the machine's read bandwidth measured in the same run.
+    /// and the machine's read bandwidth measured in the same run (calls run back to
+    /// back, so a cache that fits in the last-level cache is read from there and
+    /// can exceed it).
     #[arg(long, conflicts_with_all = ["backward", "causal", "reference"])]
     decode: bool,
     /// Time forward + backward (dQ, dK, dV from a random dO), like
