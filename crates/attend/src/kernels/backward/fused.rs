@@ -128,10 +128,15 @@ pub(crate) fn run(
             .enumerate()
             .for_each(|(bh, chunk)| {
                 let (b, h) = (bh / d.heads, bh % d.heads);
-                for (i, x) in chunk.iter_mut().enumerate() {
+                let rows = dout.slice(ndarray::s![b, h, .., ..]);
+                let outs = out.slice(ndarray::s![b, h, .., ..]);
+                for (x, (dr, or)) in chunk
+                    .iter_mut()
+                    .zip(rows.outer_iter().zip(outs.outer_iter()))
+                {
                     let mut s = 0.0f32;
-                    for c in 0..d.value_dim {
-                        s += dout[[b, h, i, c]] * out[[b, h, i, c]];
+                    for (&g, &o) in dr.iter().zip(&or) {
+                        s += g * o;
                     }
                     *x = s;
                 }
@@ -284,14 +289,17 @@ unsafe fn task<I: Simd>(
             kt.fill(0.0);
             krow.fill(0.0);
             vt.fill(0.0);
-            for j in 0..nk {
-                for e in 0..d.head_dim {
-                    let x = p.k[[b, kvh, k0 + j, e]];
+            // Row views, not a 4-D index per element (which took about 4 % of the
+            // backward's samples).
+            let keys = p.k.slice(ndarray::s![b, kvh, k0..k0 + nk, ..]);
+            let values = p.v.slice(ndarray::s![b, kvh, k0..k0 + nk, ..]);
+            for (j, (kj, vj)) in keys.outer_iter().zip(values.outer_iter()).enumerate() {
+                along(&mut krow[j * ep..j * ep + d.head_dim], kj, |t, x| *t = x);
+                for (e, &x) in kj.iter().enumerate() {
                     kt[e * BC + j] = x;
-                    krow[j * ep + e] = x;
                 }
-                for e in 0..d.value_dim {
-                    vt[e * BC + j] = p.v[[b, kvh, k0 + j, e]];
+                for (e, &x) in vj.iter().enumerate() {
+                    vt[e * BC + j] = x;
                 }
             }
             dk_acc.fill(0.0);
