@@ -14,10 +14,11 @@
 //! vector lanes:
 //!
 //! * `Qᵀ` is packed once, `[E][W]`;
-//! * for each tile of keys (`tile_keys`: 128 or 64), `Sᵀ[j][·] = Σ_e K[j, e] · Qᵀ[e][·]`: broadcast one
-//!   key element, multiply a row of queries (`qk_rows`, `MR` keys × `NQ` vectors
-//!   in registers), then `scale · dot + mask` rounded once. `K` is read in place
-//!   through its strides, never copied;
+//! * for each tile of keys (`tile_keys`: 128 or 64),
+//!   `Sᵀ[j][·] = Σ_e K[j, e] · Qᵀ[e][·]`: broadcast one key element, multiply a row
+//!   of queries (`qk_rows`, `MR` keys × `NQ` vectors in registers), then
+//!   `scale · dot + mask` rounded once. `K` is read in place through its strides,
+//!   never copied;
 //! * the online-softmax update works down the columns of `Sᵀ`, so the running
 //!   max and sum per query are plain lane-wise vector operations (`softmax_tile`);
 //! * `Oᵀ[c][·] = α·Oᵀ[c][·] + Σ_j V[j, c] · Pᵀ[j][·]` (`pv_cols`), again with `V`
