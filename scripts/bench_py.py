@@ -20,11 +20,11 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 import torch
 
 import attend
+from timing import median_seconds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -39,16 +39,6 @@ GRID = [
 ]
 QUICK = [(1, 8, 8, 512, 64, False), (1, 8, 8, 512, 64, True)]
 BACKWARD = [(1, 8, 8, 1024, 64, False), (1, 1, 1, 4096, 64, False)]
-
-
-def median_seconds(fn, min_runs=5, min_time=0.5):
-    fn()
-    times, t_end = [], time.perf_counter() + min_time
-    while len(times) < min_runs or time.perf_counter() < t_end:
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def flags(shape, threads, backward):

@@ -28,21 +28,13 @@ and attends over S keys, as `attend bench --decode` does, without copying the
 cache (returning a fresh present cache copied it and took 2.7× as long). The first
 call's output is checked against NumPy before timing.
 """
-import argparse, json, statistics, time
+import argparse, json
 
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-
-def median_seconds(fn, min_runs=5, min_time=0.5):
-    fn()
-    times, t_end = [], time.perf_counter() + min_time
-    while len(times) < min_runs or time.perf_counter() < t_end:
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+from timing import median_seconds
 
 
 def session(heads, causal, threads, cache_layout):
