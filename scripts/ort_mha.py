@@ -9,15 +9,15 @@ with `num_heads`, and `unidirectional` for causal, on float32 query [B, L, H*E];
 onnxruntime runs it on `--threads` intra-op threads. FLOPs and bytes are counted
 as torch_sdpa.py counts them.
 
-Key and value are [B, S, H*E] for the forward, and [B, H, S, E] for decoding: the
-layout of a KV cache, as attend's is, which the operator reads in place. Given
-[B, S, H*E] when decoding it first transposes the whole cache, which made it 2.9×
-slower at H32 S16384 d128 (85 ms against 29) and would flatter attend; given
-[B, H, S, E] for the forward it ran slower (64 ms against 46 at H8 N2048 d64), so
-each mode gets its faster layout.
+Key and value are [B, S, H*E] (`--kv-layout sequence`) for the forward and
+[B, H, S, E] (`--kv-layout cache`) for decoding, each mode's faster layout:
+the cache layout is a KV cache's, as attend's is, which the operator reads in
+place; given [B, S, H*E] when decoding it first transposes the whole cache on
+every call, which would flatter attend. `--kv-layout` times the other layout
+(the cache layout without a causal mask only).
 
   ort_mha.py --heads 8 --seq 2048 --head-dim 64 [--causal] [--threads 2]
-  ort_mha.py --decode --heads 32 --kv-len 16384 --head-dim 128
+  ort_mha.py --decode --heads 32 --kv-len 16384 --head-dim 128 [--kv-layout sequence]
   ort_mha.py --decode --heads 8 --kv-heads 2 --kv-len 32768 --head-dim 128
 
 Grouped-query decoding (`--kv-heads` below `--heads`) runs com.microsoft.
@@ -25,7 +25,7 @@ GroupQueryAttention instead, whose CPU kernel takes the new token's key and valu
 with a KV cache [B, Hkv, S, E]: the cache is bound as both the past and the present
 buffer (I/O binding), so each call appends the token in place at position S − 1
 and attends over S keys, as `attend bench --decode` does, without copying the
-cache (returning a fresh present cache copied it and took 2.7× as long). The first
+cache (a fresh present cache would be a copy of it on every call). The first
 call's output is checked against NumPy before timing.
 """
 import argparse, json
@@ -141,7 +141,12 @@ def main():
     p.add_argument("--causal", action="store_true")
     p.add_argument("--decode", action="store_true", help="one query token against --kv-len keys")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--kv-layout", choices=["cache", "sequence"], default=None,
+                   help="[B, H, S, E] or [B, S, H*E] (default: cache when decoding, else sequence)")
     a = p.parse_args()
+    cache_layout = (a.kv_layout or ("cache" if a.decode else "sequence")) == "cache"
+    if cache_layout and a.causal:
+        raise SystemExit("--kv-layout cache is timed without --causal only")
     B, H, E = a.batch, a.heads, a.head_dim
     L = 1 if a.decode else a.seq
     S = a.kv_len or (a.seq if not a.decode else 4096)
@@ -154,18 +159,19 @@ def main():
     if Hkv != H:
         s = grouped_decode(B, H, Hkv, S, E, a.threads, rng)
     else:
-        kv_shape = (B, H, S, E) if a.decode else (B, S, H * E)
+        kv_shape = (B, H, S, E) if cache_layout else (B, S, H * E)
         feeds = {
             "query": rng.standard_normal((B, L, H * E), dtype=np.float32),
             "key": rng.standard_normal(kv_shape, dtype=np.float32),
             "value": rng.standard_normal(kv_shape, dtype=np.float32),
         }
-        sess = session(H, a.causal, a.threads, cache_layout=a.decode)
+        sess = session(H, a.causal, a.threads, cache_layout)
         s = median_seconds(lambda: sess.run(None, feeds))
     flops = 4 * B * H * L * S * E / (2 if a.causal else 1)
     out = {"impl": "onnxruntime", "version": ort.__version__, "batch": B, "heads": H,
            "seq": L, "kv_len": S, "head_dim": E, "causal": a.causal, "threads": a.threads,
-           "ms": s * 1e3, "gflops": flops / s / 1e9}
+           "kv_layout": "cache" if cache_layout else "sequence", "ms": s * 1e3,
+           "gflops": flops / s / 1e9}
     if a.decode:
         out["kv_heads"] = Hkv
         out["gbps"] = 2 * B * Hkv * S * E * 4 / s / 1e9
