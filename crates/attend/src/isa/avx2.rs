@@ -133,6 +133,38 @@ unsafe fn sum8(h: [__m256; 8]) -> __m256 {
     }
 }
 
+/// The 8 × 8 transpose of eight vectors: lane `i` of row `j` becomes lane `j` of
+/// row `i`.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[inline(always)]
+unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+    // SAFETY: the caller guarantees AVX2; no memory is touched.
+    unsafe {
+        // Within 128-bit halves: `u[4g + m]` holds in half `l` column `4l + m` of
+        // rows `4g..4g + 4`.
+        let mut u = [_mm256_setzero_ps(); 8];
+        for g in 0..2 {
+            let q = &r[4 * g..4 * g + 4];
+            let lo01 = _mm256_castps_pd(_mm256_unpacklo_ps(q[0], q[1]));
+            let hi01 = _mm256_castps_pd(_mm256_unpackhi_ps(q[0], q[1]));
+            let lo23 = _mm256_castps_pd(_mm256_unpacklo_ps(q[2], q[3]));
+            let hi23 = _mm256_castps_pd(_mm256_unpackhi_ps(q[2], q[3]));
+            u[4 * g] = _mm256_castpd_ps(_mm256_unpacklo_pd(lo01, lo23));
+            u[4 * g + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(lo01, lo23));
+            u[4 * g + 2] = _mm256_castpd_ps(_mm256_unpacklo_pd(hi01, hi23));
+            u[4 * g + 3] = _mm256_castpd_ps(_mm256_unpackhi_pd(hi01, hi23));
+        }
+        let mut out = [_mm256_setzero_ps(); 8];
+        for m in 0..4 {
+            out[m] = _mm256_permute2f128_ps::<0x20>(u[m], u[4 + m]);
+            out[4 + m] = _mm256_permute2f128_ps::<0x31>(u[m], u[4 + m]);
+        }
+        out
+    }
+}
+
 /// Applies a two-operand AVX2 operation to both halves.
 macro_rules! halves {
     ($op:ident, $a:expr, $b:expr) => {
@@ -249,6 +281,30 @@ unsafe impl Simd for Avx2 {
                 sum8(h)
             };
             V2(halves(0), halves(8))
+        }
+    }
+    #[inline(always)]
+    fn transpose16(self, a: &mut [V2; LANES]) {
+        // SAFETY: the token proves AVX2; no memory is touched.
+        unsafe {
+            // Four 8 × 8 blocks: rows 0–7 and 8–15 by lanes 0–7 and 8–15; the
+            // off-diagonal blocks trade places.
+            let block = |rows: usize, high: bool| -> [__m256; 8] {
+                transpose8(std::array::from_fn(|r| {
+                    let v = a[rows + r];
+                    if high {
+                        v.1
+                    } else {
+                        v.0
+                    }
+                }))
+            };
+            let (top_lo, top_hi) = (block(0, false), block(0, true));
+            let (bottom_lo, bottom_hi) = (block(8, false), block(8, true));
+            for c in 0..8 {
+                a[c] = V2(top_lo[c], bottom_lo[c]);
+                a[8 + c] = V2(top_hi[c], bottom_hi[c]);
+            }
         }
     }
     #[inline(always)]

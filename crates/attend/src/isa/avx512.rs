@@ -183,6 +183,38 @@ unsafe impl<const BF16: bool> Simd for Avx512Of<BF16> {
         }
     }
     #[inline(always)]
+    fn transpose16(self, a: &mut [__m512; LANES]) {
+        // SAFETY: the token proves AVX-512F; no memory is touched.
+        unsafe {
+            // Within 128-bit lanes, four rows at a time: after the two unpacks,
+            // `u[4g + m]` holds in its lane `l` column `4l + m` of rows `4g..4g + 4`.
+            let mut u = [_mm512_setzero_ps(); LANES];
+            for g in 0..4 {
+                let r = &a[4 * g..4 * g + 4];
+                let lo01 = _mm512_castps_pd(_mm512_unpacklo_ps(r[0], r[1]));
+                let hi01 = _mm512_castps_pd(_mm512_unpackhi_ps(r[0], r[1]));
+                let lo23 = _mm512_castps_pd(_mm512_unpacklo_ps(r[2], r[3]));
+                let hi23 = _mm512_castps_pd(_mm512_unpackhi_ps(r[2], r[3]));
+                u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(lo01, lo23));
+                u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(lo01, lo23));
+                u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(hi01, hi23));
+                u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(hi01, hi23));
+            }
+            // Across 128-bit lanes: column `4l + m` gathers lane `l` of `u[m]`,
+            // `u[4 + m]`, `u[8 + m]`, `u[12 + m]`.
+            for m in 0..4 {
+                let even01 = _mm512_shuffle_f32x4::<0b10_00_10_00>(u[m], u[4 + m]);
+                let odd01 = _mm512_shuffle_f32x4::<0b11_01_11_01>(u[m], u[4 + m]);
+                let even23 = _mm512_shuffle_f32x4::<0b10_00_10_00>(u[8 + m], u[12 + m]);
+                let odd23 = _mm512_shuffle_f32x4::<0b11_01_11_01>(u[8 + m], u[12 + m]);
+                a[m] = _mm512_shuffle_f32x4::<0b10_00_10_00>(even01, even23);
+                a[8 + m] = _mm512_shuffle_f32x4::<0b11_01_11_01>(even01, even23);
+                a[4 + m] = _mm512_shuffle_f32x4::<0b10_00_10_00>(odd01, odd23);
+                a[12 + m] = _mm512_shuffle_f32x4::<0b11_01_11_01>(odd01, odd23);
+            }
+        }
+    }
+    #[inline(always)]
     fn max_lane(self, a: __m512) -> f32 {
         // SAFETY: the token proves AVX-512F.
         unsafe { _mm512_reduce_max_ps(a) }

@@ -313,6 +313,9 @@ pub(crate) unsafe trait Simd: Copy + Send + Sync {
     /// Lane `j` of the result is the sum of the lanes of `a[j]` (sixteen horizontal
     /// sums at once, as a transpose-and-add tree).
     fn sum16(self, a: &[Self::V; LANES]) -> Self::V;
+    /// Transposes sixteen vectors in place: lane `i` of `a[j]` and lane `j` of
+    /// `a[i]` trade places (a 16 × 16 block turned between row and column order).
+    fn transpose16(self, a: &mut [Self::V; LANES]);
     /// Maximum of the lanes (−∞ lanes are ignored unless all are −∞; NaN if any
     /// lane is NaN).
     fn max_lane(self, a: Self::V) -> f32;
@@ -504,6 +507,14 @@ mod tests {
                 for (j, x) in sums.iter().enumerate() {
                     let want: f32 = (0..16).map(|c| (j * 16 + c) as f32).sum();
                     assert_eq!(*x, want, "sum16 lane {j}");
+                }
+                isa.transpose16(&mut vs);
+                for (i, v) in vs.iter().enumerate() {
+                    let mut lanes = [0.0f32; 16];
+                    isa.store(lanes.as_mut_ptr(), *v);
+                    for (j, &x) in lanes.iter().enumerate() {
+                        assert_eq!(x, (j * 16 + i) as f32, "transpose16 row {i} lane {j}");
+                    }
                 }
             }
         }

@@ -100,6 +100,11 @@ unsafe impl Simd for Portable {
         std::array::from_fn(|j| self.sum(a[j]))
     }
     #[inline(always)]
+    fn transpose16(self, a: &mut [V; LANES]) {
+        let t = *a;
+        *a = std::array::from_fn(|i| std::array::from_fn(|j| t[j][i]));
+    }
+    #[inline(always)]
     fn max_lane(self, a: V) -> f32 {
         a.iter().copied().fold(
             f32::NEG_INFINITY,

@@ -403,7 +403,7 @@ fn unit<I: Simd, const NQ: usize>(
         }
     }
 
-    super::write_out(scr.ot, scr.m, scr.l, w, u);
+    super::write_out(isa, scr.ot, scr.m, scr.l, w, u);
 }
 
 /// The f32 kernel's online-softmax update (`softmax_tile`, the same operations in

@@ -29,11 +29,12 @@
 //! Fully masked rows end with a running max of −∞, and give 0 and a log-sum-exp
 //! of −∞.
 
-use ndarray::{Array3, Array4};
+use ndarray::{Array3, Array4, ArrayView2, ArrayViewMut2};
 use rayon::prelude::*;
 
 use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
 use crate::kernels::scratch::{carve, with_scratch};
+use crate::kernels::transpose::transpose;
 use crate::problem::{Dims, Dropout, MaskTiles, Problem, SoftmaxAxis};
 
 /// Keys per tile at most (the scratch is sized for it); see [`tile_keys`].
@@ -288,13 +289,13 @@ fn unit<I: Simd, const NQ: usize>(
     let (b, h, i0) = (u.b, u.h, u.i0);
     let kvh = h / plan.group;
 
-    // Qᵀ, scaled; lanes past the last query are zero.
-    let q = p.q.slice(ndarray::s![b, h, i0..i0 + rows, ..]);
-    for (ii, row) in q.outer_iter().enumerate() {
-        for (c, &x) in row.iter().enumerate() {
-            scr.qt[c * w + ii] = x;
-        }
-    }
+    // Qᵀ; lanes past the last query are zero.
+    let qt = ArrayViewMut2::from_shape((e, w), &mut scr.qt[..e * w]).expect("e·w floats");
+    transpose(
+        isa,
+        p.q.slice(ndarray::s![b, h, i0..i0 + rows, ..]),
+        qt.slice_move(ndarray::s![.., ..rows]),
+    );
     for c in 0..e {
         scr.qt[c * w + rows..(c + 1) * w].fill(0.0);
     }
@@ -413,7 +414,7 @@ fn unit<I: Simd, const NQ: usize>(
         }
     }
 
-    write_out(scr.ot, scr.m, scr.l, w, u);
+    write_out(isa, scr.ot, scr.m, scr.l, w, u);
 }
 
 /// Normalises a unit's `Oᵀ` (`[Ev][w]`) by the running sums `l` and writes it out
@@ -422,7 +423,8 @@ fn unit<I: Simd, const NQ: usize>(
 /// The divisions run down the rows of `Oᵀ` in place first, where the compiler
 /// vectorises them; divided while transposing, one at a time, they took 3.5 % of
 /// the samples of `perf record` at B1 H8 N512 d64.
-fn write_out(ot: &mut [f32], m: &[f32], l: &[f32], w: usize, u: Unit<'_>) {
+#[inline(always)]
+fn write_out<I: Simd>(isa: I, ot: &mut [f32], m: &[f32], l: &[f32], w: usize, u: Unit<'_>) {
     let rows = u.lse.len();
     let ev = u.out.len() / rows.max(1);
     for orow in ot.chunks_exact_mut(w).take(ev) {
@@ -430,19 +432,18 @@ fn write_out(ot: &mut [f32], m: &[f32], l: &[f32], w: usize, u: Unit<'_>) {
             *o /= l;
         }
     }
+    let ot = ArrayView2::from_shape((ev, w), &ot[..ev * w]).expect("ev·w floats");
+    let out = ArrayViewMut2::from_shape((rows, ev), &mut *u.out).expect("rows·ev floats");
+    transpose(isa, ot.slice(ndarray::s![.., ..rows]), out);
     for ii in 0..rows {
         let (m, l) = (m[ii], l[ii]);
-        let orow = &mut u.out[ii * ev..(ii + 1) * ev];
         // A running max of −∞ means no score was seen, unless a NaN score came
         // first and a masked −∞ after it replaced it (`max` keeps only a NaN in its
         // second operand); the NaN is still in the sum then.
         if m == f32::NEG_INFINITY && !l.is_nan() {
-            orow.fill(0.0);
+            u.out[ii * ev..(ii + 1) * ev].fill(0.0);
             u.lse[ii] = f32::NEG_INFINITY;
         } else {
-            for (c, o) in orow.iter_mut().enumerate() {
-                *o = ot[c * w + ii];
-            }
             u.lse[ii] = (m as f64 + (l as f64).ln()) as f32;
         }
     }
