@@ -467,6 +467,15 @@ unsafe fn dots16<T: Element, I: Simd>(
 ) {
     // SAFETY: the caller upholds this function's contract (see # Safety).
     unsafe {
+        // Where the query fits in registers beside the sixteen sums (32-register
+        // instruction sets; on AVX2 the sums alone fill its sixteen).
+        if I::REGISTERS >= BLOCK + 8 {
+            match e {
+                64 => return dots16_held::<T, I, 4>(isa, q, k, ks, out),
+                128 => return dots16_held::<T, I, 8>(isa, q, k, ks, out),
+                _ => {}
+            }
+        }
         let full = e / LANES;
         let tail = e % LANES;
         let mut acc = [isa.splat(0.0); BLOCK];
@@ -490,6 +499,35 @@ unsafe fn dots16<T: Element, I: Simd>(
                     rows::load_part(isa, k.offset(j as isize * ks).add(at), tail),
                     *a,
                 );
+            }
+        }
+        isa.store(out, isa.sum16(&acc));
+    }
+}
+
+/// [`dots16`] for `E = 16·C`, with the query held in `C` registers: one load per
+/// multiply-add (the key's) instead of two. Grouped-query decoding, whose scores
+/// take a multiply-add per key element for each of the group's heads, is bound by
+/// these loads (docs/decode.md).
+///
+/// # Safety
+/// As [`dots16`]'s, with `e = 16·C`.
+#[inline(always)]
+unsafe fn dots16_held<T: Element, I: Simd, const C: usize>(
+    isa: I,
+    q: *const f32,
+    k: *const T,
+    ks: isize,
+    out: *mut f32,
+) {
+    // SAFETY: the caller upholds this function's contract (see # Safety).
+    unsafe {
+        let qv: [I::V; C] = std::array::from_fn(|c| isa.load(q.add(c * LANES)));
+        let mut acc = [isa.splat(0.0); BLOCK];
+        for (j, a) in acc.iter_mut().enumerate() {
+            let kj = k.offset(j as isize * ks);
+            for (c, &x) in qv.iter().enumerate() {
+                *a = isa.fma(x, rows::load(isa, kj.add(c * LANES)), *a);
             }
         }
         isa.store(out, isa.sum16(&acc));
