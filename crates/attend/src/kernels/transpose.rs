@@ -23,8 +23,7 @@ pub(crate) fn transpose<I: Simd>(
 ) {
     let (rows, cols) = src.dim();
     assert_eq!(dst.dim(), (cols, rows), "a transpose's shapes must match");
-    let unit = rows == 0 || cols == 0 || (src.strides()[1] == 1 && dst.strides()[1] == 1);
-    let (full_r, full_c) = if unit {
+    let (full_r, full_c) = if src.strides()[1] == 1 && dst.strides()[1] == 1 {
         (rows / LANES * LANES, cols / LANES * LANES)
     } else {
         (0, 0)
