@@ -20,7 +20,10 @@
 use ndarray::{Array3, Array4, ArrayView4};
 use rayon::prelude::*;
 
-use super::{exp_shifted, query_vectors, register_block, running_max, tile_keys, Plan, Unit, BK};
+use super::{
+    exp_shifted, masked_score, query_vectors, register_block, running_max, tile_keys, Plan, Unit,
+    BK,
+};
 use crate::element::bf16;
 use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
 use crate::kernels::scratch::{carve, with_scratch};
@@ -77,7 +80,7 @@ pub(crate) fn run(p: &Problem<'_, bf16>, isa: IsaToken) -> (Array4<f32>, Array3<
     let nq = query_vectors(d.q_len);
     let plan = Plan {
         group: d.heads / d.kv_heads,
-        scale: p.scale,
+        scale: p.scale * std::f32::consts::LOG2_E,
         nq,
         masks: p.mask_tiles(),
         dropout: None,
@@ -485,8 +488,8 @@ unsafe fn pack_value_pairs<I: Simd>(
     }
 }
 
-/// `s[r][·] = scale · Σ_c k[r, c] · q[c][·] (+ mb[r][·])` for `MR` keys, over pairs
-/// of columns.
+/// `s[r][·] = scale · Σ_c k[r, c] · q[c][·] (+ log₂e · mb[r][·])`, base-2 scores
+/// for `MR` keys, over pairs of columns.
 ///
 /// # Safety
 /// `k.0` must be valid for `MR` rows of `e` contiguous bf16, `k.1` elements apart;
@@ -546,10 +549,10 @@ unsafe fn qk_rows<I: Simd, const NQ: usize, const MR: usize>(
                     }
                     if last {
                         if mb.0.is_null() {
-                            val = isa.fma(val, isa.splat(scale), zero);
+                            val = isa.mul(val, isa.splat(scale));
                         } else {
                             let add = isa.load(mb.0.add(r * mb.1 + x * LANES));
-                            val = isa.masked(isa.fma(val, isa.splat(scale), add), add);
+                            val = masked_score(isa, val, scale, add);
                         }
                     }
                     isa.store(s.add(off), val);

@@ -16,9 +16,11 @@
 //! * `Qᵀ` is packed once, `[E][W]`;
 //! * for each tile of keys (`tile_keys`: 128 or 64),
 //!   `Sᵀ[j][·] = Σ_e K[j, e] · Qᵀ[e][·]`: broadcast one key element, multiply a row
-//!   of queries (`qk_rows`, `MR` keys × `NQ` vectors in registers), then
-//!   `scale · dot + mask` rounded once. `K` is read in place through its strides,
-//!   never copied;
+//!   of queries (`qk_rows`, `MR` keys × `NQ` vectors in registers), then the
+//!   score in base 2, `(scale·log₂e) · dot + log₂e · mask`, so that the softmax
+//!   needs only `2^x` (one multiplication fewer per score than scaling
+//!   `s − m` by `log₂e` there). `K` is read in place through its strides, never
+//!   copied;
 //! * the online-softmax update works down the columns of `Sᵀ`, so the running
 //!   max and sum per query are plain lane-wise vector operations (`softmax_tile`);
 //! * `Oᵀ[c][·] = α·Oᵀ[c][·] + Σ_j V[j, c] · Pᵀ[j][·]` (`pv_cols`), again with `V`
@@ -28,6 +30,8 @@
 //! visited; tiles inside the band with no other mask skip all per-score masking.
 //! Fully masked rows end with a running max of −∞, and give 0 and a log-sum-exp
 //! of −∞.
+
+use std::f32::consts::LOG2_E;
 
 use ndarray::{Array3, Array4, ArrayView2, ArrayViewMut2};
 use rayon::prelude::*;
@@ -95,7 +99,7 @@ pub(crate) fn run(
     let w = nq * LANES;
     let plan = Plan {
         group: d.heads / d.kv_heads,
-        scale: p.scale,
+        scale: p.scale * LOG2_E,
         nq,
         masks: p.mask_tiles(),
         dropout: dropout.copied(),
@@ -151,6 +155,7 @@ fn units<'o>(
 /// Choices made once per call.
 struct Plan {
     group: usize,
+    /// `scale · log₂e`: scores are kept in base 2.
     scale: f32,
     /// Vectors of 16 queries per unit.
     nq: usize,
@@ -418,7 +423,7 @@ fn unit<I: Simd, const NQ: usize>(
 }
 
 /// Normalises a unit's `Oᵀ` (`[Ev][w]`) by the running sums `l` and writes it out
-/// `[rows, Ev]`, with the log-sum-exp from the running maxima `m`.
+/// `[rows, Ev]`, with the (natural) log-sum-exp from the base-2 running maxima `m`.
 ///
 /// The divisions run down the rows of `Oᵀ` in place first, where the compiler
 /// vectorises them; divided while transposing, one at a time, they took 3.5 % of
@@ -444,7 +449,7 @@ fn write_out<I: Simd>(isa: I, ot: &mut [f32], m: &[f32], l: &[f32], w: usize, u:
             u.out[ii * ev..(ii + 1) * ev].fill(0.0);
             u.lse[ii] = f32::NEG_INFINITY;
         } else {
-            u.lse[ii] = (m as f64 + (l as f64).ln()) as f32;
+            u.lse[ii] = (m as f64 * std::f64::consts::LN_2 + (l as f64).ln()) as f32;
         }
     }
 }
@@ -460,8 +465,8 @@ fn head_ptr(a: &ndarray::ArrayView4<'_, f32>, b: usize, h: usize) -> (*const f32
     (base, st[2], st[3])
 }
 
-/// `s[r][·] = Σ_c k[r, c] · qt[c][·] (+ mb[r][·])` for `MR` keys, rows of `16·NQ`
-/// (the mask's rows `mbs` floats apart).
+/// `s[r][·] = scale · Σ_c k[r, c] · qt[c][·] (+ log₂e · mb[r][·])`, base-2 scores
+/// for `MR` keys, rows of `16·NQ` (the mask's rows `mbs` floats apart).
 ///
 /// # Safety
 /// `k` must be valid for `MR` rows × `e` columns with the given strides; `qt`, `s`
@@ -514,12 +519,10 @@ unsafe fn qk_rows<I: Simd, const NQ: usize, const MR: usize>(
                         x = isa.add(isa.load(s.add(off)), x);
                     }
                     if last {
-                        // scale · (q·k) + mask, rounded once, like the reference.
                         if mb.is_null() {
-                            x = isa.fma(x, isa.splat(scale), zero);
+                            x = isa.mul(x, isa.splat(scale));
                         } else {
-                            let add = isa.load(mb.add(r * mbs + v * LANES));
-                            x = isa.masked(isa.fma(x, isa.splat(scale), add), add);
+                            x = masked_score(isa, x, scale, isa.load(mb.add(r * mbs + v * LANES)));
                         }
                     }
                     isa.store(s.add(off), x);
@@ -530,11 +533,10 @@ unsafe fn qk_rows<I: Simd, const NQ: usize, const MR: usize>(
     }
 }
 
-/// Online-softmax update for one tile of `nk` keys: updates the running max `m`
-/// and sum `l`, turns scores `s` into `exp(s − m) = 2^((s − m)·log₂e)` (the
-/// difference is exact for the scores that matter, so huge scores lose nothing),
-/// and leaves in `alpha` the factor `exp(m_old − m)` that rescales the previous
-/// output.
+/// Online-softmax update for one tile of `nk` keys (scores in base 2): updates the
+/// running max `m` and sum `l`, turns scores `s` into `2^(s − m)` (the difference is
+/// exact for the scores that matter, so huge scores lose nothing), and leaves in
+/// `alpha` the factor `2^(m_old − m)` that rescales the previous output.
 ///
 /// # Safety
 /// `s` valid for `nk` rows of `16·NQ` floats; `m`, `l`, `alpha` for `16·NQ`.
@@ -568,7 +570,7 @@ unsafe fn softmax_tile<I: Simd, const NQ: usize>(
 
 /// The running maximum of 16 queries updated with a tile's `nk` scores (rows of
 /// `16·NQ` floats from `s`) and stored in `m`; returns the maximum to subtract from
-/// the tile's scores and `exp(m_old − m)`, the factor that rescales what came before.
+/// the tile's scores and `2^(m_old − m)`, the factor that rescales what came before.
 ///
 /// # Safety
 /// `s` valid for `nk` rows of 16 floats `16·NQ` apart, `m` for 16 floats.
@@ -596,11 +598,19 @@ unsafe fn running_max<I: Simd, const NQ: usize>(
     }
 }
 
-/// `exp(x − m)` as `2^((x − m)·log₂e)`: the difference first, which is exact for the
+/// `2^(x − m)` for base-2 scores: the difference first, which is exact for the
 /// scores that matter, so huge scores lose nothing.
 #[inline(always)]
 fn exp_shifted<I: Simd>(isa: I, x: I::V, m: I::V) -> I::V {
-    isa.exp2(isa.mul(isa.sub(x, m), isa.splat(std::f32::consts::LOG2_E)))
+    isa.exp2(isa.sub(x, m))
+}
+
+/// A base-2 score with its mask term: `scale · dot + log₂e · mask` (`scale` is the
+/// plan's, already in base 2), −∞ where the mask is −∞ even if `dot` is NaN.
+#[inline(always)]
+fn masked_score<I: Simd>(isa: I, dot: I::V, scale: f32, mask: I::V) -> I::V {
+    let term = isa.mul(mask, isa.splat(LOG2_E));
+    isa.masked(isa.fma(dot, isa.splat(scale), term), mask)
 }
 
 /// `ot[c][·] = alpha · ot[c][·] + Σ_j v[j, c] · p[j][·]` for `MC` value columns.
