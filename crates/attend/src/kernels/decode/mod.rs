@@ -411,13 +411,25 @@ impl<T: Element> Ctx<'_, '_, T> {
                         if hi <= jb || lo >= jb + nb {
                             continue;
                         }
-                        for g in 0..self.group {
+                        let mut g = 0;
+                        while g < self.group {
                             let r = g * l + i;
+                            g += 1;
                             if m[r] == f32::NEG_INFINITY {
                                 continue;
                             }
                             let p = s.as_ptr().add(r * width + (jb - j0));
-                            accumulate(isa, o.as_mut_ptr().add(r * ev), p, vb, vs, ev, nb);
+                            let next = r + l;
+                            if I::REGISTERS >= 32 && g < self.group && m[next] != f32::NEG_INFINITY
+                            {
+                                g += 1;
+                                let p2 = s.as_ptr().add(next * width + (jb - j0));
+                                let os =
+                                    [o.as_mut_ptr().add(r * ev), o.as_mut_ptr().add(next * ev)];
+                                accumulate_pair(isa, os, [p, p2], vb, vs, ev, nb);
+                            } else {
+                                accumulate(isa, o.as_mut_ptr().add(r * ev), p, vb, vs, ev, nb);
+                            }
                         }
                     }
                     jb += nb;
@@ -601,6 +613,57 @@ unsafe fn dots<T: Element, I: Simd>(
             }
             *out.add(j) = isa.sum(a);
             j += 1;
+        }
+    }
+}
+
+/// [`accumulate`] for two query rows of a group at once, each value load serving
+/// both: `o[x][..ev] += Σ_j p[x][j] · v_j`, each row's sums in the same order as
+/// [`accumulate`]'s.
+///
+/// # Safety
+/// As [`accumulate`]'s, for both rows.
+#[inline(always)]
+unsafe fn accumulate_pair<T: Element, I: Simd>(
+    isa: I,
+    o: [*mut f32; 2],
+    p: [*const f32; 2],
+    v: *const T,
+    vs: isize,
+    ev: usize,
+    n: usize,
+) {
+    // SAFETY: the caller upholds this function's contract (see # Safety).
+    unsafe {
+        const T: usize = 8;
+        let mut c = 0;
+        while c + T * LANES <= ev {
+            let mut acc = [[isa.splat(0.0); T]; 2];
+            for (row, &ox) in acc.iter_mut().zip(&o) {
+                for (t, a) in row.iter_mut().enumerate() {
+                    *a = isa.load(ox.add(c + t * LANES));
+                }
+            }
+            for j in 0..n {
+                let pj = [isa.splat(*p[0].add(j)), isa.splat(*p[1].add(j))];
+                let vj = v.offset(j as isize * vs).add(c);
+                for t in 0..T {
+                    let vv = rows::load(isa, vj.add(t * LANES));
+                    acc[0][t] = isa.fma(pj[0], vv, acc[0][t]);
+                    acc[1][t] = isa.fma(pj[1], vv, acc[1][t]);
+                }
+            }
+            for (row, &ox) in acc.iter().zip(&o) {
+                for (t, a) in row.iter().enumerate() {
+                    isa.store(ox.add(c + t * LANES), *a);
+                }
+            }
+            c += T * LANES;
+        }
+        if c < ev {
+            for (&ox, &px) in o.iter().zip(&p) {
+                accumulate(isa, ox.add(c), px, v.add(c), vs, ev - c, n);
+            }
         }
     }
 }
