@@ -647,10 +647,11 @@ unsafe fn accumulate_pair<T: Element, I: Simd>(
             for j in 0..n {
                 let pj = [isa.splat(*p[0].add(j)), isa.splat(*p[1].add(j))];
                 let vj = v.offset(j as isize * vs).add(c);
-                for t in 0..T {
+                let [first, second] = &mut acc;
+                for (t, (a0, a1)) in first.iter_mut().zip(second.iter_mut()).enumerate() {
                     let vv = rows::load(isa, vj.add(t * LANES));
-                    acc[0][t] = isa.fma(pj[0], vv, acc[0][t]);
-                    acc[1][t] = isa.fma(pj[1], vv, acc[1][t]);
+                    *a0 = isa.fma(pj[0], vv, *a0);
+                    *a1 = isa.fma(pj[1], vv, *a1);
                 }
             }
             for (row, &ox) in acc.iter().zip(&o) {
