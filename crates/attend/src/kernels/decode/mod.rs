@@ -420,8 +420,7 @@ impl<T: Element> Ctx<'_, '_, T> {
                             }
                             let p = s.as_ptr().add(r * width + (jb - j0));
                             let next = r + l;
-                            if I::REGISTERS >= 32 && g < self.group && m[next] != f32::NEG_INFINITY
-                            {
+                            if roomy::<I>() && g < self.group && m[next] != f32::NEG_INFINITY {
                                 g += 1;
                                 let p2 = s.as_ptr().add(next * width + (jb - j0));
                                 let os =
@@ -479,9 +478,7 @@ unsafe fn dots16<T: Element, I: Simd>(
 ) {
     // SAFETY: the caller upholds this function's contract (see # Safety).
     unsafe {
-        // Where the query fits in registers beside the sixteen sums (32-register
-        // instruction sets; on AVX2 the sums alone fill its sixteen).
-        if I::REGISTERS >= BLOCK + 8 {
+        if roomy::<I>() {
             match e {
                 64 => return dots16_held::<T, I, 4>(isa, q, k, ks, out),
                 128 => return dots16_held::<T, I, 8>(isa, q, k, ks, out),
@@ -515,6 +512,14 @@ unsafe fn dots16<T: Element, I: Simd>(
         }
         isa.store(out, isa.sum16(&acc));
     }
+}
+
+/// Whether the instruction set has room (32 registers) for a block's sixteen sums
+/// beside a query of up to eight vectors ([`dots16_held`]), or for two query rows'
+/// sums of eight value vectors each ([`accumulate_pair`]). AVX2's sixteen sums
+/// alone fill its registers; both measured slower there (docs/decode.md).
+fn roomy<I: Simd>() -> bool {
+    I::REGISTERS >= 32
 }
 
 /// [`dots16`] for `E = 16·C`, with the query held in `C` registers: one load per

@@ -295,15 +295,13 @@ fn unit<I: Simd, const NQ: usize>(
     let kvh = h / plan.group;
 
     // Qᵀ; lanes past the last query are zero.
-    let qt = ArrayViewMut2::from_shape((e, w), &mut scr.qt[..e * w]).expect("e·w floats");
+    let mut qt = ArrayViewMut2::from_shape((e, w), &mut scr.qt[..e * w]).expect("e·w floats");
+    qt.slice_mut(ndarray::s![.., rows..]).fill(0.0);
     transpose(
         isa,
         p.q.slice(ndarray::s![b, h, i0..i0 + rows, ..]),
         qt.slice_move(ndarray::s![.., ..rows]),
     );
-    for c in 0..e {
-        scr.qt[c * w + rows..(c + 1) * w].fill(0.0);
-    }
     scr.ot.fill(0.0);
     scr.m.fill(f32::NEG_INFINITY);
     scr.l.fill(0.0);
