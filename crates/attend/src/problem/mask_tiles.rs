@@ -27,8 +27,9 @@ const ROW_ALIGN: usize = 64;
 const TRANSPOSE_ROWS: usize = 16;
 
 /// The additive term of every score from the boolean and additive masks, transposed:
-/// `−∞` where the boolean mask drops the score, the additive mask's value (or 0)
-/// where it is kept.
+/// `−∞` where the boolean mask drops the score, the additive mask's value times a
+/// factor chosen per call (or 0) where it is kept. The fused forwards keep their
+/// scores in base 2 and ask for `log₂e`, so that a tile adds its term as it is.
 ///
 /// Stored as `[Bm, Hm, S, Lp]`, where `Bm` is 1 when neither mask varies over the
 /// batch (else `B`), `Hm` likewise for heads, and `Lp` is `L` rounded up to a
@@ -48,9 +49,10 @@ pub struct MaskTiles {
 }
 
 impl<T: Sync> Problem<'_, T> {
-    /// The combined, transposed boolean and additive masks (key padding, causality
-    /// and windows are applied tile by tile: see [`MaskTiles::tile`]).
-    pub fn mask_tiles(&self) -> MaskTiles {
+    /// The combined, transposed boolean and additive masks, the additive mask's
+    /// values multiplied by `factor` (key padding, causality and windows are applied
+    /// tile by tile: see [`MaskTiles::tile`]).
+    pub fn mask_tiles(&self, factor: f32) -> MaskTiles {
         let d = self.dims();
         let (l, s) = (d.q_len, d.kv_len);
         if self.mask.is_none() && self.bias.is_none() {
@@ -88,7 +90,7 @@ impl<T: Sync> Problem<'_, T> {
             .for_each(|(slice, jb, out)| {
                 let nj = out.len() / row;
                 let at = (slice / nh, slice % nh);
-                self.transpose_block(at, jb * TRANSPOSE_BLOCK, nj, out, row);
+                self.transpose_block(at, jb * TRANSPOSE_BLOCK, nj, out, row, factor);
             });
         MaskTiles {
             data,
@@ -102,7 +104,8 @@ impl<T: Sync> Problem<'_, T> {
     }
 
     /// Writes keys `j0..j0 + nj` (at most [`TRANSPOSE_BLOCK`]) of every query of
-    /// `(b, h)` into `out[jj * row + i]`, [`TRANSPOSE_ROWS`] queries at a time through
+    /// `(b, h)` into `out[jj * row + i]`, the additive mask's values times `factor`,
+    /// [`TRANSPOSE_ROWS`] queries at a time through
     /// a small buffer: output rows `row` floats apart share one set of the L1 cache,
     /// so writing them straight from the source rows would evict each other.
     fn transpose_block(
@@ -112,6 +115,7 @@ impl<T: Sync> Problem<'_, T> {
         nj: usize,
         out: &mut [f32],
         row: usize,
+        factor: f32,
     ) {
         let l = self.dims().q_len;
         let cols = s![b, h, .., j0..j0 + nj];
@@ -126,7 +130,7 @@ impl<T: Sync> Problem<'_, T> {
             }
             if let Some(bias) = &bias {
                 for (line, src) in buf.iter_mut().zip(bias.slice(rows).outer_iter()) {
-                    along(line, src, |x, y| *x = y);
+                    along(line, src, |x, y| *x = y * factor);
                 }
             }
             if let Some(mask) = &mask {
@@ -198,7 +202,8 @@ impl MaskTiles {
 
     /// Writes, for queries `i0..i0 + ni` and keys `j0..j0 + nj` of batch `b` and
     /// query head `h`, the additive term of each score, transposed:
-    /// `out[jj * stride + ii]` is the additive mask's value (or 0) when every mask,
+    /// `out[jj * stride + ii]` is the additive mask's value times the factor of
+    /// [`Problem::mask_tiles`] (or 0) when every mask,
     /// key padding, causality and the window keep score `(i0 + ii, j0 + jj)`, and
     /// −∞ when one drops it. Returns whether any score is kept.
     #[allow(clippy::too_many_arguments)]

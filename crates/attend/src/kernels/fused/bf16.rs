@@ -82,7 +82,7 @@ pub(crate) fn run(p: &Problem<'_, bf16>, isa: IsaToken) -> (Array4<f32>, Array3<
         group: d.heads / d.kv_heads,
         scale: p.scale * std::f32::consts::LOG2_E,
         nq,
-        masks: p.mask_tiles(),
+        masks: p.mask_tiles(std::f32::consts::LOG2_E),
         dropout: None,
     };
     let values = ValuePairs::new(p, isa);
@@ -488,8 +488,9 @@ unsafe fn pack_value_pairs<I: Simd>(
     }
 }
 
-/// `s[r][·] = scale · Σ_c k[r, c] · q[c][·] (+ log₂e · mb[r][·])`, base-2 scores
-/// for `MR` keys, over pairs of columns.
+/// `s[r][·] = scale · Σ_c k[r, c] · q[c][·] (+ mb[r][·])`, base-2 scores for `MR`
+/// keys (`mb` holds the mask terms in base 2), over pairs of columns. The bf16
+/// queries are not pre-scaled as the f32 kernel's are: that would round them again.
 ///
 /// # Safety
 /// `k.0` must be valid for `MR` rows of `e` contiguous bf16, `k.1` elements apart;
@@ -548,11 +549,10 @@ unsafe fn qk_rows<I: Simd, const NQ: usize, const MR: usize>(
                         val = isa.add(isa.load(s.add(off)), val);
                     }
                     if last {
-                        if mb.0.is_null() {
-                            val = isa.mul(val, isa.splat(scale));
-                        } else {
+                        val = isa.mul(val, isa.splat(scale));
+                        if !mb.0.is_null() {
                             let add = isa.load(mb.0.add(r * mb.1 + x * LANES));
-                            val = masked_score(isa, val, scale, add);
+                            val = masked_score(isa, val, add);
                         }
                     }
                     isa.store(s.add(off), val);

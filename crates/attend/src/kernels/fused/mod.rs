@@ -13,14 +13,14 @@
 //! Inside a unit everything is *transposed* so that the queries lie along the
 //! vector lanes:
 //!
-//! * `Qᵀ` is packed once, `[E][W]`;
+//! * `Qᵀ` is packed once, `[E][W]`, multiplied by `scale·log₂e`: scores are kept
+//!   in base 2, so that the softmax needs only `2^x`, and the scaling costs a
+//!   multiplication per query element instead of one per score;
 //! * for each tile of keys (`tile_keys`: 128 or 64),
-//!   `Sᵀ[j][·] = Σ_e K[j, e] · Qᵀ[e][·]`: broadcast one key element, multiply a row
-//!   of queries (`qk_rows`, `MR` keys × `NQ` vectors in registers), then the
-//!   score in base 2, `(scale·log₂e) · dot + log₂e · mask`, so that the softmax
-//!   needs only `2^x` (one multiplication fewer per score than scaling
-//!   `s − m` by `log₂e` there). `K` is read in place through its strides, never
-//!   copied;
+//!   `Sᵀ[j][·] = Σ_e K[j, e] · Qᵀ[e][·] (+ log₂e · mask)`: broadcast one key
+//!   element, multiply a row of queries (`qk_rows`, `MR` keys × `NQ` vectors in
+//!   registers), then add the mask term, which [`MaskTiles`] holds in base 2
+//!   already. `K` is read in place through its strides, never copied;
 //! * the online-softmax update works down the columns of `Sᵀ`, so the running
 //!   max and sum per query are plain lane-wise vector operations (`softmax_tile`);
 //! * `Oᵀ[c][·] = α·Oᵀ[c][·] + Σ_j V[j, c] · Pᵀ[j][·]` (`pv_cols`), again with `V`
@@ -101,7 +101,7 @@ pub(crate) fn run(
         group: d.heads / d.kv_heads,
         scale: p.scale * LOG2_E,
         nq,
-        masks: p.mask_tiles(),
+        masks: p.mask_tiles(LOG2_E),
         dropout: dropout.copied(),
     };
 
@@ -294,7 +294,7 @@ fn unit<I: Simd, const NQ: usize>(
     let (b, h, i0) = (u.b, u.h, u.i0);
     let kvh = h / plan.group;
 
-    // Qᵀ; lanes past the last query are zero.
+    // Qᵀ times the scores' scale; lanes past the last query are zero.
     let mut qt = ArrayViewMut2::from_shape((e, w), &mut scr.qt[..e * w]).expect("e·w floats");
     qt.slice_mut(ndarray::s![.., rows..]).fill(0.0);
     transpose(
@@ -302,6 +302,11 @@ fn unit<I: Simd, const NQ: usize>(
         p.q.slice(ndarray::s![b, h, i0..i0 + rows, ..]),
         qt.slice_move(ndarray::s![.., ..rows]),
     );
+    let scale = isa.splat(plan.scale);
+    for x in scr.qt[..e * w].chunks_exact_mut(LANES) {
+        // SAFETY: `x` is one whole vector (`w` is a multiple of 16).
+        unsafe { isa.store(x.as_mut_ptr(), isa.mul(isa.load(x.as_ptr()), scale)) };
+    }
     scr.ot.fill(0.0);
     scr.m.fill(f32::NEG_INFINITY);
     scr.l.fill(0.0);
@@ -351,18 +356,7 @@ fn unit<I: Simd, const NQ: usize>(
                 let mbp = if mb.is_null() { mb } else { mb.add(r0 * mbs) };
                 with_block!(
                     n,
-                    qk_rows::<I, NQ>(
-                        isa,
-                        scr.qt.as_ptr(),
-                        e,
-                        kp,
-                        krs,
-                        kcs,
-                        plan.scale,
-                        sp,
-                        mbp,
-                        mbs
-                    )
+                    qk_rows::<I, NQ>(isa, scr.qt.as_ptr(), e, kp, krs, kcs, sp, mbp, mbs)
                 );
             }
             r0 += n;
@@ -463,8 +457,9 @@ fn head_ptr(a: &ndarray::ArrayView4<'_, f32>, b: usize, h: usize) -> (*const f32
     (base, st[2], st[3])
 }
 
-/// `s[r][·] = scale · Σ_c k[r, c] · qt[c][·] (+ log₂e · mb[r][·])`, base-2 scores
-/// for `MR` keys, rows of `16·NQ` (the mask's rows `mbs` floats apart).
+/// `s[r][·] = Σ_c k[r, c] · qt[c][·] (+ mb[r][·])`, base-2 scores for `MR` keys
+/// (`qt` carries the scale, `mb` the mask terms in base 2), rows of `16·NQ` (the
+/// mask's rows `mbs` floats apart).
 ///
 /// # Safety
 /// `k` must be valid for `MR` rows × `e` columns with the given strides; `qt`, `s`
@@ -478,7 +473,6 @@ unsafe fn qk_rows<I: Simd, const NQ: usize, const MR: usize>(
     k: *const f32,
     krs: isize,
     kcs: isize,
-    scale: f32,
     s: *mut f32,
     mb: *const f32,
     mbs: usize,
@@ -516,12 +510,8 @@ unsafe fn qk_rows<I: Simd, const NQ: usize, const MR: usize>(
                     if !first {
                         x = isa.add(isa.load(s.add(off)), x);
                     }
-                    if last {
-                        if mb.is_null() {
-                            x = isa.mul(x, isa.splat(scale));
-                        } else {
-                            x = masked_score(isa, x, scale, isa.load(mb.add(r * mbs + v * LANES)));
-                        }
+                    if last && !mb.is_null() {
+                        x = masked_score(isa, x, isa.load(mb.add(r * mbs + v * LANES)));
                     }
                     isa.store(s.add(off), x);
                 }
@@ -603,12 +593,11 @@ fn exp_shifted<I: Simd>(isa: I, x: I::V, m: I::V) -> I::V {
     isa.exp2(isa.sub(x, m))
 }
 
-/// A base-2 score with its mask term: `scale · dot + log₂e · mask` (`scale` is the
-/// plan's, already in base 2), −∞ where the mask is −∞ even if `dot` is NaN.
+/// A base-2 score with its mask term (both in base 2, the term from [`MaskTiles`]):
+/// `score + mask`, −∞ where the mask is −∞ even if `score` is NaN.
 #[inline(always)]
-fn masked_score<I: Simd>(isa: I, dot: I::V, scale: f32, mask: I::V) -> I::V {
-    let term = isa.mul(mask, isa.splat(LOG2_E));
-    isa.masked(isa.fma(dot, isa.splat(scale), term), mask)
+fn masked_score<I: Simd>(isa: I, score: I::V, mask: I::V) -> I::V {
+    isa.masked(isa.add(score, mask), mask)
 }
 
 /// `ot[c][·] = alpha · ot[c][·] + Σ_j v[j, c] · p[j][·]` for `MC` value columns.
