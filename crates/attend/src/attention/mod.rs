@@ -26,7 +26,7 @@ mod bf16;
 pub use crate::element::Element;
 pub use crate::kernels::backward::AttentionGrads;
 pub use crate::problem::{
-    AttentionOptions, Causal, Dims, Dropout, MaskTiles, Precision, Problem, SoftmaxAxis,
+    AttentionOptions, Causal, Dims, Dropout, Precision, Problem, SoftmaxAxis,
 };
 pub use backward::{
     attention_backward, attention_backward_with, attention_train, BackwardConfig, BackwardKernel,

@@ -15,12 +15,16 @@
 //! Adding an instruction set means a new token type (its [`Simd`] impl is a compile
 //! error until every operation exists), a variant of [`Isa`] and of [`IsaToken`], and
 //! an arm in [`dispatch`]; no kernel names an instruction set.
+//!
+//! [`transpose`] builds matrix transposes on [`Simd::transpose16`], for the kernels'
+//! packing and for the mask tiles of [`crate::problem`].
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod portable;
+pub(crate) mod transpose;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) use avx2::Avx2;

@@ -13,7 +13,6 @@ pub mod fused;
 pub mod reference;
 mod scratch;
 mod stream;
-mod transpose;
 
 pub use crate::isa::Isa;
 pub use stream::stream_sum;

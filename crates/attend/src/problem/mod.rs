@@ -1,7 +1,7 @@
 //! What an attention call asks for, independent of how it is computed: the
 //! options ([`AttentionOptions`]), the validated call ([`Problem`]: shapes checked,
 //! masks broadcast, scale resolved), the per-tile view of its masks
-//! ([`MaskTiles`]) and dropout on its weights ([`Dropout`]).
+//! (`MaskTiles`, for the fused kernels) and dropout on its weights ([`Dropout`]).
 //!
 //! Every kernel takes a [`Problem`], so validation and mask semantics live in
 //! exactly one place. This module is a leaf: it imports neither
@@ -13,7 +13,7 @@ mod mask_tiles;
 
 pub use dropout::Dropout;
 pub(crate) use mask_tiles::along;
-pub use mask_tiles::MaskTiles;
+pub(crate) use mask_tiles::MaskTiles;
 
 use ndarray::{ArrayView2, ArrayView4, ArrayViewD, IxDyn};
 

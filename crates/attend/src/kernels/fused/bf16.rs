@@ -82,7 +82,7 @@ pub(crate) fn run(p: &Problem<'_, bf16>, isa: IsaToken) -> (Array4<f32>, Array3<
         group: d.heads / d.kv_heads,
         scale: p.scale * std::f32::consts::LOG2_E,
         nq,
-        masks: p.mask_tiles(std::f32::consts::LOG2_E),
+        masks: p.mask_tiles(std::f32::consts::LOG2_E, isa),
         dropout: None,
     };
     let values = ValuePairs::new(p, isa);

@@ -19,7 +19,7 @@
 //! * for each tile of keys (`tile_keys`: 128 or 64),
 //!   `Sᵀ[j][·] = Σ_e K[j, e] · Qᵀ[e][·] (+ log₂e · mask)`: broadcast one key
 //!   element, multiply a row of queries (`qk_rows`, `MR` keys × `NQ` vectors in
-//!   registers), then add the mask term, which [`MaskTiles`] holds in base 2
+//!   registers), then add the mask term, which the mask tiles hold in base 2
 //!   already. `K` is read in place through its strides, never copied;
 //! * the online-softmax update works down the columns of `Sᵀ`, so the running
 //!   max and sum per query are plain lane-wise vector operations (`softmax_tile`);
@@ -36,9 +36,9 @@ use std::f32::consts::LOG2_E;
 use ndarray::{Array3, Array4, ArrayView2, ArrayViewMut2};
 use rayon::prelude::*;
 
+use crate::isa::transpose::transpose;
 use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
 use crate::kernels::scratch::{carve, with_scratch};
-use crate::kernels::transpose::transpose;
 use crate::problem::{Dims, Dropout, MaskTiles, Problem, SoftmaxAxis};
 
 /// Keys per tile at most (the scratch is sized for it); see [`tile_keys`].
@@ -101,7 +101,7 @@ pub(crate) fn run(
         group: d.heads / d.kv_heads,
         scale: p.scale * LOG2_E,
         nq,
-        masks: p.mask_tiles(LOG2_E),
+        masks: p.mask_tiles(LOG2_E, isa),
         dropout: dropout.copied(),
     };
 

@@ -1,6 +1,6 @@
 //! Matrix transposes between a kernel's packed, lane-major scratch and the
 //! caller's row-major tensors: the fused forward packs `Qᵀ` with one and writes
-//! `Oᵀ` out with another.
+//! `Oᵀ` out with another, and its mask tiles are transposed with one.
 
 use ndarray::{ArrayView2, ArrayViewMut2};
 
