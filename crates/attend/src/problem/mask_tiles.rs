@@ -40,7 +40,8 @@ const TRANSPOSE_ROWS: usize = 16;
 /// queries. That is `4 · Bm · Hm · S · Lp` bytes with `Lp` = `L` rounded up to a
 /// multiple of 64, and nothing without either mask. (Rows of all `Lp` queries per
 /// key, `[S, Lp]`, put a unit's consecutive mask rows `4·Lp` bytes apart, a page
-/// each at `L` = 1024: the masked forward ran 1.3× slower than the unmasked one.)
+/// each from `L` = 1024; read that way, the masked forward was about 5 % slower at
+/// `L` = 2048: docs/fused-forward.md, Per-score masks.)
 #[derive(Debug)]
 pub struct MaskTiles {
     /// Empty when the problem has neither a boolean nor an additive mask.
