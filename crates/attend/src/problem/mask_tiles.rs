@@ -185,15 +185,9 @@ impl<T: Sync> SimdJob for BlockJob<'_, '_, '_, T> {
     type Output = ();
     #[inline(always)]
     fn run<I: Simd>(self, isa: I) {
-        let BlockJob {
-            p,
-            at,
-            q0,
-            keys,
-            out,
-            factor,
-        } = self;
-        p.transpose_block(isa, at, q0, keys, out, factor);
+        let (at, q0, keys) = (self.at, self.q0, self.keys);
+        self.p
+            .transpose_block(isa, at, q0, keys, self.out, self.factor);
     }
 }
 
