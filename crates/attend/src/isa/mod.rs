@@ -178,6 +178,19 @@ impl IsaToken {
         }
     }
 
+    /// Vector registers of 16 lanes ([`Simd::REGISTERS`]) of this instruction set.
+    pub(crate) fn registers(self) -> usize {
+        match self {
+            IsaToken::Portable(_) => Portable::REGISTERS,
+            #[cfg(target_arch = "x86_64")]
+            IsaToken::Avx2(_) => Avx2::REGISTERS,
+            #[cfg(target_arch = "x86_64")]
+            IsaToken::Avx512(_) => Avx512::REGISTERS,
+            #[cfg(target_arch = "x86_64")]
+            IsaToken::Avx512Bf16(_) => Avx512Bf16::REGISTERS,
+        }
+    }
+
     /// The best instruction set of this CPU, detected once.
     pub(crate) fn best() -> IsaToken {
         static BEST: std::sync::OnceLock<IsaToken> = std::sync::OnceLock::new();

@@ -265,6 +265,11 @@ impl<'a, T> Problem<'a, T> {
         }
     }
 
+    /// Whether causality or a window cuts each query's keys to a band of its own.
+    pub fn is_banded(&self) -> bool {
+        self.causal.is_some() || self.window.is_some()
+    }
+
     /// The range of keys `[lo, hi)` that causality and the window leave visible to
     /// query `i`; the other masks are applied per score on top of it.
     pub fn key_range(&self, i: usize) -> (usize, usize) {
@@ -284,7 +289,7 @@ impl<'a, T> Problem<'a, T> {
     }
 
     fn global_key_range(&self, i: usize, q_len: usize, kv_len: usize) -> (usize, usize) {
-        if self.causal.is_none() && self.window.is_none() {
+        if !self.is_banded() {
             return (0, kv_len);
         }
         // The aligned diagonal position of query i, as a signed key index. In i128:

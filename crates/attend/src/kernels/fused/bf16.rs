@@ -21,8 +21,8 @@ use ndarray::{Array3, Array4, ArrayView4};
 use rayon::prelude::*;
 
 use super::{
-    exp_shifted, masked_score, query_vectors, register_block, running_max, tile_keys, Plan, Unit,
-    BK,
+    exp_shifted, masked_score, query_vectors, register_block, running_max, tile_keys, widest_unit,
+    Plan, Unit, BK,
 };
 use crate::element::bf16;
 use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
@@ -54,7 +54,7 @@ fn pairs(n: usize) -> usize {
 /// scores and one of mask terms, the packed weights and values, `Oᵀ` and the running
 /// statistics.
 pub fn scratch_len(d: &Dims) -> usize {
-    let w = query_vectors(d.q_len) * LANES;
+    let w = widest_unit(d.q_len) * LANES;
     let values = pairs(BK) * d.value_dim.next_multiple_of(LANES);
     (pairs(d.head_dim) + 2 * BK + pairs(BK) + d.value_dim + 3) * w + values
 }
@@ -77,7 +77,10 @@ pub(crate) fn run(p: &Problem<'_, bf16>, isa: IsaToken) -> (Array4<f32>, Array3<
     if out.is_empty() {
         return (out, lse);
     }
-    let nq = query_vectors(d.q_len);
+    // Not narrowed to fit the register block as the f32 kernel's units are: on AVX2
+    // the pair products are bound by the shuffles that emulate them, not by loads,
+    // and one vector of queries measured 0.94× (docs/fused-forward.md).
+    let nq = query_vectors(&d, p.is_banded());
     let plan = Plan {
         group: d.heads / d.kv_heads,
         scale: p.scale * std::f32::consts::LOG2_E,
@@ -296,7 +299,7 @@ fn unit<I: Simd, const NQ: usize>(
     let k = p.k.slice(ndarray::s![b, kvh, .., ..]);
     let v = p.v.slice(ndarray::s![b, kvh, .., ..]);
     let (jlo, jhi) = p.block_key_range(i0, i0 + rows);
-    let mr = register_block::<I>(NQ);
+    let mr = register_block(I::REGISTERS, NQ);
     let bk = tile_keys::<I>();
     let mut t = jlo / bk;
     while t * bk < jhi {

@@ -56,8 +56,35 @@ pub fn supports<T>(p: &Problem<'_, T>) -> bool {
     p.softmax_axis == SoftmaxAxis::Keys && p.dims().value_dim > 0
 }
 
-/// Vectors of 16 queries per unit: as many as the queries fill, up to 4.
-fn query_vectors(q_len: usize) -> usize {
+/// Keys a register block holds at least where the unit can be narrowed for it
+/// (see [`fit_register_block`]).
+const MIN_BLOCK: usize = 6;
+
+/// Vectors of 16 queries per unit (1, 2 or 4) for a problem of `d`, `banded` when
+/// causality or a window cuts the keys per query: as many as the queries fill, up
+/// to 4 (a wider unit shares each key and value load among more queries), but at
+/// most 2 in a banded problem, where a unit of `W` queries computes about `W²/2`
+/// scores across the band's edge only to mask them (an eighth of a causal N512's
+/// work at `W = 64`; docs/fused-forward.md).
+fn query_vectors(d: &Dims, banded: bool) -> usize {
+    widest_unit(d.q_len).min(if banded { 2 } else { 4 })
+}
+
+/// `nq` vectors of queries, halved until the register block for `registers` vector
+/// registers holds at least [`MIN_BLOCK`] keys: with AVX2's 16 registers, four
+/// vectors left the f32 products' blocks one key deep, each multiply-add waiting on
+/// a load of its own, and one vector ran 1.05–1.26× faster.
+fn fit_register_block(nq: usize, registers: usize) -> usize {
+    let mut nq = nq;
+    while nq > 1 && register_block(registers, nq) < MIN_BLOCK {
+        nq /= 2;
+    }
+    nq
+}
+
+/// Vectors of 16 queries the queries fill, up to 4: the widest unit, which sizes
+/// the scratch.
+fn widest_unit(q_len: usize) -> usize {
     if q_len > 2 * LANES {
         4
     } else if q_len > LANES {
@@ -70,7 +97,7 @@ fn query_vectors(q_len: usize) -> usize {
 /// Floats of scratch one unit of work (16, 32 or 64 queries of one head) needs:
 /// `Qᵀ`, a tile of scores and one of mask terms, `Oᵀ` and the running statistics.
 pub fn scratch_len(d: &Dims) -> usize {
-    let w = query_vectors(d.q_len) * LANES;
+    let w = widest_unit(d.q_len) * LANES;
     (d.head_dim + 2 * BK + d.value_dim + 3) * w
 }
 
@@ -95,7 +122,7 @@ pub(crate) fn run(
     if out.is_empty() {
         return (out, lse);
     }
-    let nq = query_vectors(d.q_len);
+    let nq = fit_register_block(query_vectors(&d, p.is_banded()), isa.registers());
     let w = nq * LANES;
     let plan = Plan {
         group: d.heads / d.kv_heads,
@@ -209,17 +236,19 @@ impl<'s> UnitScratch<'s> {
     }
 }
 
-/// The register block for an instruction set: as many accumulators as fit in
-/// about three quarters of its vector registers (counted in 16-lane vectors).
-fn register_block<I: Simd>(nq: usize) -> usize {
-    (I::REGISTERS * 3 / 4 / nq).clamp(1, 12)
+/// The register block for `registers` vector registers: as many accumulators as
+/// fit in about three quarters of them (counted in 16-lane vectors), in keys of
+/// `nq` vectors each.
+fn register_block(registers: usize, nq: usize) -> usize {
+    (registers * 3 / 4 / nq).clamp(1, 12)
 }
 
 /// Keys per tile for an instruction set: [`BK`] where 32 vector registers keep
 /// the products' loads few (a 128-key tile of scores fills the L1 cache, and the
 /// longer tiles halve the per-tile work: the dot products' and outputs' tails, the
-/// rescaling); half that on AVX2, whose one-row products read more per multiply-add
-/// and ran 4 % slower with the larger tile (docs/fused-forward.md).
+/// rescaling); half that on AVX2, where the larger tile ran 4 % slower with units of
+/// 64 queries and measured within the noise (0.99–1.03×) with the 16 it has now
+/// (docs/fused-forward.md).
 fn tile_keys<I: Simd>() -> usize {
     if I::REGISTERS >= 32 {
         BK
@@ -314,7 +343,7 @@ fn unit<I: Simd, const NQ: usize>(
     let (k_ptr, krs, kcs) = head_ptr(&p.k, b, kvh);
     let (v_ptr, vrs, vcs) = head_ptr(&p.v, b, kvh);
     let (jlo, jhi) = p.block_key_range(i0, i0 + rows);
-    let mr = register_block::<I>(NQ);
+    let mr = register_block(I::REGISTERS, NQ);
     let bk = tile_keys::<I>();
     let mut t = jlo / bk;
     while t * bk < jhi {
