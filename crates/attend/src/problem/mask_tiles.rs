@@ -278,24 +278,12 @@ impl MaskTiles {
                 }
             }
         }
+        let mut band_keeps_any = true;
         if !p.tile_in_band(i0, i0 + ni, j0, j0 + nj) {
-            // Causality or the window cuts through the tile: each query's visible
-            // keys, as offsets into the tile.
-            let ranges: Vec<(usize, usize)> = (i0..i0 + ni)
-                .map(|i| {
-                    let (lo, hi) = p.key_range(i);
-                    let lo = lo.clamp(j0, j0 + nj) - j0;
-                    (lo, (hi.clamp(j0, j0 + nj) - j0).max(lo))
-                })
-                .collect();
-            for jj in 0..nj {
-                let row = &mut out[jj * stride..jj * stride + ni];
-                for (x, &(lo, hi)) in row.iter_mut().zip(&ranges) {
-                    if jj < lo || jj >= hi {
-                        *x = f32::NEG_INFINITY;
-                    }
-                }
-            }
+            band_keeps_any = cut_to_band(p, (i0, ni), (j0, nj), out, stride);
+        }
+        if self.data.is_empty() && p.key_padding.is_none() {
+            return band_keeps_any;
         }
         (0..nj).any(|jj| {
             out[jj * stride..jj * stride + ni]
@@ -303,6 +291,47 @@ impl MaskTiles {
                 .any(|&x| x != f32::NEG_INFINITY)
         })
     }
+}
+
+/// Sets to −∞ the scores of the tile `out` (queries `i0..i0 + ni` along its rows,
+/// keys `j0..j0 + nj` down them, rows `stride` apart) that causality and the window
+/// hide, and returns whether they leave any. Both ends of a query's keys move right
+/// with the query ([`Problem::block_key_range`]), so each key is seen by one run of
+/// consecutive queries, `a..b`, and both ends of that run move right with the key.
+fn cut_to_band<T>(
+    p: &Problem<'_, T>,
+    (i0, ni): (usize, usize),
+    (j0, nj): (usize, usize),
+    out: &mut [f32],
+    stride: usize,
+) -> bool {
+    // Query `i`'s keys as offsets into the tile.
+    let keys_of = |i: usize| {
+        let (lo, hi) = p.key_range(i0 + i);
+        let lo = lo.clamp(j0, j0 + nj) - j0;
+        (lo, (hi.clamp(j0, j0 + nj) - j0).max(lo))
+    };
+    let mut any = false;
+    // The first query whose keys end after key `jj`, and the first whose keys start
+    // after it, with those ends.
+    let (mut a, mut b) = (0, 0);
+    let (mut end_a, mut start_b) = (keys_of(0).1, keys_of(0).0);
+    for jj in 0..nj {
+        while a < ni && end_a <= jj {
+            a += 1;
+            end_a = if a < ni { keys_of(a).1 } else { 0 };
+        }
+        while b < ni && start_b <= jj {
+            b += 1;
+            start_b = if b < ni { keys_of(b).0 } else { 0 };
+        }
+        let b = b.max(a);
+        let row = &mut out[jj * stride..jj * stride + ni];
+        row[..a].fill(f32::NEG_INFINITY);
+        row[b..].fill(f32::NEG_INFINITY);
+        any |= a < b;
+    }
+    any
 }
 
 /// Calls `f(out[j], row[j])` along a row of mask values (`out` may be longer): through
@@ -313,5 +342,63 @@ pub(crate) fn along<T: Copy>(out: &mut [f32], row: ArrayView1<'_, T>, f: impl Fn
     match row.as_slice() {
         Some(r) => out.iter_mut().zip(r).for_each(|(o, &x)| f(o, x)),
         None => out.iter_mut().zip(row).for_each(|(o, &x)| f(o, x)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ndarray::Array4;
+
+    use super::*;
+    use crate::problem::{AttentionOptions, Causal};
+
+    /// The band's cut of every tile, against each score's own key range, for
+    /// causal alignments and windows on square and oblong problems.
+    #[test]
+    fn band_tiles_hide_exactly_the_scores_outside_each_querys_keys() {
+        let bands = [
+            (Some(Causal::TopLeft), None),
+            (Some(Causal::BottomRight), None),
+            (Some(Causal::BottomRight), Some((7, 0))),
+            (None, Some((5, 9))),
+            (None, Some((0, 0))),
+        ];
+        for (q_len, kv_len) in [(40, 40), (23, 61), (61, 23)] {
+            let q = Array4::<f32>::zeros((1, 1, q_len, 4));
+            let kv = Array4::<f32>::zeros((1, 1, kv_len, 4));
+            for (causal, window) in bands {
+                let opts = AttentionOptions {
+                    causal,
+                    window,
+                    ..Default::default()
+                };
+                let p = Problem::new(q.view(), kv.view(), kv.view(), &opts).expect("valid");
+                let tiles = p.mask_tiles(1.0, IsaToken::best());
+                for (i0, ni) in [(0, 16), (5, 13), (q_len - 9, 9)] {
+                    for (j0, nj) in [(0, kv_len), (3, 17), (kv_len - 11, 11)] {
+                        let stride = ni + 3;
+                        let mut out = vec![f32::NAN; nj * stride];
+                        let any = tiles.tile(&p, (0, 0), (i0, ni), (j0, nj), &mut out, stride);
+                        let mut want_any = false;
+                        for jj in 0..nj {
+                            for ii in 0..ni {
+                                let (lo, hi) = p.key_range(i0 + ii);
+                                let seen = (lo..hi).contains(&(j0 + jj));
+                                want_any |= seen;
+                                let want = if seen { 0.0 } else { f32::NEG_INFINITY };
+                                assert_eq!(
+                                    out[jj * stride + ii],
+                                    want,
+                                    "{causal:?} {window:?} L{q_len} S{kv_len} query {} key {}",
+                                    i0 + ii,
+                                    j0 + jj
+                                );
+                            }
+                        }
+                        assert_eq!(any, want_any);
+                    }
+                }
+            }
+        }
     }
 }
