@@ -315,7 +315,7 @@ fn cut_to_band<T>(
     // The first query whose keys end after key `jj`, and the first whose keys start
     // after it, with those ends.
     let (mut a, mut b) = (0, 0);
-    let (mut end_a, mut start_b) = (keys_of(0).1, keys_of(0).0);
+    let (mut start_b, mut end_a) = keys_of(0);
     for jj in 0..nj {
         while a < ni && end_a <= jj {
             a += 1;
