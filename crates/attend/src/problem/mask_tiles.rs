@@ -278,10 +278,8 @@ impl MaskTiles {
                 }
             }
         }
-        let mut band_keeps_any = true;
-        if !p.tile_in_band(i0, i0 + ni, j0, j0 + nj) {
-            band_keeps_any = cut_to_band(p, (i0, ni), (j0, nj), out, stride);
-        }
+        let band_keeps_any = p.tile_in_band(i0, i0 + ni, j0, j0 + nj)
+            || cut_to_band(p, (i0, ni), (j0, nj), out, stride);
         if self.data.is_empty() && p.key_padding.is_none() {
             return band_keeps_any;
         }

@@ -80,7 +80,7 @@ pub(crate) fn run(p: &Problem<'_, bf16>, isa: IsaToken) -> (Array4<f32>, Array3<
     // Not narrowed to fit the register block as the f32 kernel's units are: on AVX2
     // the pair products are bound by the shuffles that emulate them, not by loads,
     // and one vector of queries measured 0.94× (docs/fused-forward.md).
-    let nq = query_vectors(&d, p.is_banded());
+    let nq = query_vectors(d.q_len, p.is_banded());
     let plan = Plan {
         group: d.heads / d.kv_heads,
         scale: p.scale * std::f32::consts::LOG2_E,

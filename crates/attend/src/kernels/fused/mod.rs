@@ -60,22 +60,21 @@ pub fn supports<T>(p: &Problem<'_, T>) -> bool {
 /// (see [`fit_register_block`]).
 const MIN_BLOCK: usize = 6;
 
-/// Vectors of 16 queries per unit (1, 2 or 4) for a problem of `d`, `banded` when
+/// Vectors of 16 queries per unit (1, 2 or 4) for `q_len` queries, `banded` when
 /// causality or a window cuts the keys per query: as many as the queries fill, up
 /// to 4 (a wider unit shares each key and value load among more queries), but at
 /// most 2 in a banded problem, where a unit of `W` queries computes about `W²/2`
 /// scores across the band's edge only to mask them (an eighth of a causal N512's
 /// work at `W = 64`; docs/fused-forward.md).
-fn query_vectors(d: &Dims, banded: bool) -> usize {
-    widest_unit(d.q_len).min(if banded { 2 } else { 4 })
+fn query_vectors(q_len: usize, banded: bool) -> usize {
+    widest_unit(q_len).min(if banded { 2 } else { 4 })
 }
 
 /// `nq` vectors of queries, halved until the register block for `registers` vector
 /// registers holds at least [`MIN_BLOCK`] keys: with AVX2's 16 registers, four
 /// vectors left the f32 products' blocks one key deep, each multiply-add waiting on
 /// a load of its own, and one vector ran 1.05–1.26× faster.
-fn fit_register_block(nq: usize, registers: usize) -> usize {
-    let mut nq = nq;
+fn fit_register_block(mut nq: usize, registers: usize) -> usize {
     while nq > 1 && register_block(registers, nq) < MIN_BLOCK {
         nq /= 2;
     }
@@ -122,7 +121,7 @@ pub(crate) fn run(
     if out.is_empty() {
         return (out, lse);
     }
-    let nq = fit_register_block(query_vectors(&d, p.is_banded()), isa.registers());
+    let nq = fit_register_block(query_vectors(d.q_len, p.is_banded()), isa.registers());
     let w = nq * LANES;
     let plan = Plan {
         group: d.heads / d.kv_heads,
