@@ -27,8 +27,8 @@ use crate::{Error, Result};
 /// Which kernel computes a backward pass.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum BackwardKernel {
-    /// The fused kernel when it supports the problem (softmax over keys), else the
-    /// reference.
+    /// The fused kernel when it supports the problem (softmax over keys, `E > 0`),
+    /// else the reference.
     #[default]
     Auto,
     /// The f64 reference.
@@ -109,7 +109,7 @@ pub fn attention_backward_with(
         BackwardKernel::Fused => {
             return Err(Error::Unsupported {
                 kernel: "fused backward",
-                reason: "supports only softmax over keys",
+                reason: "supports only softmax over keys and head width > 0",
             })
         }
     };

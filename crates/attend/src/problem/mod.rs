@@ -130,6 +130,89 @@ pub struct Dims {
     pub value_dim: usize,
 }
 
+impl Dims {
+    /// The dimensions of a call on `q [B, Hq, L, E]`, `k [B, Hkv, S, E]` and
+    /// `v [B, Hkv, S, Ev]`, checked as [`Problem::new`] checks them: with `Hq` a
+    /// multiple of `Hkv` and the output and scores countable. It reads shapes only,
+    /// so a caller that has no data yet (PyTorch's fake tensors, say) learns the
+    /// same answer, or the same error, as the call itself would give.
+    pub fn check(q: [usize; 4], k: [usize; 4], v: [usize; 4]) -> Result<Dims> {
+        let [b, hq, l, e] = q;
+        let [kb, hkv, s, ke] = k;
+        let [vb, vh, vs, ev] = v;
+        if kb != b || vb != b {
+            return Err(Error::shape(format!(
+                "batch sizes differ: q {q:?}, k {k:?}, v {v:?}"
+            )));
+        }
+        if ke != e {
+            return Err(Error::shape(format!(
+                "q and k widths differ: q {q:?}, k {k:?}"
+            )));
+        }
+        if vh != hkv || vs != s {
+            return Err(Error::shape(format!(
+                "k and v disagree on heads or length: k {k:?}, v {v:?}"
+            )));
+        }
+        if hkv == 0 || !hq.is_multiple_of(hkv) {
+            return Err(Error::shape(format!(
+                "query heads ({hq}) must be a multiple of key/value heads ({hkv}): q {q:?}, k {k:?}"
+            )));
+        }
+        // Every size a kernel computes from these dimensions is at most one of these
+        // products (or the inputs' own), so kernels may multiply them unchecked.
+        crate::limits::elements("attention output [B, Hq, L, Ev]", &[b, hq, l, ev])?;
+        crate::limits::elements("attention scores [B, Hq, L, S]", &[b, hq, l, s])?;
+        Ok(Dims {
+            batch: b,
+            heads: hq,
+            kv_heads: hkv,
+            q_len: l,
+            kv_len: s,
+            head_dim: e,
+            value_dim: ev,
+        })
+    }
+
+    /// The scores' shape, `[B, Hq, L, S]`, which every mask broadcasts to.
+    pub fn scores(&self) -> [usize; 4] {
+        [self.batch, self.heads, self.q_len, self.kv_len]
+    }
+
+    /// Checks that a mask (`name`) of `shape` broadcasts to [`Dims::scores`] as
+    /// NumPy and PyTorch broadcast: at most four axes, aligned on the right, each
+    /// 1 or the scores' own.
+    pub fn check_mask(&self, name: &str, shape: &[usize]) -> Result<()> {
+        let full = self.scores();
+        let fits = shape.len() <= 4
+            && shape
+                .iter()
+                .rev()
+                .zip(full.iter().rev())
+                .all(|(&m, &f)| m == 1 || m == f);
+        if fits {
+            return Ok(());
+        }
+        Err(mask_error(name, shape, full))
+    }
+
+    /// The scale `scale` asks for, `1/√E` when it is `None`; an error if it is
+    /// not finite.
+    pub fn scale(&self, scale: Option<f32>) -> Result<f32> {
+        match scale {
+            Some(x) if !x.is_finite() => {
+                Err(Error::value(format!("scale must be finite, got {x}")))
+            }
+            Some(x) => Ok(x),
+            // With E = 0 every score is an empty sum, 0, whatever the scale; 1/√0
+            // would make it 0 · ∞ = NaN in the kernels that scale after the sum.
+            None if self.head_dim == 0 => Ok(1.0),
+            None => Ok(1.0 / (self.head_dim as f32).sqrt()),
+        }
+    }
+}
+
 impl<'a, T> Problem<'a, T> {
     /// Checks shapes and options and broadcasts the masks.
     pub fn new<'q: 'a, 'k: 'a, 'v: 'a, 'o: 'a>(
@@ -140,69 +223,28 @@ impl<'a, T> Problem<'a, T> {
     ) -> Result<Self> {
         // ndarray views are invariant in their lifetime; shorten them explicitly.
         let (q, k, v) = (q.reborrow(), k.reborrow(), v.reborrow());
-        let (b, hq, l, e) = q.dim();
-        let (kb, hkv, s, ke) = k.dim();
-        let (vb, vh, vs, _) = v.dim();
-        if kb != b || vb != b {
-            return Err(Error::shape(format!(
-                "batch sizes differ: q {:?}, k {:?}, v {:?}",
-                q.shape(),
-                k.shape(),
-                v.shape()
-            )));
-        }
-        if ke != e {
-            return Err(Error::shape(format!(
-                "q and k widths differ: q {:?}, k {:?}",
-                q.shape(),
-                k.shape()
-            )));
-        }
-        if vh != hkv || vs != s {
-            return Err(Error::shape(format!(
-                "k and v disagree on heads or length: k {:?}, v {:?}",
-                k.shape(),
-                v.shape()
-            )));
-        }
-        if hkv == 0 || !hq.is_multiple_of(hkv) {
-            return Err(Error::shape(format!(
-                "query heads ({hq}) must be a multiple of key/value heads ({hkv}): q {:?}, k {:?}",
-                q.shape(),
-                k.shape()
-            )));
-        }
-        // Every size a kernel computes from these dimensions is at most one of these
-        // products (or the inputs' own), so kernels may multiply them unchecked.
-        let ev = v.dim().3;
-        crate::limits::elements("attention output [B, Hq, L, Ev]", &[b, hq, l, ev])?;
-        crate::limits::elements("attention scores [B, Hq, L, S]", &[b, hq, l, s])?;
-        let full = [b, hq, l, s];
+        let d = Dims::check(q.dim().into(), k.dim().into(), v.dim().into())?;
         let mask = opts
             .mask
             .as_ref()
-            .map(|m| broadcast("mask", m, full))
+            .map(|m| broadcast("mask", m, &d))
             .transpose()?;
         let bias = opts
             .bias
             .as_ref()
-            .map(|m| broadcast("bias", m, full))
+            .map(|m| broadcast("bias", m, &d))
             .transpose()?;
         if let Some(kp) = &opts.key_padding {
-            if kp.dim() != (b, s) {
+            if kp.dim() != (d.batch, d.kv_len) {
                 return Err(Error::shape(format!(
-                    "key_padding must be [B, S] = [{b}, {s}], got {:?}",
+                    "key_padding must be [B, S] = [{}, {}], got {:?}",
+                    d.batch,
+                    d.kv_len,
                     kp.shape()
                 )));
             }
         }
-        let scale = match opts.scale {
-            Some(x) if !x.is_finite() => {
-                return Err(Error::value(format!("scale must be finite, got {x}")))
-            }
-            Some(x) => x,
-            None => 1.0 / (e as f32).sqrt(),
-        };
+        let scale = d.scale(opts.scale)?;
         Ok(Problem {
             q,
             k,
@@ -359,20 +401,16 @@ impl<T> Problem<'_, T> {
     }
 }
 
-fn broadcast<'a, T>(
-    name: &str,
-    m: &'a ArrayViewD<'_, T>,
-    full: [usize; 4],
-) -> Result<ArrayView4<'a, T>> {
-    let err = || {
-        Error::shape(format!(
-            "{name} of shape {:?} does not broadcast to [B, Hq, L, S] = {full:?}",
-            m.shape()
-        ))
-    };
-    if m.ndim() > 4 {
-        return Err(err());
-    }
-    let view = m.broadcast(IxDyn(&full)).ok_or_else(err)?;
-    view.into_dimensionality().map_err(|_| err())
+fn mask_error(name: &str, shape: &[usize], full: [usize; 4]) -> Error {
+    Error::shape(format!(
+        "{name} of shape {shape:?} does not broadcast to [B, Hq, L, S] = {full:?}"
+    ))
+}
+
+fn broadcast<'a, T>(name: &str, m: &'a ArrayViewD<'_, T>, d: &Dims) -> Result<ArrayView4<'a, T>> {
+    d.check_mask(name, m.shape())?;
+    // check_mask accepts exactly the shapes that ndarray broadcasts to four axes.
+    m.broadcast(IxDyn(&d.scores()))
+        .and_then(|view| view.into_dimensionality().ok())
+        .ok_or_else(|| mask_error(name, m.shape(), d.scores()))
 }

@@ -45,9 +45,11 @@ const W: usize = LANES;
 /// The kernel aims for at least this many tasks (key chunks × batch × kv heads).
 const MIN_TASKS: usize = 4;
 
-/// Whether the fused backward handles `p` (softmax over keys).
+/// Whether the fused backward handles `p`: softmax over keys and `E > 0` (its
+/// partial `dQ`s are summed in rows of `E`; with `E = 0` the reference, which has
+/// no rows to sum, gives `dV`).
 pub fn supports(p: &Problem<'_>) -> bool {
-    p.softmax_axis == SoftmaxAxis::Keys
+    p.softmax_axis == SoftmaxAxis::Keys && p.dims().head_dim > 0
 }
 
 /// A raw pointer that tasks share; every task writes a disjoint region.
