@@ -10,16 +10,21 @@ mod errors;
 mod explain;
 mod pool;
 mod sdpa;
+mod shapes;
 
 use pyo3::prelude::*;
 
 #[pymodule]
 fn _attend(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<sdpa::Options>()?;
+    m.add_function(wrap_pyfunction!(sdpa::sdpa_shapes, m)?)?;
     m.add_function(wrap_pyfunction!(sdpa::sdpa_forward, m)?)?;
     m.add_function(wrap_pyfunction!(sdpa::sdpa_backward, m)?)?;
     m.add_function(wrap_pyfunction!(sdpa::sdpa_forward_bf16, m)?)?;
     m.add_function(wrap_pyfunction!(sdpa::sdpa_backward_bf16, m)?)?;
+    m.add_function(wrap_pyfunction!(sdpa::sdpa_forward_f64, m)?)?;
+    m.add_function(wrap_pyfunction!(sdpa::sdpa_backward_f64, m)?)?;
     m.add_function(wrap_pyfunction!(pool::isa, m)?)?;
     m.add_function(wrap_pyfunction!(explain::explain_experiment, m)?)?;
     m.add_function(wrap_pyfunction!(explain::explain_model, m)?)?;

@@ -1,32 +1,68 @@
-from typing import List, Optional, Protocol, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 
 __version__: str
 
 def isa() -> str: ...
-class _Call(Protocol):
-    """What the kernels read of a call: rank-4 views and the options."""
+_Qkv = Tuple[np.ndarray, np.ndarray, np.ndarray]
 
-    q: np.ndarray
-    k: np.ndarray
-    v: np.ndarray
-    mask: Optional[np.ndarray]
-    bias: Optional[np.ndarray]
-    causal: bool
-    scale: Optional[float]
-    dropout_p: float
-    seed: int
-    bf16: bool
+class Options:
+    """A call's options; refuses a dropout probability outside [0, 1)."""
 
-def sdpa_forward(call: _Call, threads: int) -> Tuple[np.ndarray, np.ndarray]: ...
+    def __init__(
+        self, *, is_causal: bool, scale: Optional[float], dropout_p: float, enable_gqa: bool, seed: int
+    ) -> None: ...
+
+def sdpa_shapes(
+    query: List[int], key: List[int], value: List[int], mask: Optional[List[int]], options: Options
+) -> Tuple[List[int], List[int]]:
+    """``(out_shape, lse_shape)`` of a call from shapes alone, or its error."""
+
+def sdpa_forward(
+    inputs: _Qkv, mask: Optional[np.ndarray], options: Options, threads: int
+) -> Tuple[np.ndarray, np.ndarray]:
+    """float32 ``(query, key, value)`` (any rank, any strides) → ``(out, lse)``."""
+
 def sdpa_backward(
-    call: _Call, out: np.ndarray, lse: np.ndarray, dout: np.ndarray, threads: int
-) -> Tuple[np.ndarray, np.ndarray, np.ndarray]: ...
-def sdpa_forward_bf16(call: _Call, threads: int) -> Tuple[np.ndarray, np.ndarray]: ...
+    inputs: _Qkv,
+    mask: Optional[np.ndarray],
+    saved: Tuple[np.ndarray, np.ndarray],
+    dout: np.ndarray,
+    options: Options,
+    threads: int,
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(dq, dk, dv)`` shaped like ``inputs`` from ``saved = (out, lse)`` and ``dout``."""
+
+def sdpa_forward_bf16(
+    inputs: _Qkv, mask: Optional[np.ndarray], options: Options, threads: int
+) -> Tuple[np.ndarray, np.ndarray]:
+    """As ``sdpa_forward`` on int16 arrays of bfloat16 bits; ``out`` as bits, ``lse`` float32."""
+
 def sdpa_backward_bf16(
-    call: _Call, out: np.ndarray, lse: np.ndarray, dout: np.ndarray, threads: int
-) -> Tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+    inputs: _Qkv,
+    mask: Optional[np.ndarray],
+    saved: Tuple[np.ndarray, np.ndarray],
+    dout: np.ndarray,
+    options: Options,
+    threads: int,
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """As ``sdpa_backward`` on bfloat16 bits; the gradients as bfloat16 bits."""
+
+def sdpa_forward_f64(
+    inputs: _Qkv, mask: Optional[np.ndarray], options: Options, threads: int
+) -> Tuple[np.ndarray, np.ndarray]:
+    """As ``sdpa_forward`` on float64 arrays, by the f64 reference."""
+
+def sdpa_backward_f64(
+    inputs: _Qkv,
+    mask: Optional[np.ndarray],
+    saved: Tuple[np.ndarray, np.ndarray],
+    dout: np.ndarray,
+    options: Options,
+    threads: int,
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """As ``sdpa_backward`` on float64 arrays, by the f64 reference."""
 
 class SentenceEncoder:
     def __init__(self, model_dir: str) -> None: ...

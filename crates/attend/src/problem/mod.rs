@@ -16,6 +16,7 @@ pub(crate) use mask_tiles::along;
 pub(crate) use mask_tiles::MaskTiles;
 
 use ndarray::{ArrayView2, ArrayView4, ArrayViewD, IxDyn};
+use num_traits::AsPrimitive;
 
 use crate::{Error, Result};
 
@@ -198,8 +199,13 @@ impl Dims {
     }
 
     /// The scale `scale` asks for, `1/√E` when it is `None`; an error if it is
-    /// not finite.
-    pub fn scale(&self, scale: Option<f32>) -> Result<f32> {
+    /// not finite. In the tensors' float type: f32 for the kernels, f64 for the
+    /// reference that runs in f64.
+    pub fn scale<F>(&self, scale: Option<F>) -> Result<F>
+    where
+        F: num_traits::Float + std::fmt::Display + 'static,
+        usize: AsPrimitive<F>,
+    {
         match scale {
             Some(x) if !x.is_finite() => {
                 Err(Error::value(format!("scale must be finite, got {x}")))
@@ -207,8 +213,8 @@ impl Dims {
             Some(x) => Ok(x),
             // With E = 0 every score is an empty sum, 0, whatever the scale; 1/√0
             // would make it 0 · ∞ = NaN in the kernels that scale after the sum.
-            None if self.head_dim == 0 => Ok(1.0),
-            None => Ok(1.0 / (self.head_dim as f32).sqrt()),
+            None if self.head_dim == 0 => Ok(F::one()),
+            None => Ok(F::one() / self.head_dim.as_().sqrt()),
         }
     }
 }

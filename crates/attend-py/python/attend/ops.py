@@ -1,0 +1,303 @@
+"""attend's attention as PyTorch custom operators.
+
+``torch.ops.attend.sdpa`` (the forward) and ``torch.ops.attend.sdpa_backward`` are
+registered with ``torch.library``: each runs attend's kernels on CPU tensors and has a
+fake implementation (shapes, dtypes and strides from the inputs' shapes alone, by the
+same Rust shape rules that the kernels apply), and ``sdpa`` has an autograd rule (the
+fused backward, on saved tensors) and a vmap rule (the vmapped axis folded into the
+batch). So ``torch.compile(fullgraph=True)``, ``torch.export`` and ``torch.func``
+see one opaque operator instead of breaking at a NumPy call.
+
+Importing this module registers the operators; ``attend.scaled_dot_product_attention``
+imports it with the first tensor it is given, and ``import attend`` does when torch
+is already imported. A program exported with these operators needs them registered
+before ``torch.export.load``: ``import attend.ops`` first.
+
+Every float dtype of PyTorch's CPU attention crosses to the kernels without a copy
+where they can read it: float32 as it is, bfloat16 as its 16-bit patterns, float64
+for the f64 reference; float16 is widened to float32 first (the kernels have no
+float16 loads) and the results rounded back once.
+"""
+
+from typing import Any, Callable, NamedTuple, Optional, Tuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from . import _attend
+from ._errors import AttendTypeError, AttendValueError
+from ._sdpa import check_options
+from ._threads import get_num_threads
+
+_F32 = torch.finfo(torch.float32)
+
+
+class _Dtype(NamedTuple):
+    """How tensors of one dtype cross to the compiled half and back."""
+
+    numpy: Callable[[Tensor], np.ndarray]
+    tensor: Callable[[np.ndarray], Tensor]
+    forward: Callable[..., Any]
+    backward: Callable[..., Any]
+    lse: torch.dtype
+
+
+def _as_f32(t: Tensor) -> np.ndarray:
+    return t.detach().numpy()
+
+
+def _as_bits(t: Tensor) -> np.ndarray:
+    # NumPy has no bfloat16: the compiled half reads the int16 patterns as bf16.
+    return t.detach().view(torch.int16).numpy()
+
+
+def _widened(t: Tensor) -> np.ndarray:
+    return t.detach().float().numpy()
+
+
+_DTYPES = {
+    torch.float32: _Dtype(_as_f32, torch.from_numpy, _attend.sdpa_forward, _attend.sdpa_backward, torch.float32),
+    torch.bfloat16: _Dtype(
+        _as_bits,
+        lambda a: torch.from_numpy(a).view(torch.bfloat16),
+        _attend.sdpa_forward_bf16,
+        _attend.sdpa_backward_bf16,
+        torch.float32,
+    ),
+    torch.float16: _Dtype(
+        _widened,
+        lambda a: torch.from_numpy(a).half(),
+        _attend.sdpa_forward,
+        _attend.sdpa_backward,
+        torch.float32,
+    ),
+    torch.float64: _Dtype(
+        _as_f32, torch.from_numpy, _attend.sdpa_forward_f64, _attend.sdpa_backward_f64, torch.float64
+    ),
+}
+
+
+def _mask_numpy(mask: Optional[Tensor]) -> Optional[np.ndarray]:
+    """The mask as the kernels take it: bool, or an additive float32 mask."""
+    if mask is None:
+        return None
+    mask = mask.detach()
+    if mask.dtype is torch.bool or mask.dtype is torch.float32:
+        return mask.numpy()
+    if mask.dtype is torch.float64:
+        # attend's masks are float32: finite values beyond its range saturate, so
+        # that float64's finfo.min still masks a score rather than becoming -inf
+        # (which would zero a fully masked row that PyTorch averages).
+        finite = mask.clamp(_F32.min, _F32.max)
+        return torch.where(mask.isinf(), mask, finite).float().numpy()
+    return mask.float().numpy()  # bfloat16 and float16 widen exactly
+
+
+def _shapes(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """``(out_shape, lse_shape)`` by the kernels' own shape rules, with their errors."""
+    opts = _attend.Options(is_causal=is_causal, scale=scale, dropout_p=dropout_p, enable_gqa=enable_gqa, seed=0)
+    mask = None if attn_mask is None else list(attn_mask.shape)
+    return _attend.sdpa_shapes(list(query.shape), list(key.shape), list(value.shape), mask, opts)
+
+
+def _call_options(dropout_p, is_causal, scale, enable_gqa, seed: Optional[Tensor]) -> _attend.Options:
+    return _attend.Options(
+        is_causal=is_causal,
+        scale=scale,
+        dropout_p=dropout_p,
+        enable_gqa=enable_gqa,
+        seed=0 if seed is None else int(seed),
+    )
+
+
+@torch.library.custom_op("attend::sdpa", mutates_args=(), device_types="cpu")
+def sdpa(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Optional[Tensor],
+    dropout_p: float,
+    is_causal: bool,
+    scale: Optional[float],
+    enable_gqa: bool,
+    seed: Optional[Tensor],
+) -> Tuple[Tensor, Tensor]:
+    """Attention forward: ``(out [..., L, Ev], lse [..., L])``, ``out`` in the
+    query's dtype and ``lse`` (the log-sum-exp of each query's scores, for the
+    backward) in float32 (float64 for float64 queries). ``seed`` (an int64 scalar
+    tensor, or ``None`` without dropout) picks the dropout pattern."""
+    kind = _DTYPES[query.dtype]
+    qkv = (kind.numpy(query), kind.numpy(key), kind.numpy(value))
+    opts = _call_options(dropout_p, is_causal, scale, enable_gqa, seed)
+    out, lse = kind.forward(qkv, _mask_numpy(attn_mask), opts, get_num_threads())
+    return kind.tensor(out), torch.from_numpy(lse)
+
+
+@sdpa.register_fake
+def _sdpa_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
+    out_shape, lse_shape = _shapes(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    return query.new_empty(out_shape), query.new_empty(lse_shape, dtype=_DTYPES[query.dtype].lse)
+
+
+@torch.library.custom_op("attend::sdpa_backward", mutates_args=(), device_types="cpu")
+def sdpa_backward(
+    grad_out: Tensor,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Optional[Tensor],
+    out: Tensor,
+    lse: Tensor,
+    dropout_p: float,
+    is_causal: bool,
+    scale: Optional[float],
+    enable_gqa: bool,
+    seed: Optional[Tensor],
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """Attention backward: ``(dq, dk, dv)`` shaped like ``query``, ``key`` and
+    ``value`` (summed over the axes they were broadcast along), from the forward's
+    ``out`` and ``lse`` and the output gradient ``grad_out``."""
+    kind = _DTYPES[query.dtype]
+    qkv = (kind.numpy(query), kind.numpy(key), kind.numpy(value))
+    saved = (kind.numpy(out), lse.detach().numpy())
+    opts = _call_options(dropout_p, is_causal, scale, enable_gqa, seed)
+    grads = kind.backward(qkv, _mask_numpy(attn_mask), saved, kind.numpy(grad_out), opts, get_num_threads())
+    dq, dk, dv = (kind.tensor(g) for g in grads)
+    return dq, dk, dv
+
+
+@sdpa_backward.register_fake
+def _sdpa_backward_fake(grad_out, query, key, value, attn_mask, out, lse, dropout_p, is_causal, scale, enable_gqa, seed):
+    _shapes(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed = inputs
+    out, lse = output
+    ctx.save_for_backward(query, key, value, attn_mask, out, lse, seed)
+    ctx.options = (dropout_p, is_causal, scale, enable_gqa)
+    # The log-sum-exp has no gradient rule: using it in a loss must fail, not be ignored.
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, grad_out, _grad_lse):
+    query, key, value, attn_mask, out, lse, seed = ctx.saved_tensors
+    dropout_p, is_causal, scale, enable_gqa = ctx.options
+    grads = sdpa_backward(grad_out, query, key, value, attn_mask, out, lse, dropout_p, is_causal, scale, enable_gqa, seed)
+    dq, dk, dv = (g if needed else None for g, needed in zip(grads, ctx.needs_input_grad[:3]))
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+sdpa.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _lift(t: Optional[Tensor], dim: Optional[int], rank: int, batch_size: int, repeat: bool) -> Optional[Tensor]:
+    """``t`` with the vmapped axis in front, then leading axes of 1 up to ``rank``
+    axes besides it (as the shape rules would add them), so that the vmapped axes of
+    all the arguments line up as one more batch axis. An unbatched tensor gets an
+    axis of 1 there, or of ``batch_size`` (a stride-0 view) when ``repeat`` asks for
+    a gradient per sample."""
+    if t is None:
+        return None
+    t = t.movedim(dim, 0) if dim is not None else t.unsqueeze(0)
+    t = t.reshape(t.shape[:1] + (1,) * max(0, rank - t.dim() + 1) + t.shape[1:])
+    if dim is None and repeat:
+        t = t.expand(batch_size, *t.shape[1:])
+    return t
+
+
+def _logical_rank(tensors, in_dims) -> int:
+    """The output's rank without the vmapped axis: the highest of query, key, value."""
+    return max(t.dim() - (d is not None) for t, d in zip(tensors, in_dims))
+
+
+def _seed_for_vmap(info, seed: Optional[Tensor], seed_dim: Optional[int], dropout_p: float) -> Optional[Tensor]:
+    """The one seed of a vmapped call. The samples are batch rows of one call, and
+    attend's dropout pattern differs from row to row: ``randomness="different"``
+    (each sample's seed then differs too; the first serves), never ``"same"``."""
+    if not dropout_p:
+        return seed
+    if info.randomness == "same":
+        raise AttendValueError(
+            'attend\'s dropout gives every vmapped sample its own pattern: use torch.vmap(..., randomness="different")'
+        )
+    return seed if seed_dim is None else seed.select(seed_dim, 0)
+
+
+@sdpa.register_vmap
+def _sdpa_vmap(info, in_dims, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
+    rank = _logical_rank((query, key, value), in_dims[:3])
+    q, k, v, m = (_lift(t, d, rank, info.batch_size, False) for t, d in zip((query, key, value, attn_mask), in_dims))
+    seed = _seed_for_vmap(info, seed, in_dims[8], dropout_p)
+    return sdpa(q, k, v, m, dropout_p, is_causal, scale, enable_gqa, seed), (0, 0)
+
+
+@sdpa_backward.register_vmap
+def _sdpa_backward_vmap(
+    info, in_dims, grad_out, query, key, value, attn_mask, out, lse, dropout_p, is_causal, scale, enable_gqa, seed
+):
+    rank = _logical_rank((query, key, value), in_dims[1:4])
+    tensors = (grad_out, query, key, value, attn_mask, out, lse)
+    ranks = (rank,) * 6 + (rank - 1,)  # the log-sum-exp lacks the output's last axis
+    # Every input repeated to the batch, so that each sample gets its own gradient.
+    g, q, k, v, m, o, l = (_lift(t, d, r, info.batch_size, True) for t, d, r in zip(tensors, in_dims, ranks))
+    seed = _seed_for_vmap(info, seed, in_dims[11], dropout_p)
+    return sdpa_backward(g, q, k, v, m, o, l, dropout_p, is_causal, scale, enable_gqa, seed), (0, 0, 0)
+
+
+def _check_tensor(name: str, t: Tensor) -> None:
+    if t.dtype in _DTYPES and t.device.type in ("cpu", "meta") and t.layout is torch.strided:
+        return
+    if t.device.type not in ("cpu", "meta"):
+        raise AttendValueError(f"attend runs on CPU tensors: {name} is on {t.device} (move it with .cpu())")
+    if t.layout != torch.strided:
+        raise AttendTypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
+    raise AttendTypeError(
+        f"{name} must be torch.float32, torch.bfloat16, torch.float16 or torch.float64, got {t.dtype}"
+    )
+
+
+def _check_mask(mask: Any, dtype: torch.dtype) -> None:
+    if mask is None:
+        return
+    if not isinstance(mask, Tensor):
+        raise AttendTypeError(f"attn_mask must be a torch.Tensor or None, got {type(mask).__name__}")
+    if mask.device.type not in ("cpu", "meta"):
+        raise AttendValueError(f"attend runs on CPU tensors: attn_mask is on {mask.device} (move it with .cpu())")
+    floats = (torch.float32,) if dtype is torch.float32 else (torch.float32, dtype)
+    if mask.dtype is not torch.bool and mask.dtype not in floats:
+        names = " or ".join(str(d) for d in (torch.bool,) + floats)
+        raise AttendTypeError(f"attn_mask must be {names} (with {dtype} inputs), got {mask.dtype}")
+    if mask.requires_grad and torch.is_grad_enabled():
+        raise AttendValueError(
+            "attend computes no gradient for attn_mask: pass attn_mask.detach() "
+            "(or use torch's scaled_dot_product_attention for a learned mask)"
+        )
+
+
+def sdpa_torch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> Tensor:
+    """:func:`attend.scaled_dot_product_attention` on torch tensors: the arguments'
+    kinds and dtypes checked, then one call of ``torch.ops.attend.sdpa``."""
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        _check_tensor(name, t)
+    if not query.dtype == key.dtype == value.dtype:
+        raise AttendTypeError(
+            f"query, key and value must have the same dtype: query {query.dtype}, key {key.dtype}, value {value.dtype}"
+        )
+    _check_mask(attn_mask, query.dtype)
+    check_options(dropout_p, is_causal, scale, enable_gqa)
+    seed = torch.randint(0, 2**63 - 1, (), dtype=torch.int64) if dropout_p else None
+    out, _ = sdpa(
+        query,
+        key,
+        value,
+        attn_mask,
+        float(dropout_p),
+        bool(is_causal),
+        None if scale is None else float(scale),
+        bool(enable_gqa),
+        seed,
+    )
+    return out
