@@ -43,7 +43,15 @@ class _Dtype(NamedTuple):
     lse: torch.dtype
 
 
-def _as_f32(t: Tensor) -> np.ndarray:
+def _tensor(a: np.ndarray) -> Tensor:
+    """A fresh NumPy result as a tensor, without a copy. NumPy gives empty arrays
+    strides of 0: those become a new empty tensor with the strides of its shape, as
+    the fake implementation predicts."""
+    t = torch.from_numpy(a)
+    return t if a.size else t.new_empty(t.shape)
+
+
+def _in_place(t: Tensor) -> np.ndarray:
     return t.detach().numpy()
 
 
@@ -57,23 +65,23 @@ def _widened(t: Tensor) -> np.ndarray:
 
 
 _DTYPES = {
-    torch.float32: _Dtype(_as_f32, torch.from_numpy, _attend.sdpa_forward, _attend.sdpa_backward, torch.float32),
+    torch.float32: _Dtype(_in_place, _tensor, _attend.sdpa_forward, _attend.sdpa_backward, torch.float32),
     torch.bfloat16: _Dtype(
         _as_bits,
-        lambda a: torch.from_numpy(a).view(torch.bfloat16),
+        lambda a: _tensor(a).view(torch.bfloat16),
         _attend.sdpa_forward_bf16,
         _attend.sdpa_backward_bf16,
         torch.float32,
     ),
     torch.float16: _Dtype(
         _widened,
-        lambda a: torch.from_numpy(a).half(),
+        lambda a: _tensor(a).half(),
         _attend.sdpa_forward,
         _attend.sdpa_backward,
         torch.float32,
     ),
     torch.float64: _Dtype(
-        _as_f32, torch.from_numpy, _attend.sdpa_forward_f64, _attend.sdpa_backward_f64, torch.float64
+        _in_place, _tensor, _attend.sdpa_forward_f64, _attend.sdpa_backward_f64, torch.float64
     ),
 }
 
@@ -131,7 +139,7 @@ def sdpa(
     qkv = (kind.numpy(query), kind.numpy(key), kind.numpy(value))
     opts = _call_options(dropout_p, is_causal, scale, enable_gqa, seed)
     out, lse = kind.forward(qkv, _mask_numpy(attn_mask), opts, get_num_threads())
-    return kind.tensor(out), torch.from_numpy(lse)
+    return kind.tensor(out), _tensor(lse)
 
 
 @sdpa.register_fake
