@@ -33,7 +33,9 @@ def expand_mask(mask, q, k, is_causal):
 
 
 def _repeat_heads(k, q):
-    if k.dim() >= 3 and k.shape[-3] != q.shape[-3]:
+    """Grouped-query heads repeated to the query's; a single head on either side
+    broadcasts by itself."""
+    if k.dim() >= 3 and q.dim() >= 3 and 1 != k.shape[-3] != q.shape[-3] != 1:
         return k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
     return k
 

@@ -185,7 +185,6 @@ def test_backward_gives_bf16_gradients_within_the_rule():
 BAD = [
     ("mixed dtypes", lambda q: (q, q.float(), q, {}), TypeError,
      "query, key and value must have the same dtype: query torch.bfloat16, key torch.float32, value torch.bfloat16"),
-    ("float16", lambda q: (q.half(), q.half(), q.half(), {}), TypeError, "query must be torch.float32 or torch.bfloat16"),
     ("float64 mask", lambda q: (q, q, q, {"attn_mask": torch.zeros(4, 4, dtype=torch.float64)}), TypeError,
      "attn_mask must be torch.bool or torch.float32 or torch.bfloat16 (with torch.bfloat16 inputs), got torch.float64"),
     ("bf16 mask with f32", lambda q: (q.float(), q.float(), q.float(), {"attn_mask": torch.zeros(4, 4).bfloat16()}),

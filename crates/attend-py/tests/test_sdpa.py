@@ -107,15 +107,16 @@ def test_strided_views_are_read_in_place():
 
 
 def test_no_copy_of_strided_inputs(monkeypatch):
-    """The rank-4 views handed to the kernels share the tensors' memory."""
+    """The arrays handed to the compiled half share the tensors' memory and strides
+    (it folds them into the kernels' rank-4 layout as views)."""
     seen = []
     real = attend._attend.sdpa_forward
 
-    def spy(call, threads):
-        seen.append((call.q, call.k, call.v))
-        return real(call, threads)
+    def spy(inputs, mask, options, threads):
+        seen.append(inputs)
+        return real(inputs, mask, options, threads)
 
-    monkeypatch.setattr(attend._attend, "sdpa_forward", spy)
+    monkeypatch.setitem(attend.ops._DTYPES, torch.float32, attend.ops._DTYPES[torch.float32]._replace(forward=spy))
     x = randn(2, 16, 3, 4, 8, seed=13)
     q, k, v = (x[:, :, i].transpose(1, 2) for i in range(3))
     attend.scaled_dot_product_attention(q, k, v)
@@ -245,16 +246,21 @@ def test_threads_follow_torch_and_can_be_set():
 
 
 BAD = [
-    ("float64 query", lambda q, k, v: (q.double(), k, v, {}), TypeError, "query must be torch.float32"),
+    ("int query", lambda q, k, v: (q.long(), k.long(), v.long(), {}), TypeError,
+     "query must be torch.float32, torch.bfloat16, torch.float16 or torch.float64, got torch.int64"),
+    ("mixed dtypes", lambda q, k, v: (q.double(), k, v, {}), TypeError, "must have the same dtype"),
     ("int mask", lambda q, k, v: (q, k, v, {"attn_mask": torch.ones(4, 6, dtype=torch.int64)}), TypeError, "attn_mask must be"),
     ("rank 1", lambda q, k, v: (q[0, 0, 0], k[0, 0, 0], v[0, 0, 0], {}), ValueError, "rank 2 or more"),
-    ("ranks differ", lambda q, k, v: (q, k[0], v[0], {}), ValueError, "same rank"),
     ("widths differ", lambda q, k, v: (q, k[..., :4], v, {}), ValueError, "widths differ"),
-    ("k and v lengths", lambda q, k, v: (q, k, v[:, :, :5], {}), ValueError, "key and value"),
-    ("batch differs", lambda q, k, v: (q, k[:1], v[:1], {}), ValueError, "batch shapes differ"),
-    ("heads without gqa", lambda q, k, v: (q, k[:, :1], v[:, :1], {}), ValueError, "enable_gqa=True"),
-    ("heads not a multiple", lambda q, k, v: (q, k[:, :2], v[:, :2], {"enable_gqa": True}), ValueError, "multiple"),
+    ("k and v lengths", lambda q, k, v: (q, k, v[:, :, :5], {}), ValueError, "k and v disagree on heads or length"),
+    ("batches do not broadcast", lambda q, k, v: (q, torch.zeros(3, 3, 6, 8), torch.zeros(3, 3, 6, 8), {}), ValueError,
+     "do not broadcast"),
+    ("heads do not broadcast", lambda q, k, v: (q, k[:, :2], v[:, :2], {}), ValueError, "do not broadcast"),
+    ("heads do not divide", lambda q, k, v: (q, k[:, :2], v[:, :2], {"enable_gqa": True}), ValueError, "must divide"),
+    ("no key heads", lambda q, k, v: (q, k[:, :0], v[:, :0], {"enable_gqa": True}), ValueError, "must divide"),
     ("mask shape", lambda q, k, v: (q, k, v, {"attn_mask": torch.ones(5, 6, dtype=torch.bool)}), ValueError, "does not broadcast"),
+    ("mask of higher rank", lambda q, k, v: (q, k, v, {"attn_mask": torch.ones(2, 2, 3, 4, 6, dtype=torch.bool)}), ValueError,
+     "does not broadcast"),
     ("mask and causal", lambda q, k, v: (q, k, v, {"attn_mask": torch.ones(4, 6, dtype=torch.bool), "is_causal": True}), ValueError, "cannot both"),
     ("nan scale", lambda q, k, v: (q, k, v, {"scale": float("nan")}), ValueError, "scale must be finite"),
     ("nan dropout", lambda q, k, v: (q, k, v, {"dropout_p": float("nan")}), ValueError, "dropout probability"),
@@ -262,17 +268,22 @@ BAD = [
     ("mixed kinds", lambda q, k, v: (q, k.numpy(), v, {}), TypeError, "must all be torch.Tensors or all numpy"),
     ("a list", lambda q, k, v: (q.tolist(), k, v, {}), TypeError, "torch.Tensor or a numpy.ndarray"),
     ("numpy float64", lambda q, k, v: (q.double().numpy(), k.double().numpy(), v.double().numpy(), {}), TypeError, "must be float32"),
+    ("numpy shapes", lambda q, k, v: (q.numpy(), k[..., :4].numpy(), v.numpy(), {}), ValueError, "widths differ"),
 ]
 
 
 @pytest.mark.parametrize("name,make,exc,text", BAD, ids=[b[0] for b in BAD])
 def test_bad_input_raises_one_clear_line(name, make, exc, text):
+    """Each error is one line, of today's class (ValueError or TypeError) and of
+    PyTorch's (RuntimeError) at once."""
     q, k, v = randn(2, 3, 4, 8, seed=37), randn(2, 3, 6, 8, seed=38), randn(2, 3, 6, 8, seed=39)
     q, k, v, kw = make(q, k, v)
     with pytest.raises(exc) as info:
         attend.scaled_dot_product_attention(q, k, v, **kw)
     message = str(info.value)
     assert text in message and "\n" not in message
+    assert isinstance(info.value, RuntimeError)
+    assert isinstance(info.value, attend.AttendValueError if exc is ValueError else attend.AttendTypeError)
 
 
 def test_learned_mask_gradient_is_refused():
@@ -317,21 +328,78 @@ def test_the_gil_is_released_while_the_kernels_run():
 
 
 EMPTY = [
-    ("no queries", (1, 1, 0, 8), (1, 1, 5, 8), (1, 1, 5, 8)),
-    ("no keys", (1, 1, 3, 8), (1, 1, 0, 8), (1, 1, 0, 8)),
-    ("no batch", (0, 1, 3, 8), (0, 1, 4, 8), (0, 1, 4, 8)),
-    ("zero width", (1, 1, 3, 0), (1, 1, 4, 0), (1, 1, 4, 4)),
-    ("zero value width", (1, 1, 3, 8), (1, 1, 4, 8), (1, 1, 4, 0)),
+    # (name, q, k, v, enable_gqa)
+    ("no queries", (1, 1, 0, 8), (1, 1, 5, 8), (1, 1, 5, 8), False),
+    ("no keys", (1, 1, 3, 8), (1, 1, 0, 8), (1, 1, 0, 8), False),
+    ("no batch", (0, 1, 3, 8), (0, 1, 4, 8), (0, 1, 4, 8), False),
+    ("zero heads", (2, 0, 3, 8), (2, 0, 4, 8), (2, 0, 4, 8), False),
+    ("zero query heads, grouped", (2, 0, 3, 8), (2, 2, 4, 8), (2, 2, 4, 8), True),
+    ("zero width", (1, 1, 3, 0), (1, 1, 4, 0), (1, 1, 4, 4), False),
+    ("zero width, fused kernels", (2, 2, 40, 0), (2, 2, 50, 0), (2, 2, 50, 4), False),
+    ("zero value width", (1, 1, 3, 8), (1, 1, 4, 8), (1, 1, 4, 0), False),
 ]
 
 
-@pytest.mark.parametrize("name,qs,ks,vs", EMPTY, ids=[e[0] for e in EMPTY])
-def test_empty_axes_as_pytorch(name, qs, ks, vs):
-    q, k, v = randn(*qs, seed=43), randn(*ks, seed=44), randn(*vs, seed=45)
-    got = attend.scaled_dot_product_attention(q, k, v)
-    want = F.scaled_dot_product_attention(q, k, v)
+@pytest.mark.parametrize("name,qs,ks,vs,gqa", EMPTY, ids=[e[0] for e in EMPTY])
+def test_empty_axes_as_pytorch(name, qs, ks, vs, gqa):
+    """Forward and gradients, PyTorch's shapes and values: with E = 0 every score is 0
+    and each query averages the values (the default scale, 1/√0, must not make them
+    NaN); empty outputs give zero gradients."""
+    q, k, v = (randn(*s, seed=43 + i).requires_grad_() for i, s in enumerate((qs, ks, vs)))
+    got = attend.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+    dout = randn(*got.shape, seed=46)
+    got.backward(dout)
+    ours = [t.grad for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    want = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+    want.backward(dout)
     assert got.shape == want.shape
     assert max_err(got, want) <= 1e-6
+    for g, t in zip(ours, (q, k, v)):
+        assert g.shape == t.shape and not g.isnan().any()
+        assert max_err(g, t.grad) <= 1e-6
+
+
+BROADCAST = [
+    # (name, q, k, v, enable_gqa): PyTorch broadcasts the leading axes as a matrix
+    # product does; attend reads repeated axes with stride 0 and sums their gradients.
+    ("query of rank 2", (5, 8), (2, 3, 6, 8), (2, 3, 6, 4), False),
+    ("query of rank 3", (3, 5, 8), (2, 3, 6, 8), (2, 3, 6, 4), False),
+    ("key and value of rank 3", (2, 3, 5, 8), (3, 6, 8), (3, 6, 4), False),
+    ("one key/value head", (2, 3, 5, 8), (2, 1, 6, 8), (2, 1, 6, 4), False),
+    ("one query head", (2, 1, 5, 8), (2, 3, 6, 8), (2, 3, 6, 4), False),
+    ("one key head, three value heads", (2, 3, 5, 8), (2, 1, 6, 8), (2, 3, 6, 4), False),
+    ("key batch of one", (2, 3, 5, 8), (1, 3, 6, 8), (1, 3, 6, 4), False),
+    ("query batch of one", (1, 3, 5, 8), (2, 3, 6, 8), (2, 3, 6, 4), False),
+    ("grouped key, one value head", (2, 8, 5, 8), (2, 2, 6, 8), (2, 1, 6, 4), True),
+    ("grouped, key and value heads differ", (2, 6, 5, 8), (2, 2, 6, 8), (2, 3, 6, 4), True),
+    ("rank 5, grouped, broadcast", (3, 2, 4, 5, 8), (1, 2, 2, 6, 8), (3, 1, 2, 6, 4), True),
+    ("fused kernel, one key/value head", (2, 4, 40, 16), (1, 1, 50, 16), (1, 1, 50, 8), False),
+]
+
+
+@pytest.mark.parametrize("name,qs,ks,vs,gqa", BROADCAST, ids=[b[0] for b in BROADCAST])
+def test_broadcasting_as_pytorch(name, qs, ks, vs, gqa):
+    q, k, v = (randn(*s, seed=50 + i).requires_grad_() for i, s in enumerate((qs, ks, vs)))
+    got = attend.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    want = F.scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), is_causal=True, enable_gqa=gqa)
+    assert got.shape == want.shape
+    check_output(got, q.detach(), k.detach(), v.detach(), is_causal=True, what=name)
+    dout = randn(*got.shape, seed=53)
+    got.backward(dout)
+    check_grads([t.grad for t in (q, k, v)], q.detach(), k.detach(), v.detach(), dout, is_causal=True, what=name)
+
+
+def test_broadcast_masks_of_every_rank():
+    """Masks broadcast to the weights [..., L, S] from any lower rank, with rank-5
+    inputs whose leading axes fold into one batch."""
+    q, k, v = randn(3, 2, 2, 5, 8, seed=54), randn(3, 2, 2, 7, 8, seed=55), randn(1, 2, 2, 7, 4, seed=56)
+    g = torch.Generator().manual_seed(57)
+    for shape in [(7,), (5, 7), (2, 1, 7), (2, 1, 5, 7), (3, 1, 1, 5, 7), (3, 2, 2, 5, 7)]:
+        for mask in (torch.rand(*shape, generator=g) > 0.3, torch.randn(*shape, generator=g)):
+            got = attend.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            check_output(got, q, k, v, mask=mask, what=f"{mask.dtype} mask {shape}")
 
 
 def test_inference_mode_tensors():
