@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use ndarray::{s, Array2, Array3, Array4, ArrayView2, Axis};
+use ndarray::{s, Array2, Array3, Array4, ArrayView2, ArrayView4, Axis, ShapeBuilder};
 
 use super::family::{self, Family};
 use super::positions::{mpnet_bias, position_ids, sinusoidal_table, MPNET_BUCKETS};
@@ -14,7 +14,7 @@ use super::BertConfig;
 use crate::attention::{attention, AttentionOptions, Precision};
 use crate::io::safetensors::SafeTensors;
 use crate::nn::state_dict::load_linear;
-use crate::nn::{heads_view, LayerNorm, Linear, ModuleTrace, MultiHeadAttention};
+use crate::nn::{LayerNorm, Linear, ModuleTrace, MultiHeadAttention};
 use crate::{Error, Result};
 
 /// Token ids of a batch of sequences, right-padded to a common length `T`.
@@ -88,6 +88,11 @@ pub struct BertLayer {
     /// Self-attention: `attention.self.{query,key,value}` are `q_proj`, `k_proj`,
     /// `v_proj` and `attention.output.dense` is `out_proj`.
     pub attention: MultiHeadAttention,
+    /// The query, key and value projections stacked as one product
+    /// ([`Linear::stacked`], `[3d, d]`), made at load: the fast forward computes
+    /// all three with it; the traced forward and the walkthrough read the three
+    /// in `attention`. Change those and this must be made again.
+    pub qkv: Linear,
     /// `attention.output.LayerNorm`, after the residual.
     pub attention_norm: LayerNorm,
     /// `intermediate.dense`, `d → intermediate_size`.
@@ -234,7 +239,7 @@ impl BertModel {
                 eps,
             )
         };
-        let linear = |prefix: &str, out: usize, inp: usize| -> Result<Linear> {
+        let loaded = |prefix: &str, out: usize, inp: usize| -> Result<Linear> {
             let l = load_linear(file, &format!("{root}{prefix}."))?;
             if l.weight.dim() != (out, inp) || l.bias.is_none() {
                 return Err(Error::shape(format!(
@@ -243,7 +248,10 @@ impl BertModel {
                     l.weight.shape()
                 )));
             }
-            Ok(l.for_inference_with(precision))
+            Ok(l)
+        };
+        let linear = |prefix: &str, out: usize, inp: usize| -> Result<Linear> {
+            Ok(loaded(prefix, out, inp)?.for_inference_with(precision))
         };
         let position = if config.sinusoidal_positions
             && !file.contains(&format!("{root}{}", family::POSITION_EMBEDDINGS))
@@ -297,16 +305,28 @@ impl BertModel {
         for i in 0..config.num_hidden_layers {
             let p = format!("{}.{i}", names.layers);
             let heads = config.num_attention_heads;
+            let [q, k, v] = [names.query, names.key, names.value]
+                .map(|name| loaded(&format!("{p}.{name}"), d, d));
+            let (q, k, v) = (q?, k?, v?);
+            let qkv = Linear::stacked(&[&q, &k, &v])?.for_inference_with(precision);
+            // The three alone serve the traced forward, so in bf16 they are rounded
+            // as the stacked product is; in f32 they stay unpacked (the fast
+            // forward does not read them).
+            let alone = |l: Linear| match precision {
+                Precision::Bf16 => l.for_inference_with(precision),
+                Precision::F32 => l,
+            };
             let attention = MultiHeadAttention::new(
-                linear(&format!("{p}.{}", names.query), d, d)?,
-                linear(&format!("{p}.{}", names.key), d, d)?,
-                linear(&format!("{p}.{}", names.value), d, d)?,
+                alone(q),
+                alone(k),
+                alone(v),
                 Some(linear(&format!("{p}.{}", names.attention_output), d, d)?),
                 heads,
                 heads,
             )?;
             layers.push(BertLayer {
                 attention,
+                qkv,
                 attention_norm: norm(&format!("{p}.{}", names.attention_norm))?,
                 intermediate: linear(
                     &format!("{p}.{}", names.intermediate),
@@ -446,15 +466,16 @@ impl BertModel {
         // [n, d] rows → [B, T, d] (a copy into a padded buffer only when some
         // sequences are shorter than T).
         let unpack = |x: Array2<f32>| -> Array3<f32> {
+            let w = x.ncols();
             if packed {
-                return x.into_shape_with_order((b, t, d)).expect("n = B·T");
+                return x.into_shape_with_order((b, t, w)).expect("n = B·T");
             }
-            let mut out = Array3::zeros((b, t, d));
+            let mut out = Array3::zeros((b, t, w));
             let src = x.as_slice().expect("Linear returns row-major arrays");
             let dst = out.as_slice_mut().expect("fresh arrays are row-major");
             let mut r = 0;
             for (bi, &len) in batch.lengths.iter().enumerate() {
-                dst[bi * t * d..(bi * t + len) * d].copy_from_slice(&src[r * d..(r + len) * d]);
+                dst[bi * t * w..(bi * t + len) * w].copy_from_slice(&src[r * w..(r + len) * w]);
                 r += len;
             }
             out
@@ -463,18 +484,14 @@ impl BertModel {
         clock.lap(&mut timings.other);
         for layer in &self.layers {
             let m = &layer.attention;
-            let (q, k, v) = (
-                m.q_proj.forward(h.view())?,
-                m.k_proj.forward(h.view())?,
-                m.v_proj.forward(h.view())?,
-            );
+            let qkv = layer.qkv.forward(h.view())?;
             clock.lap(&mut timings.matmul);
-            let (q, k, v) = (unpack(q), unpack(k), unpack(v));
+            let qkv = unpack(qkv);
             clock.lap(&mut timings.other);
             let ctx = attention(
-                heads_view(&q, heads),
-                heads_view(&k, heads),
-                heads_view(&v, heads),
+                projection_heads(&qkv, 0, heads),
+                projection_heads(&qkv, 1, heads),
+                projection_heads(&qkv, 2, heads),
                 &opts,
             )?;
             clock.lap(&mut timings.attention);
@@ -590,6 +607,20 @@ impl BertModel {
             position_bias: bias,
         })
     }
+}
+
+/// Projection `which` (0 queries, 1 keys, 2 values) of the stacked projections
+/// `[B, T, 3d]` as `[B, H, T, d/H]`: a view, no copy.
+fn projection_heads(qkv: &Array3<f32>, which: usize, heads: usize) -> ArrayView4<'_, f32> {
+    let (b, t, width) = qkv.dim();
+    let d = width / 3;
+    let dh = d / heads;
+    let all = qkv.as_slice().expect("stacked projections are row-major");
+    ArrayView4::from_shape(
+        (b, heads, t, dh).strides((t * width, dh, width, 1)),
+        &all[which * d..],
+    )
+    .expect("the heads of one projection lie inside the stacked rows")
 }
 
 fn no_out_proj() -> Error {

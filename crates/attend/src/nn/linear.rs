@@ -55,6 +55,45 @@ impl Linear {
         })
     }
 
+    /// One layer computing `layers` side by side: their weights stacked along the
+    /// outputs (`[Σ out, in]`), and their biases likewise. Its output is theirs
+    /// concatenated, to the same bits (each output's sum does not depend on its
+    /// neighbours), in one product: an encoder's query, key and value projections
+    /// read the input once and split the work between threads once. The result
+    /// holds f32 weights; make it [`for_inference_with`](Self::for_inference_with)
+    /// the layers' precision.
+    pub fn stacked(layers: &[&Linear]) -> Result<Self> {
+        let Some(first) = layers.first() else {
+            return Err(Error::value("Linear::stacked needs at least one layer"));
+        };
+        let inputs = first.in_features();
+        if let Some(l) = layers.iter().find(|l| l.in_features() != inputs) {
+            return Err(Error::shape(format!(
+                "Linear::stacked: a layer takes {} inputs, the first {inputs}",
+                l.in_features()
+            )));
+        }
+        if layers
+            .iter()
+            .any(|l| l.bias.is_some() != first.bias.is_some())
+        {
+            return Err(Error::value(
+                "Linear::stacked: either every layer has a bias or none has",
+            ));
+        }
+        let weights: Vec<_> = layers.iter().map(|l| l.weight_f32()).collect();
+        let views: Vec<_> = weights.iter().map(|w| w.view()).collect();
+        let weight = ndarray::concatenate(Axis(0), &views).expect("same input width");
+        let bias = first.bias.as_ref().map(|_| {
+            let views: Vec<_> = layers
+                .iter()
+                .map(|l| l.bias.as_ref().expect("checked").view())
+                .collect();
+            ndarray::concatenate(Axis(0), &views).expect("vectors concatenate")
+        });
+        Linear::new(weight, bias)
+    }
+
     /// The same layer with its weight stored column-major (still the `[out, in]`
     /// matrix, transposed in memory). The matrix product then reads the weight
     /// without repacking it on every call, which is much faster for few rows (one
@@ -68,8 +107,9 @@ impl Linear {
         self
     }
 
-    /// The same layer made ready for inference: on CPUs where `nn::matmul`'s AVX2
-    /// kernel runs, it keeps a copy of the weight packed in that kernel's layout
+    /// The same layer made ready for inference: on CPUs where `nn::matmul`'s
+    /// kernel runs (AVX2 or AVX-512), it keeps a copy of the weight packed in that
+    /// kernel's layout
     /// (each 16-output panel one sequential stream; twice the weight's memory),
     /// else the weight is made [`column_major`](Self::column_major) for the `gemm`
     /// crate. For weights loaded once and used many times. Changing `weight`
@@ -85,8 +125,8 @@ impl Linear {
     /// fused multiply-adds per pair elsewhere); each input is rounded to bf16,
     /// products are summed in f32 and the output, bias and activation stay f32.
     /// The layer then holds 2 bytes per weight, against 8 for an f32 inference
-    /// layer on AVX2 (the weight and its packing) and 4 elsewhere; `weight` is
-    /// left empty.
+    /// layer on AVX2 and AVX-512 (the weight and its packing) and 4 elsewhere;
+    /// `weight` is left empty.
     pub fn for_inference_with(self, precision: Precision) -> Self {
         let weight = match self.bf16_weight() {
             Some(packed) => packed.unpack(),
@@ -208,8 +248,8 @@ impl Linear {
 
     /// `act(x [rows, in] · weightᵀ + bias)` for `x` of any strides: in bf16
     /// through `nn::matmul`'s bf16 product (every CPU) for a bf16 layer; else
-    /// through this crate's AVX2 kernel (`nn::matmul`) when the CPU has AVX2 but
-    /// not AVX-512, else through the `gemm` crate. All are parallel over output
+    /// through this crate's kernel (`nn::matmul`) when the CPU has AVX2 or
+    /// AVX-512, else through the `gemm` crate. All are parallel over output
     /// blocks with rayon, so the result does not depend on the thread count.
     fn forward_rows(&self, x: ArrayView<'_, f32, Ix2>, act: Option<Activation>) -> Array2<f32> {
         let bias = self.bias.as_ref().map(|b| match b.as_slice() {
@@ -453,6 +493,47 @@ mod tests {
             changed.forward(x.view()).unwrap(),
             want.forward(x.view()).unwrap()
         );
+    }
+
+    #[test]
+    fn stacked_layers_give_each_layers_bits_side_by_side() {
+        let k = 70;
+        let layer = |n: usize, seed: usize| {
+            let w = Array::from_shape_fn((n, k), |(i, j)| {
+                ((i * 7 + j * 3 + seed) % 17) as f32 / 8.3 - 1.0
+            });
+            Linear::new(w, Some(Array::from_shape_fn(n, |i| i as f32 / 9.0))).unwrap()
+        };
+        let parts = [layer(40, 0), layer(16, 1), layer(33, 2)];
+        let refs: Vec<&Linear> = parts.iter().collect();
+        for precision in [Precision::F32, Precision::Bf16] {
+            let one = Linear::stacked(&refs)
+                .unwrap()
+                .for_inference_with(precision);
+            assert_eq!((one.in_features(), one.out_features()), (k, 89));
+            for m in [1, 7, 50] {
+                let x =
+                    Array::from_shape_fn((m, k), |(i, j)| ((i + 2 * j) % 11) as f32 / 3.7 - 1.4);
+                let y = one.forward(x.view()).unwrap();
+                let mut start = 0;
+                for part in &parts {
+                    let alone = part.clone().for_inference_with(precision);
+                    let n = part.out_features();
+                    let want = alone.forward(x.view()).unwrap();
+                    assert_eq!(
+                        y.slice(ndarray::s![.., start..start + n]),
+                        want,
+                        "{precision:?} {m}"
+                    );
+                    start += n;
+                }
+            }
+        }
+        let narrow = Linear::new(Array2::zeros((4, k - 1)), None).unwrap();
+        assert!(Linear::stacked(&[&parts[0], &narrow]).is_err());
+        let unbiased = Linear::new(Array2::zeros((4, k)), None).unwrap();
+        assert!(Linear::stacked(&[&parts[0], &unbiased]).is_err());
+        assert!(Linear::stacked(&[]).is_err());
     }
 
     #[test]

@@ -1,22 +1,25 @@
 //! The dense layers' matrix product: `y = act(x · wᵀ + bias)`, written once over
-//! the 16-lane vectors of [`crate::isa`] and used where it measured fastest (AVX2).
+//! the 16-lane vectors of [`crate::isa`] and used on every x86 CPU with AVX2 or
+//! AVX-512.
 //!
-//! BLIS's structure, cut down to what encoder layers need: a 6 × 16 register tile
-//! (12 accumulators) and `k` in blocks of [`KC`], the weight read as 16-output
-//! panels (`[k][16]`). Inference layers pack their weight into panels once, at load
-//! ([`PackedWeight`], made by `Linear::for_inference`), so that each panel is one
-//! sequential stream: with one short sentence the product is bound by reading the
-//! weights from memory, and a sequential stream reads fastest. Other layers pack
-//! per call, or, with few rows and a column-major weight, read it where it lies.
-//! The bias is the accumulators' starting point and the activation is applied to
-//! each block while it is still in cache.
+//! BLIS's structure, cut down to what encoder layers need: a register tile of 6
+//! rows × one 16-output panel on AVX2's 16 registers (12 accumulators), 6 rows ×
+//! four panels on AVX-512's 32 (24 accumulators, [`WIDE`]: each broadcast of `x`
+//! feeds four products, so loads stay well below the multiply-adds), `k` in blocks
+//! of [`KC`], the weight read as 16-output panels (`[k][16]`). Inference layers
+//! pack their weight into panels once, at load ([`PackedWeight`], made by
+//! `Linear::for_inference`), so that each panel is one sequential stream: with one
+//! short sentence the product is bound by reading the weights from memory, and a
+//! sequential stream reads fastest. Other layers pack per call, or, with few rows
+//! and a column-major weight, read it where it lies. The bias is the accumulators'
+//! starting point and the activation is applied to each block while it is still
+//! in cache.
 //!
 //! Every path runs the same kernel in the same order of operations, and work is
 //! split into blocks of rows × panels that each compute their outputs whole, so a
 //! row's result depends neither on the other rows in the batch nor on the thread
-//! count. On CPUs with AVX-512 (or without AVX2) `Linear` keeps the `gemm` crate
-//! for f32, whose kernels use the wider registers; the bf16 product ([`bf16`])
-//! runs here on every instruction set, since only it has one.
+//! count. Without AVX2, `Linear` keeps the `gemm` crate for f32; the bf16 product
+//! ([`bf16`]) runs here on every instruction set, since only it has one.
 
 use ndarray::{Array2, ArrayView2};
 use rayon::prelude::*;
@@ -35,6 +38,9 @@ pub(crate) use bf16::{linear_bf16, PackedBf16};
 const MR: usize = 6;
 /// Columns of the register tile: one 16-lane vector (two AVX2 registers).
 const NR: usize = crate::isa::LANES;
+/// Panels in one register tile on 32-register instruction sets (AVX-512): 6 × 64
+/// outputs are 24 accumulators, and each broadcast of `x` feeds four products.
+const WIDE: usize = 4;
 /// Depth of a block of `k`: a `KC × NR` weight panel is 24 KiB, within L1.
 const KC: usize = 384;
 /// Terms per partial sum (a divisor of [`KC`], so that the order of operations
@@ -49,10 +55,13 @@ const FEW_ROWS: usize = 2 * MR;
 const PARALLEL_MIN: usize = 1 << 17;
 
 /// Whether this module's product is the one to use on this CPU: where the best
-/// instruction set is AVX2 (measured against the `gemm` crate there,
+/// instruction set is AVX2 or AVX-512 (measured against the `gemm` crate on both,
 /// docs/encoder-speed.md).
 pub(crate) fn available() -> bool {
-    IsaToken::best().isa() == Isa::Avx2
+    matches!(
+        IsaToken::best().isa(),
+        Isa::Avx2 | Isa::Avx512 | Isa::Avx512Bf16
+    )
 }
 
 /// `act(x · wᵀ + bias)` for `x [m, k]` and `w [n, k]` (any strides), `bias [n]`;
@@ -133,15 +142,21 @@ fn bias_only(m: usize, n: usize, bias: Option<&[f32]>, act: Option<Activation>) 
 /// The split does not change any output's order of operations, only who
 /// computes it.
 fn plan(m: usize, panels: usize, parallel: bool) -> Vec<Block> {
-    let (row_block, panel_chunk) = if m > FEW_ROWS {
-        // Enough blocks for both threads, each ~7 M multiply-adds at MiniLM's sizes.
-        (MC, panels.min(24))
+    let ways = if parallel {
+        rayon::current_num_threads()
     } else {
-        let ways = if parallel {
-            rayon::current_num_threads()
-        } else {
-            1
-        };
+        1
+    };
+    let (row_block, panel_chunk) = if m > FEW_ROWS {
+        // Row blocks of equal size up to MC rows, cut across at most 24 panels (a
+        // block's panels then stay in L2) and into at least four blocks per
+        // thread, so that 64 rows do not leave one thread a 48-row block and the
+        // other 16.
+        let row_blocks = m.div_ceil(MC);
+        let row_block = m.div_ceil(row_blocks).next_multiple_of(MR);
+        let chunks = (4 * ways).div_ceil(row_blocks).max(panels.div_ceil(24));
+        (row_block, panels.div_ceil(chunks).next_multiple_of(WIDE))
+    } else {
         // About 12 tasks per thread: a thread that starts late takes fewer of them
         // (on the short sentence, 1.8-2.0 ms of products against 2.2-2.4 ms with
         // one task per thread).
@@ -321,7 +336,7 @@ trait Operands: Sync {
     /// `c[rows, 16·P] = init + x[r .. r + rows] · panels p .. p + P`, over steps
     /// `s0 .. s0 + sc`, each panel with its own `init` and its output 16 floats right
     /// of the one before. Every output's sum is the same, in the same order, whatever
-    /// `P` (`Tile` takes two full panels in one register tile where there are
+    /// `P` (`Tile` takes four full panels in one register tile where there are
     /// registers for it).
     ///
     /// # Safety
@@ -420,9 +435,14 @@ impl<O: Operands> Problem<'_, O> {
             for s0 in (0..depth).step_by(O::BLOCK) {
                 let sc = O::BLOCK.min(depth - s0);
                 let mut p = b.panels.start;
+                let full =
+                    |p: usize, count: usize| p + count <= b.panels.end && (p + count) * NR <= n;
                 while p < b.panels.end {
-                    // Two full panels at a time where there are two.
-                    if p + 1 < b.panels.end && (p + 2) * NR <= n {
+                    // As many full panels at a time as the registers hold.
+                    if I::REGISTERS >= 32 && full(p, WIDE) {
+                        self.panels::<I, WIDE>(isa, b, p, (s0, sc), out);
+                        p += WIDE;
+                    } else if full(p, 2) {
                         self.panels::<I, 2>(isa, b, p, (s0, sc), out);
                         p += 2;
                     } else {
@@ -490,7 +510,7 @@ impl<O: Operands> Problem<'_, O> {
                     tile(c, n);
                 } else {
                     // A partial panel: through a buffer of whole ones.
-                    let mut buf = [0.0f32; MR * 2 * NR];
+                    let mut buf = [0.0f32; MR * WIDE * NR];
                     if !first {
                         for i in 0..rows {
                             let src = std::slice::from_raw_parts(c.add(i * n), cols);

@@ -1,10 +1,10 @@
 //! The register tile of both dense-layer products: `R ≤ 6` rows of the input times
-//! `P` adjacent 16-wide weight panels, written once over what one step of the sum
+//! `P` (1, 2 or 4) adjacent 16-wide weight panels, written once over what one step of the sum
 //! multiplies ([`Step`]: an f32 number, or a bf16 pair through [`Simd::dot2`]).
 //!
 //! With one panel a step loads as many numbers as it multiplies (one panel vector,
-//! `R` broadcasts, `R` products); with two, each broadcast feeds two products, so
-//! 32-register instruction sets take two full panels at a time. Every output's sum
+//! `R` broadcasts, `R` products); with four, each broadcast feeds four products, so
+//! 32-register instruction sets take four full panels at a time (24 accumulators). Every output's sum
 //! runs over the same steps in the same order whatever the tile's shape, so the bits
 //! do not depend on it.
 
@@ -85,7 +85,7 @@ pub(super) struct Tile<E> {
 }
 
 impl<E: Step> Tile<E> {
-    /// `c[rows, 16·P] = init + a·b` for `P` (1 or 2) adjacent panels, `c` with row
+    /// `c[rows, 16·P] = init + a·b` for `P` adjacent panels, `c` with row
     /// stride `ldc`, each panel with its own `init`.
     ///
     /// # Safety
