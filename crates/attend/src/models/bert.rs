@@ -509,23 +509,18 @@ impl BertModel {
             }
             clock.lap(&mut timings.other);
             let out_proj = m.out_proj.as_ref().ok_or_else(no_out_proj)?;
-            let mut a = out_proj.forward(merged.view())?;
+            let a =
+                out_proj.forward_residual_norm(merged.view(), h.view(), &layer.attention_norm)?;
             clock.lap(&mut timings.matmul);
-            layer
-                .attention_norm
-                .forward_inplace(a.view_mut(), Some(h.view()))?;
-            clock.lap(&mut timings.other);
             // The activation is applied to each block of the product while in cache.
             let inter = layer
                 .intermediate
                 .forward_activated(a.view(), self.config.hidden_act)?;
             clock.lap(&mut timings.matmul);
-            h = layer.output.forward(inter.view())?;
+            h = layer
+                .output
+                .forward_residual_norm(inter.view(), a.view(), &layer.output_norm)?;
             clock.lap(&mut timings.matmul);
-            layer
-                .output_norm
-                .forward_inplace(h.view_mut(), Some(a.view()))?;
-            clock.lap(&mut timings.other);
         }
         let out = unpack(h);
         clock.lap(&mut timings.other);

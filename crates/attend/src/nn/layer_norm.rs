@@ -104,6 +104,21 @@ impl LayerNorm {
     }
 }
 
+impl LayerNorm {
+    /// `row ← LayerNorm(row + residual)` for one row of the layer's width, as
+    /// [`forward_inplace`](Self::forward_inplace) computes each row.
+    pub(crate) fn add_and_normalise(&self, row: &mut [f32], residual: &[f32]) {
+        for (v, r) in row.iter_mut().zip(residual) {
+            *v += r;
+        }
+        let (w, b) = (
+            self.weight.as_slice().expect("owned 1-D is contiguous"),
+            self.bias.as_slice().expect("owned 1-D is contiguous"),
+        );
+        normalise_row(row, w, b, self.eps);
+    }
+}
+
 /// Sum of a slice in 16 independent lanes (so it vectorises), then the lanes.
 #[inline(always)]
 fn lane_sum(xs: &[f32], f: impl Fn(f32) -> f32) -> f32 {

@@ -1,9 +1,9 @@
 //! `nn.Linear`: `y = x Wᵀ + b`.
 
-use ndarray::{Array, Array1, Array2, ArrayView, Axis, Dimension, Ix2};
+use ndarray::{Array, Array1, Array2, ArrayView, ArrayView2, Axis, Dimension, Ix2};
 
-use super::matmul::{PackedBf16, PackedWeight};
-use super::Activation;
+use super::matmul::{Epilogue, PackedBf16, PackedWeight};
+use super::{Activation, LayerNorm};
 use crate::attention::Precision;
 use crate::{Error, Result};
 
@@ -206,7 +206,7 @@ impl Linear {
 
     /// Applies the layer to the last axis of `x` (any number of leading axes).
     pub fn forward<D: Dimension>(&self, x: ArrayView<'_, f32, D>) -> Result<Array<f32, D>> {
-        self.forward_then(x, None)
+        self.forward_then(x, Epilogue::None)
     }
 
     /// `act(forward(x))`, with the activation applied to each block of the product
@@ -216,13 +216,38 @@ impl Linear {
         x: ArrayView<'_, f32, D>,
         act: Activation,
     ) -> Result<Array<f32, D>> {
-        self.forward_then(x, Some(act))
+        self.forward_then(x, Epilogue::Act(act))
+    }
+
+    /// `norm(forward(x) + residual)` on rows `x [rows, in]`, `residual [rows, out]`:
+    /// a post-norm encoder's sub-layer output, with the residual added and the
+    /// LayerNorm applied to each block of rows while it is still in cache. The
+    /// same numbers as [`forward`](Self::forward) followed by
+    /// [`LayerNorm::forward_inplace`].
+    pub fn forward_residual_norm(
+        &self,
+        x: ArrayView2<'_, f32>,
+        residual: ArrayView2<'_, f32>,
+        norm: &LayerNorm,
+    ) -> Result<Array2<f32>> {
+        let out = self.out_features();
+        if residual.dim() != (x.nrows(), out) || norm.dim() != out {
+            return Err(Error::shape(format!(
+                "residual {:?} and LayerNorm of width {} do not fit a Linear layer's output [{}, {out}]",
+                residual.shape(),
+                norm.dim(),
+                x.nrows()
+            )));
+        }
+        let residual = residual.as_standard_layout();
+        let residual = residual.as_slice().expect("standard layout is contiguous");
+        self.forward_then(x, Epilogue::ResidualNorm { residual, norm })
     }
 
     fn forward_then<D: Dimension>(
         &self,
         x: ArrayView<'_, f32, D>,
-        act: Option<Activation>,
+        epilogue: Epilogue<'_>,
     ) -> Result<Array<f32, D>> {
         let width = x.shape().last().copied().unwrap_or(0);
         if x.ndim() == 0 || width != self.in_features() {
@@ -239,19 +264,19 @@ impl Linear {
             .view()
             .into_shape_with_order((rows, width))
             .expect("standard layout reshapes");
-        let y = self.forward_rows(flat, act);
+        let y = self.forward_rows(flat, epilogue);
         let mut shape = x.raw_dim();
         shape[x.ndim() - 1] = self.out_features();
         // `forward_rows` always returns a row-major product, so this reshape is free.
         Ok(y.into_shape_with_order(shape).expect("same element count"))
     }
 
-    /// `act(x [rows, in] · weightᵀ + bias)` for `x` of any strides: in bf16
+    /// `epilogue(x [rows, in] · weightᵀ + bias)` for `x` of any strides: in bf16
     /// through `nn::matmul`'s bf16 product (every CPU) for a bf16 layer; else
     /// through this crate's kernel (`nn::matmul`) when the CPU has AVX2 or
     /// AVX-512, else through the `gemm` crate. All are parallel over output
     /// blocks with rayon, so the result does not depend on the thread count.
-    fn forward_rows(&self, x: ArrayView<'_, f32, Ix2>, act: Option<Activation>) -> Array2<f32> {
+    fn forward_rows(&self, x: ArrayView<'_, f32, Ix2>, epilogue: Epilogue<'_>) -> Array2<f32> {
         let bias = self.bias.as_ref().map(|b| match b.as_slice() {
             Some(slice) => std::borrow::Cow::Borrowed(slice),
             None => std::borrow::Cow::Owned(b.to_vec()),
@@ -260,19 +285,17 @@ impl Linear {
         let w = self.weight.view();
         if let Some(packed) = &self.bf16 {
             return match self.weight.is_empty() || packed.matches(w) {
-                true => super::matmul::linear_bf16(x, packed, bias, act),
+                true => super::matmul::linear_bf16(x, packed, bias, epilogue),
                 // Changed since it was packed: pack the weight as it is now.
-                false => super::matmul::linear_bf16(x, &PackedBf16::new(w, true), bias, act),
+                false => super::matmul::linear_bf16(x, &PackedBf16::new(w, true), bias, epilogue),
             };
         }
         if super::matmul::available() {
             let packed = self.packed.as_deref().filter(|p| p.matches(w));
-            return super::matmul::linear(x, w, packed, bias, act);
+            return super::matmul::linear(x, w, packed, bias, epilogue);
         }
         let mut y = self.forward_gemm(x);
-        if let Some(act) = act {
-            act.apply(y.as_slice_mut().expect("fresh arrays are contiguous"));
-        }
+        epilogue.apply_all(y.view_mut());
         y
     }
 
@@ -534,6 +557,52 @@ mod tests {
         let unbiased = Linear::new(Array2::zeros((4, k)), None).unwrap();
         assert!(Linear::stacked(&[&parts[0], &unbiased]).is_err());
         assert!(Linear::stacked(&[]).is_err());
+    }
+
+    #[test]
+    fn the_fused_residual_and_layer_norm_equal_the_separate_ones() {
+        let (k, n) = (96, 80);
+        let w = Array::from_shape_fn((n, k), |(i, j)| ((i * 7 + j * 3) % 17) as f32 / 8.3 - 1.0);
+        let l = Linear::new(w, Some(Array::from_shape_fn(n, |i| i as f32 / 9.0))).unwrap();
+        let norm = LayerNorm::new(
+            Array::from_shape_fn(n, |i| 1.0 + i as f32 / 40.0),
+            Array::from_shape_fn(n, |i| i as f32 / 50.0 - 0.5),
+            1e-12,
+        )
+        .unwrap();
+        for precision in [Precision::F32, Precision::Bf16] {
+            let l = l.clone().for_inference_with(precision);
+            // Few rows (split by panels, then normalised) and many (normalised in
+            // each block of whole rows), on one thread and two.
+            for m in [3, 13, 100] {
+                let x =
+                    Array::from_shape_fn((m, k), |(i, j)| ((i + 2 * j) % 11) as f32 / 3.7 - 1.4);
+                let res = Array::from_shape_fn((m, n), |(i, j)| ((i * 5 + j) % 7) as f32 - 3.0);
+                let mut want = l.forward(x.view()).unwrap();
+                norm.forward_inplace(want.view_mut(), Some(res.view()))
+                    .unwrap();
+                for threads in [1, 2] {
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .unwrap();
+                    let got = pool
+                        .install(|| l.forward_residual_norm(x.view(), res.view(), &norm))
+                        .unwrap();
+                    assert_eq!(got, want, "{precision:?}, {m} rows, {threads} threads");
+                }
+            }
+        }
+        let x = Array2::zeros((4, k));
+        let short = Array2::zeros((3, n));
+        assert!(l
+            .forward_residual_norm(x.view(), short.view(), &norm)
+            .is_err());
+        let narrow = LayerNorm::new(Array::ones(n - 1), Array::zeros(n - 1), 1e-5).unwrap();
+        let res = Array2::zeros((4, n));
+        assert!(l
+            .forward_residual_norm(x.view(), res.view(), &narrow)
+            .is_err());
     }
 
     #[test]

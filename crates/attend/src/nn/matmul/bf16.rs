@@ -20,7 +20,7 @@
 use ndarray::{Array2, ArrayView2};
 use rayon::prelude::*;
 
-use super::{bias_only, Activation, Init, Operands, Problem, Tile, KC, NR, PARALLEL_MIN};
+use super::{bias_only, Epilogue, Init, Operands, Problem, Tile, KC, NR, PARALLEL_MIN};
 use crate::isa::{bf16_bits, dispatch, IsaToken, Scalar, Simd};
 
 /// Pairs in a row of `k` numbers.
@@ -35,9 +35,9 @@ pub(crate) fn linear_bf16(
     x: ArrayView2<'_, f32>,
     w: &PackedBf16,
     bias: Option<&[f32]>,
-    act: Option<Activation>,
+    epilogue: Epilogue<'_>,
 ) -> Array2<f32> {
-    linear_bf16_on(IsaToken::best(), x, w, bias, act)
+    linear_bf16_on(IsaToken::best(), x, w, bias, epilogue)
 }
 
 /// [`linear_bf16`] on the instruction set `isa`.
@@ -46,14 +46,14 @@ fn linear_bf16_on(
     x: ArrayView2<'_, f32>,
     w: &PackedBf16,
     bias: Option<&[f32]>,
-    act: Option<Activation>,
+    epilogue: Epilogue<'_>,
 ) -> Array2<f32> {
     let (m, k) = x.dim();
     let n = w.n;
     assert_eq!(w.k, k, "inner dimensions");
     assert!(bias.is_none_or(|b| b.len() == n), "bias length");
     if m == 0 || n == 0 || k == 0 {
-        return bias_only(m, n, bias, act);
+        return bias_only(m, n, bias, epilogue);
     }
     let parallel = m * n * k >= PARALLEL_MIN && rayon::current_num_threads() > 1;
     let xp = pack_rows(isa, x, parallel);
@@ -66,7 +66,7 @@ fn linear_bf16_on(
     let problem = Problem {
         n,
         bias,
-        act,
+        epilogue,
         operands: &operands,
     };
     problem.run(isa, &mut y, parallel);
@@ -244,6 +244,7 @@ impl Operands for PairOperands<'_> {
 mod tests {
     use super::*;
     use crate::isa::Isa;
+    use crate::nn::Activation;
     use ndarray::{s, Array};
 
     /// Numbers of a few sizes and both signs, from a fixed generator.
@@ -322,7 +323,7 @@ mod tests {
             let packed = PackedBf16::new(w.view(), false);
             for isa in Isa::available() {
                 let token = isa.token().unwrap();
-                let y = linear_bf16_on(token, x.view(), &packed, Some(&bias), None);
+                let y = linear_bf16_on(token, x.view(), &packed, Some(&bias), Epilogue::None);
                 let err = max_err(&y, &want);
                 assert!(
                     err <= 2.0 * naive_err + floor,
@@ -345,7 +346,7 @@ mod tests {
                 x.view(),
                 &packed,
                 Some(&bias),
-                Some(Activation::Gelu),
+                Epilogue::Act(Activation::Gelu),
             )
         };
         let portable = run(Isa::Portable);
@@ -359,14 +360,17 @@ mod tests {
         for &(k, n) in &[(400, 40), (1536, 48)] {
             let (x, w, bias) = operands(30, k, n);
             let packed = PackedBf16::new(w.view(), false);
-            let all = linear_bf16(x.view(), &packed, Some(&bias), None);
+            let all = linear_bf16(x.view(), &packed, Some(&bias), Epilogue::None);
             for m in [1, 5, 6, 7, 12, 13, 30] {
-                let y = linear_bf16(x.slice(s![..m, ..]), &packed, Some(&bias), None);
+                let y = linear_bf16(x.slice(s![..m, ..]), &packed, Some(&bias), Epilogue::None);
                 assert_eq!(y, all.slice(s![..m, ..]), "{m} rows of {k}x{n}");
             }
             // A transposed input (rows not contiguous) is copied, not misread.
             let xt = x.t().as_standard_layout().into_owned();
-            assert_eq!(linear_bf16(xt.t(), &packed, Some(&bias), None), all);
+            assert_eq!(
+                linear_bf16(xt.t(), &packed, Some(&bias), Epilogue::None),
+                all
+            );
         }
     }
 
@@ -380,7 +384,7 @@ mod tests {
                     .num_threads(threads)
                     .build()
                     .unwrap()
-                    .install(|| linear_bf16(x.view(), &packed, Some(&bias), None))
+                    .install(|| linear_bf16(x.view(), &packed, Some(&bias), Epilogue::None))
             };
             let one = run(1);
             assert_eq!(run(2), one);
@@ -393,8 +397,13 @@ mod tests {
         for m in [3, 40] {
             let (x, w, bias) = operands(m, 64, 50);
             let packed = PackedBf16::new(w.view(), false);
-            let fused = linear_bf16(x.view(), &packed, Some(&bias), Some(Activation::Gelu));
-            let mut separate = linear_bf16(x.view(), &packed, Some(&bias), None);
+            let fused = linear_bf16(
+                x.view(),
+                &packed,
+                Some(&bias),
+                Epilogue::Act(Activation::Gelu),
+            );
+            let mut separate = linear_bf16(x.view(), &packed, Some(&bias), Epilogue::None);
             Activation::Gelu.apply(separate.as_slice_mut().unwrap());
             assert_eq!(fused, separate);
         }
@@ -423,14 +432,17 @@ mod tests {
     fn no_rows_no_depth_and_no_bias() {
         let (x, w, bias) = operands(4, 0, 5);
         let packed = PackedBf16::new(w.view(), false);
-        let y = linear_bf16(x.view(), &packed, Some(&bias), None);
+        let y = linear_bf16(x.view(), &packed, Some(&bias), Epilogue::None);
         assert_eq!(y, Array2::from_shape_fn((4, 5), |(_, j)| bias[j]));
         let (x, w, _) = operands(0, 9, 5);
         let packed = PackedBf16::new(w.view(), false);
-        assert_eq!(linear_bf16(x.view(), &packed, None, None).dim(), (0, 5));
+        assert_eq!(
+            linear_bf16(x.view(), &packed, None, Epilogue::None).dim(),
+            (0, 5)
+        );
         let (x, w, _) = operands(3, 9, 5);
         let packed = PackedBf16::new(w.view(), false);
-        let y = linear_bf16(x.view(), &packed, None, None);
+        let y = linear_bf16(x.view(), &packed, None, Epilogue::None);
         let want = exact(&x, &w, &[0.0; 5]);
         let naive_err = max_err(&naive(&x, &w, &[0.0; 5]), &want);
         let floor = 4.0 * f32::EPSILON as f64 * want.iter().fold(0.0f64, |a, &b| a.max(b.abs()));

@@ -24,15 +24,16 @@
 use ndarray::{Array2, ArrayView2};
 use rayon::prelude::*;
 
-use super::Activation;
 use crate::isa::{dispatch, Isa, IsaToken, Simd, SimdJob};
 
 mod bf16;
+mod epilogue;
 mod tile;
 
 use tile::Tile;
 
 pub(crate) use bf16::{linear_bf16, PackedBf16};
+pub(crate) use epilogue::Epilogue;
 
 /// Rows of the register tile.
 const MR: usize = 6;
@@ -72,14 +73,14 @@ pub(crate) fn linear<'a>(
     w: ArrayView2<'a, f32>,
     packed: Option<&'a PackedWeight>,
     bias: Option<&[f32]>,
-    act: Option<Activation>,
+    epilogue: Epilogue<'_>,
 ) -> Array2<f32> {
     let (m, k) = x.dim();
     let n = w.nrows();
     assert_eq!(w.ncols(), k, "inner dimensions");
     assert!(bias.is_none_or(|b| b.len() == n), "bias length");
     if m == 0 || n == 0 || k == 0 {
-        return bias_only(m, n, bias, act);
+        return bias_only(m, n, bias, epilogue);
     }
     // Contiguous rows (a copy only for transposed or strided views).
     let x = x.as_standard_layout();
@@ -113,16 +114,16 @@ pub(crate) fn linear<'a>(
     let problem = Problem {
         n,
         bias,
-        act,
+        epilogue,
         operands: &operands,
     };
     problem.run(IsaToken::best(), &mut y, parallel);
     y
 }
 
-/// `act(bias)` in every row of an `[m, n]` output: the product when `k = 0` (or
-/// the output is empty).
-fn bias_only(m: usize, n: usize, bias: Option<&[f32]>, act: Option<Activation>) -> Array2<f32> {
+/// The epilogue of `bias` in every row of an `[m, n]` output: the product when
+/// `k = 0` (or the output is empty).
+fn bias_only(m: usize, n: usize, bias: Option<&[f32]>, epilogue: Epilogue<'_>) -> Array2<f32> {
     let mut y = Array2::<f32>::zeros((m, n));
     if y.is_empty() {
         return y;
@@ -132,22 +133,25 @@ fn bias_only(m: usize, n: usize, bias: Option<&[f32]>, act: Option<Activation>) 
             .into_iter()
             .for_each(|mut row| row.assign(&ndarray::aview1(b)));
     }
-    if let Some(act) = act {
-        act.apply(y.as_slice_mut().expect("fresh arrays are contiguous"));
-    }
+    epilogue.apply_all(y.view_mut());
     y
 }
 
-/// Splits an output of `m` rows × `panels` panels into the blocks threads take.
-/// The split does not change any output's order of operations, only who
-/// computes it.
-fn plan(m: usize, panels: usize, parallel: bool) -> Vec<Block> {
+/// Splits an output of `m` rows × `panels` panels into the blocks threads take;
+/// with `whole_rows`, every block spans all panels (for an epilogue that reads
+/// whole rows). The split does not change any output's order of operations, only
+/// who computes it.
+fn plan(m: usize, panels: usize, parallel: bool, whole_rows: bool) -> Vec<Block> {
     let ways = if parallel {
         rayon::current_num_threads()
     } else {
         1
     };
-    let (row_block, panel_chunk) = if m > FEW_ROWS {
+    let (row_block, panel_chunk) = if whole_rows {
+        // At least four blocks per thread where there are rows for them.
+        let row_block = m.div_ceil(4 * ways).next_multiple_of(MR).min(MC);
+        (row_block, panels)
+    } else if m > FEW_ROWS {
         // Row blocks of equal size up to MC rows, cut across at most 24 panels (a
         // block's panels then stay in L2) and into at least four blocks per
         // thread, so that 64 rows do not leave one thread a 48-row block and the
@@ -413,11 +417,11 @@ impl Operands for F32Operands<'_, '_> {
     }
 }
 
-/// A product: its operands, output width, bias and activation.
+/// A product: its operands, output width, bias and epilogue.
 struct Problem<'a, O> {
     n: usize,
     bias: Option<&'a [f32]>,
-    act: Option<Activation>,
+    epilogue: Epilogue<'a>,
     operands: &'a O,
 }
 
@@ -451,15 +455,8 @@ impl<O: Operands> Problem<'_, O> {
                     }
                 }
             }
-            if let Some(act) = self.act {
-                let (j0, j1) = (b.panels.start * NR, (b.panels.end * NR).min(n));
-                for r in b.rows.clone() {
-                    act.apply_serial(std::slice::from_raw_parts_mut(
-                        out.0.add(r * n + j0),
-                        j1 - j0,
-                    ));
-                }
-            }
+            let columns = b.panels.start * NR..(b.panels.end * NR).min(n);
+            self.epilogue.apply(out.0, n, b.rows.clone(), columns);
         }
     }
 
@@ -533,7 +530,18 @@ impl<O: Operands> Problem<'_, O> {
     fn run(&self, isa: IsaToken, y: &mut Array2<f32>, parallel: bool) {
         let (m, n) = y.dim();
         debug_assert_eq!(n, self.n);
-        let blocks = plan(m, n.div_ceil(NR), parallel);
+        if self.epilogue.whole_rows() && m <= FEW_ROWS {
+            // Blocks of whole rows would leave one thread all of a few rows'
+            // product: split it by panels, then finish the rows.
+            let product = Problem {
+                epilogue: Epilogue::None,
+                ..*self
+            };
+            product.run(isa, y, parallel);
+            self.epilogue.apply_all(y.view_mut());
+            return;
+        }
+        let blocks = plan(m, n.div_ceil(NR), parallel, self.epilogue.whole_rows());
         let out = Out(y.as_mut_ptr());
         run_blocks(&blocks, parallel, |block| {
             let job = BlockJob {
@@ -558,6 +566,7 @@ enum Init<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nn::Activation;
     use ndarray::Array;
 
     /// `x · wᵀ + bias` in f64.
@@ -607,7 +616,7 @@ mod tests {
             // A sum of k + 1 terms of size ≤ 1 in f32: |error| ≤ k·ε·Σ|terms|.
             let tol = (k as f64) * f32::EPSILON as f64 * (k as f64 + 1.0);
             for w in layouts(&w) {
-                let y = linear(x.view(), w.view(), None, Some(&bias), None);
+                let y = linear(x.view(), w.view(), None, Some(&bias), Epilogue::None);
                 let err = y
                     .iter()
                     .zip(want.iter())
@@ -625,11 +634,17 @@ mod tests {
         for &(k, n) in &[(400, 40), (1536, 48)] {
             let (x, w, bias) = operands(30, k, n);
             let packed = PackedWeight::new(w.view(), false);
-            let all = linear(x.view(), w.view(), Some(&packed), Some(&bias), None);
+            let all = linear(
+                x.view(),
+                w.view(),
+                Some(&packed),
+                Some(&bias),
+                Epilogue::None,
+            );
             for stored in layouts(&w) {
                 for m in [1, 5, 6, 7, 12, 13, 30] {
                     let rows = x.slice(ndarray::s![..m, ..]);
-                    let y = linear(rows, stored.view(), None, Some(&bias), None);
+                    let y = linear(rows, stored.view(), None, Some(&bias), Epilogue::None);
                     assert_eq!(y, all.slice(ndarray::s![..m, ..]), "{m} rows of {k}x{n}");
                 }
             }
@@ -664,7 +679,7 @@ mod tests {
             for stored in layouts(&w) {
                 let strided = wide.slice(ndarray::s![.., ..;2]);
                 for w in [stored.view(), strided] {
-                    let y = linear(xt.t(), w, None, None, None);
+                    let y = linear(xt.t(), w, None, None, Epilogue::None);
                     let err = y
                         .iter()
                         .zip(want.iter())
@@ -688,9 +703,9 @@ mod tests {
                     w.view(),
                     None,
                     Some(&bias),
-                    Some(Activation::Gelu),
+                    Epilogue::Act(Activation::Gelu),
                 );
-                let mut separate = linear(x.view(), w.view(), None, Some(&bias), None);
+                let mut separate = linear(x.view(), w.view(), None, Some(&bias), Epilogue::None);
                 Activation::Gelu.apply(separate.as_slice_mut().unwrap());
                 assert_eq!(fused, separate);
             }
@@ -710,7 +725,7 @@ mod tests {
                         .num_threads(threads)
                         .build()
                         .unwrap()
-                        .install(|| linear(x.view(), w.view(), None, Some(&bias), None))
+                        .install(|| linear(x.view(), w.view(), None, Some(&bias), Epilogue::None))
                 };
                 let one = run(1);
                 assert_eq!(run(2), one);
