@@ -1,5 +1,5 @@
-"""attend inside PyTorch's compiler: torch.ops.attend.sdpa and sdpa_backward as
-registered custom ops, under torch.library.opcheck, torch.compile(fullgraph=True),
+"""attend inside PyTorch's compiler: torch.ops.attend.scaled_dot_product_attention and
+its backward as registered custom ops, under torch.library.opcheck, torch.compile(fullgraph=True),
 torch.export (save, load, run), torch.func.vmap, fake and meta tensors.
 
 The compiled and exported programs call the very same kernels as eager code, on the
@@ -60,13 +60,13 @@ def test_opcheck(case, dtype):
     tensors against the real kernel, AOT dispatch with dynamic shapes."""
     _, qs, ks, vs, ms, options = case
     args = op_args(qs, ks, vs, ms, options, dtype)
-    result = torch.library.opcheck(torch.ops.attend.sdpa.default, args)
+    result = torch.library.opcheck(torch.ops.attend.scaled_dot_product_attention.default, args)
     assert set(result.values()) == {"SUCCESS"}, result
-    out, lse = torch.ops.attend.sdpa(*args)
+    out, lse = torch.ops.attend.scaled_dot_product_attention(*args)
     grad = randn(*out.shape, seed=10, dtype=dtype)
     detached = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
-    backward_args = (grad, *detached[:4], out.detach(), lse, *detached[4:])
-    result = torch.library.opcheck(torch.ops.attend.sdpa_backward.default, backward_args)
+    backward_args = (grad, *detached[:3], out.detach(), lse, *detached[3:])
+    result = torch.library.opcheck(torch.ops.attend.scaled_dot_product_attention_backward.default, backward_args)
     assert set(result.values()) == {"SUCCESS"}, result
 
 
@@ -76,11 +76,11 @@ def test_dropout_seed_crosses_the_op():
     q, k, v = (randn(1, 2, 20, 8, seed=s).requires_grad_() for s in (1, 2, 3))
     seed = torch.tensor(123, dtype=torch.int64)
     args = (q, k, v, None, 0.3, False, None, False, seed)
-    result = torch.library.opcheck(torch.ops.attend.sdpa.default, args)
+    result = torch.library.opcheck(torch.ops.attend.scaled_dot_product_attention.default, args)
     assert set(result.values()) == {"SUCCESS"}, result
-    a, _ = torch.ops.attend.sdpa(*args)
-    b, _ = torch.ops.attend.sdpa(q, k, v, None, 0.3, False, None, False, seed + 1)
-    assert torch.equal(a, torch.ops.attend.sdpa(*args)[0]) and not torch.equal(a, b)
+    a, _ = torch.ops.attend.scaled_dot_product_attention(*args)
+    b, _ = torch.ops.attend.scaled_dot_product_attention(q, k, v, None, 0.3, False, None, False, seed + 1)
+    assert torch.equal(a, torch.ops.attend.scaled_dot_product_attention(*args)[0]) and not torch.equal(a, b)
 
 
 class Recorder:
@@ -114,7 +114,8 @@ def test_compile_fullgraph_records_the_op_forward_and_backward():
     mask = randn(9, 9, seed=5) > -1
     compiled(x, mask).pow(2).sum().backward()
     ops = recorder.ops()
-    assert "attend.sdpa.default" in ops and "attend.sdpa_backward.default" in ops, ops
+    assert "attend.scaled_dot_product_attention.default" in ops, ops
+    assert "attend.scaled_dot_product_attention_backward.default" in ops, ops
     assert len(recorder.graphs) == 2  # one forward graph, one backward graph: no break
 
 
@@ -157,7 +158,7 @@ def test_export_save_load_and_run(tmp_path):
     want = module(x, mask)
     program = torch.export.export(module, (x, mask))
     targets = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
-    assert "attend.sdpa.default" in targets, targets
+    assert "attend.scaled_dot_product_attention.default" in targets, targets
     path = tmp_path / "attention.pt2"
     torch.export.save(program, path)
     loaded = torch.export.load(path)
@@ -216,9 +217,7 @@ def test_vmap_of_masked_causal_and_grouped_calls():
 
 def test_batched_gradients_run_the_backward_ops_vmap_rule():
     """``is_grads_batched`` vmaps the backward over a batch of output gradients: each
-    gradient of the batch is judged as its own backward pass. (``torch.func.grad``
-    cannot differentiate ops whose formula comes from ``register_autograd`` in
-    PyTorch 2.15, pytorch/pytorch#170834.)"""
+    gradient of the batch is judged as its own backward pass."""
     q = randn(2, 4, 6, 8, seed=18).requires_grad_()
     k2, v2 = (randn(2, 2, 6, 8, seed=s).requires_grad_() for s in (19, 20))
     out = attend.scaled_dot_product_attention(q, k2, v2, is_causal=True, enable_gqa=True)
@@ -227,6 +226,61 @@ def test_batched_gradients_run_the_backward_ops_vmap_rule():
     for i in range(3):
         got = [g[i] for g in grads]
         check_grads(got, q.detach(), k2.detach(), v2.detach(), douts[i], is_causal=True, what=f"gradient batch {i}")
+
+
+def test_torch_func_grad_and_per_sample_gradients():
+    """torch.func.grad, and vmap of it with an unbatched key and value whose
+    gradients must still be per sample (the backward op's vmap rule repeats them)."""
+    q, k, v = randn(3, 2, 6, 8, seed=22), randn(2, 7, 8, seed=23), randn(2, 7, 4, seed=24)
+
+    def loss(q, k, v):
+        return attend.scaled_dot_product_attention(q, k, v, is_causal=True).sum()
+
+    single = torch.func.grad(loss, argnums=(0, 1, 2))(q[0], k, v)
+    check_grads(single, q[0], k, v, torch.ones(2, 6, 4), is_causal=True, what="torch.func.grad")
+    grads = torch.func.vmap(torch.func.grad(loss, argnums=(0, 1, 2)), in_dims=(0, None, None))(q, k, v)
+    assert [g.shape for g in grads] == [q.shape, (3, *k.shape), (3, *v.shape)]
+    for i in range(3):
+        check_grads([g[i] for g in grads], q[i], k, v, torch.ones(2, 6, 4), is_causal=True, what=f"sample {i}")
+
+
+def test_jacrev_matches_pytorchs():
+    q, k, v = randn(2, 3, 8, seed=25, dtype=torch.float64), randn(2, 5, 8, seed=26, dtype=torch.float64), randn(
+        2, 5, 4, seed=27, dtype=torch.float64
+    )
+    ours = torch.func.jacrev(lambda q: attend.scaled_dot_product_attention(q, k, v))(q)
+    theirs = torch.func.jacrev(lambda q: F.scaled_dot_product_attention(q, k, v))(q)
+    # Both are float64 evaluations of the same gradients: a few float64 ulps of
+    # the largest entry per summed term, far below any real difference.
+    assert ours.shape == theirs.shape
+    assert (ours - theirs).abs().max() <= 64 * torch.finfo(torch.float64).eps * theirs.abs().max()
+
+
+SECOND_DERIVATIVES = [
+    ("autograd double backward", lambda f, q: torch.autograd.grad(
+        torch.autograd.grad(f(q), q, create_graph=True)[0].sum(), q)),
+    ("gradgradcheck", lambda f, q: torch.autograd.gradgradcheck(f, (q,))),
+    ("torch.func.grad of grad", lambda f, q: torch.func.grad(lambda x: torch.func.grad(f)(x).sum())(q)),
+    ("torch.func.hessian", lambda f, q: torch.func.hessian(f)(q)),
+    ("torch.func.jvp", lambda f, q: torch.func.jvp(f, (q,), (torch.ones_like(q),))),
+]
+
+
+@pytest.mark.parametrize("name,run", SECOND_DERIVATIVES, ids=[c[0] for c in SECOND_DERIVATIVES])
+def test_derivatives_attend_lacks_are_refused_in_one_line(name, run):
+    """attend has first derivatives in reverse mode only: a second derivative or a
+    forward-mode one raises instead of silently coming out 0."""
+    k = randn(1, 5, 4, seed=28, dtype=torch.float64)
+
+    def f(q):
+        return attend.scaled_dot_product_attention(q, k, k).pow(2).sum()
+
+    q = randn(1, 3, 4, seed=29, dtype=torch.float64).requires_grad_()
+    with pytest.raises(attend.AttendValueError) as info:
+        run(f, q)
+    message = str(info.value)
+    assert "\n" not in message and ("second derivative" in message or "one torch.func level" in message
+                                     or "forward-mode" in message), message
 
 
 def test_vmap_refuses_dropout_with_the_same_randomness():
@@ -258,14 +312,14 @@ def test_fake_and_meta_tensors_give_pytorchs_shapes(name, qs, ks, vs, kw, dtype)
     with FakeTensorMode() as mode:
         fake = [mode.from_tensor(t) for t in real]
         got_fake = attend.scaled_dot_product_attention(*fake, **kw)
-        out, lse = torch.ops.attend.sdpa(*fake, None, 0.0, False, None, kw.get("enable_gqa", False), None)
+        out, lse = torch.ops.attend.scaled_dot_product_attention(*fake, None, 0.0, False, None, kw.get("enable_gqa", False), None)
     meta = [t.to("meta") for t in real]
     got_meta = attend.scaled_dot_product_attention(*meta, **kw)
     for t in (got_real, got_fake, got_meta):
         assert t.shape == want.shape and t.dtype == want.dtype
         assert t.stride() == got_real.stride()
     assert got_meta.device.type == "meta"
-    _, real_lse = torch.ops.attend.sdpa(*real, None, 0.0, False, None, kw.get("enable_gqa", False), None)
+    _, real_lse = torch.ops.attend.scaled_dot_product_attention(*real, None, 0.0, False, None, kw.get("enable_gqa", False), None)
     assert lse.shape == real_lse.shape == want.shape[:-1] and lse.dtype == real_lse.dtype
 
 
@@ -292,7 +346,7 @@ def test_a_cuda_tensor_is_refused_in_one_line():
 
 def test_log_sum_exp_has_no_gradient():
     q = randn(1, 2, 4, 8).requires_grad_()
-    out, lse = torch.ops.attend.sdpa(q, q, q, None, 0.0, False, None, False, None)
+    out, lse = torch.ops.attend.scaled_dot_product_attention(q, q, q, None, 0.0, False, None, False, None)
     assert out.requires_grad and not lse.requires_grad
     # lse: log Σ exp(scores), as the f64 reference computes it.
     s = (q.double() @ q.double().transpose(-1, -2)) / 8**0.5

@@ -99,7 +99,8 @@ def scaled_dot_product_attention(
 
     Returns:
         ``[..., L, Ev]`` of the same kind and dtype as ``query``. Torch tensors go
-        through the custom op ``torch.ops.attend.sdpa`` (see :mod:`attend.ops`), so
+        through the custom op ``torch.ops.attend.scaled_dot_product_attention``
+        (see :mod:`attend.ops`), so
         the call is differentiable (attend's fused backward), compiles with
         ``torch.compile(fullgraph=True)``, exports with ``torch.export`` and
         batches with ``torch.func.vmap``.
@@ -118,6 +119,6 @@ def scaled_dot_product_attention(
             if not (a or t):
                 raise AttendTypeError(f"{name} must be a torch.Tensor or a numpy.ndarray, got {type(x).__name__}")
         raise AttendTypeError("query, key and value must all be torch.Tensors or all numpy.ndarrays")
-    from .ops import sdpa_torch
+    from .ops import sdpa_torch  # torch, and the operators, with the first tensor
 
     return sdpa_torch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)

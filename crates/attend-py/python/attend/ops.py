@@ -1,12 +1,20 @@
 """attend's attention as PyTorch custom operators.
 
-``torch.ops.attend.sdpa`` (the forward) and ``torch.ops.attend.sdpa_backward`` are
-registered with ``torch.library``: each runs attend's kernels on CPU tensors and has a
-fake implementation (shapes, dtypes and strides from the inputs' shapes alone, by the
-same Rust shape rules that the kernels apply), and ``sdpa`` has an autograd rule (the
+``torch.ops.attend.scaled_dot_product_attention`` (the forward) and
+``torch.ops.attend.scaled_dot_product_attention_backward`` are defined with
+``torch.library.Library``: each runs attend's kernels on CPU tensors and has a fake
+implementation (shapes, dtypes and strides from the inputs' shapes alone, by the same
+Rust shape rules that the kernels apply); the forward has an autograd kernel (the
 fused backward, on saved tensors) and a vmap rule (the vmapped axis folded into the
-batch). So ``torch.compile(fullgraph=True)``, ``torch.export`` and ``torch.func``
-see one opaque operator instead of breaking at a NumPy call.
+batch). So ``torch.compile(fullgraph=True)``, ``torch.export`` and ``torch.func`` see
+one opaque operator instead of breaking at a NumPy call.
+
+The autograd kernel is registered by hand rather than with
+``torch.library.register_autograd``, whose wrapper rebuilds the schema's argument
+list for every argument on every differentiable call (``fill_defaults``: 39 µs for
+these nine arguments on the machine of the README's figures) and cannot run under
+``torch.func.grad`` (pytorch/pytorch#170834). Here a single-level autograd Function
+records the backward, as PyTorch's own fix for that issue does.
 
 Importing this module registers the operators; ``attend.scaled_dot_product_attention``
 imports it with the first tensor it is given, and ``import attend`` does when torch
@@ -19,11 +27,15 @@ for the f64 reference; float16 is widened to float32 first (the kernels have no
 float16 loads) and the results rounded back once.
 """
 
-from typing import Any, Callable, NamedTuple, Optional, Tuple
+import functools
+import threading
+from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 import torch
+import torch.autograd.forward_ad as fwAD
 from torch import Tensor
+from torch._functorch.utils import enable_single_level_autograd_function
 
 from . import _attend
 from ._errors import AttendTypeError, AttendValueError
@@ -102,39 +114,39 @@ def _mask_numpy(mask: Optional[Tensor]) -> Optional[np.ndarray]:
     return mask.float().numpy()  # bfloat16 and float16 widen exactly
 
 
-def _shapes(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-    """``(out_shape, lse_shape)`` by the kernels' own shape rules, with their errors."""
-    opts = _attend.Options(is_causal=is_causal, scale=scale, dropout_p=dropout_p, enable_gqa=enable_gqa, seed=0)
-    mask = None if attn_mask is None else list(attn_mask.shape)
-    return _attend.sdpa_shapes(list(query.shape), list(key.shape), list(value.shape), mask, opts)
+_LIB = torch.library.Library("attend", "DEF")
+_ARGS = "Tensor? attn_mask, float dropout_p, bool is_causal, float? scale, bool enable_gqa, Tensor? seed"
+_LIB.define(f"scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, {_ARGS}) -> (Tensor, Tensor)")
+_LIB.define(
+    "scaled_dot_product_attention_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, "
+    f"Tensor out, Tensor lse, {_ARGS}) -> (Tensor, Tensor, Tensor)"
+)
+
+sdpa = torch.ops.attend.scaled_dot_product_attention.default
+"""Attention forward: ``(query, key, value, attn_mask, dropout_p, is_causal, scale,
+enable_gqa, seed) → (out [..., L, Ev], lse [..., L])``, ``out`` in the query's dtype
+and ``lse`` (each query's log-sum-exp, for the backward) in float32 (float64 for
+float64 queries). ``seed``, an int64 scalar tensor or ``None`` without dropout, picks
+the dropout pattern."""
+
+sdpa_backward = torch.ops.attend.scaled_dot_product_attention_backward.default
+"""Attention backward: ``(grad_out, query, key, value, out, lse, attn_mask, dropout_p,
+is_causal, scale, enable_gqa, seed) → (dq, dk, dv)`` shaped like ``query``, ``key``
+and ``value`` (summed over the axes they were broadcast along)."""
+
+
+@functools.lru_cache(maxsize=64)
+def _options(dropout_p: float, is_causal: bool, scale: Optional[float], enable_gqa: bool, seed: int) -> _attend.Options:
+    """The compiled half's options of a call; made once for each set (every call
+    without dropout has seed 0)."""
+    return _attend.Options(is_causal=is_causal, scale=scale, dropout_p=dropout_p, enable_gqa=enable_gqa, seed=seed)
 
 
 def _call_options(dropout_p, is_causal, scale, enable_gqa, seed: Optional[Tensor]) -> _attend.Options:
-    return _attend.Options(
-        is_causal=is_causal,
-        scale=scale,
-        dropout_p=dropout_p,
-        enable_gqa=enable_gqa,
-        seed=0 if seed is None else int(seed),
-    )
+    return _options(dropout_p, is_causal, scale, enable_gqa, 0 if seed is None else int(seed))
 
 
-@torch.library.custom_op("attend::sdpa", mutates_args=(), device_types="cpu")
-def sdpa(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    attn_mask: Optional[Tensor],
-    dropout_p: float,
-    is_causal: bool,
-    scale: Optional[float],
-    enable_gqa: bool,
-    seed: Optional[Tensor],
-) -> Tuple[Tensor, Tensor]:
-    """Attention forward: ``(out [..., L, Ev], lse [..., L])``, ``out`` in the
-    query's dtype and ``lse`` (the log-sum-exp of each query's scores, for the
-    backward) in float32 (float64 for float64 queries). ``seed`` (an int64 scalar
-    tensor, or ``None`` without dropout) picks the dropout pattern."""
+def _forward_cpu(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
     kind = _DTYPES[query.dtype]
     qkv = (kind.numpy(query), kind.numpy(key), kind.numpy(value))
     opts = _call_options(dropout_p, is_causal, scale, enable_gqa, seed)
@@ -142,30 +154,7 @@ def sdpa(
     return kind.tensor(out), _tensor(lse)
 
 
-@sdpa.register_fake
-def _sdpa_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
-    out_shape, lse_shape = _shapes(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    return query.new_empty(out_shape), query.new_empty(lse_shape, dtype=_DTYPES[query.dtype].lse)
-
-
-@torch.library.custom_op("attend::sdpa_backward", mutates_args=(), device_types="cpu")
-def sdpa_backward(
-    grad_out: Tensor,
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    attn_mask: Optional[Tensor],
-    out: Tensor,
-    lse: Tensor,
-    dropout_p: float,
-    is_causal: bool,
-    scale: Optional[float],
-    enable_gqa: bool,
-    seed: Optional[Tensor],
-) -> Tuple[Tensor, Tensor, Tensor]:
-    """Attention backward: ``(dq, dk, dv)`` shaped like ``query``, ``key`` and
-    ``value`` (summed over the axes they were broadcast along), from the forward's
-    ``out`` and ``lse`` and the output gradient ``grad_out``."""
+def _backward_cpu(grad_out, query, key, value, out, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
     kind = _DTYPES[query.dtype]
     qkv = (kind.numpy(query), kind.numpy(key), kind.numpy(value))
     saved = (kind.numpy(out), lse.detach().numpy())
@@ -175,14 +164,31 @@ def sdpa_backward(
     return dq, dk, dv
 
 
-@sdpa_backward.register_fake
-def _sdpa_backward_fake(grad_out, query, key, value, attn_mask, out, lse, dropout_p, is_causal, scale, enable_gqa, seed):
+def _shapes(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """``(out_shape, lse_shape)`` by the kernels' own shape rules, with their errors."""
+    mask = None if attn_mask is None else list(attn_mask.shape)
+    opts = _options(dropout_p, is_causal, scale, enable_gqa, 0)
+    return _attend.sdpa_shapes(list(query.shape), list(key.shape), list(value.shape), mask, opts)
+
+
+def _forward_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
+    out_shape, lse_shape = _shapes(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    return query.new_empty(out_shape), query.new_empty(lse_shape, dtype=_DTYPES[query.dtype].lse)
+
+
+def _backward_fake(grad_out, query, key, value, out, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
     _shapes(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
 
-def _setup_context(ctx, inputs, output):
-    query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed = inputs
+_LIB.impl("scaled_dot_product_attention", _forward_cpu, "CPU")
+_LIB.impl("scaled_dot_product_attention_backward", _backward_cpu, "CPU")
+torch.library.register_fake("attend::scaled_dot_product_attention", _forward_fake, lib=_LIB)
+torch.library.register_fake("attend::scaled_dot_product_attention_backward", _backward_fake, lib=_LIB)
+
+
+def _save(ctx, inputs, output) -> None:
+    query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed, keyset = inputs
     out, lse = output
     ctx.save_for_backward(query, key, value, attn_mask, out, lse, seed)
     ctx.options = (dropout_p, is_causal, scale, enable_gqa)
@@ -190,15 +196,104 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(lse)
 
 
-def _backward(ctx, grad_out, _grad_lse):
+def _gradients(ctx, grad_out):
     query, key, value, attn_mask, out, lse, seed = ctx.saved_tensors
     dropout_p, is_causal, scale, enable_gqa = ctx.options
-    grads = sdpa_backward(grad_out, query, key, value, attn_mask, out, lse, dropout_p, is_causal, scale, enable_gqa, seed)
+    grads = sdpa_backward(grad_out, query, key, value, out, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed)
     dq, dk, dv = (g if needed else None for g, needed in zip(grads, ctx.needs_input_grad[:3]))
-    return dq, dk, dv, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None
 
 
-sdpa.register_autograd(_backward, setup_context=_setup_context)
+def _below_autograd(args):
+    """The forward past the autograd key: the next kernel for ``args``' keyset (the
+    last argument), as the dispatcher would have chosen without autograd."""
+    *op_args, keyset = args
+    with torch._C._AutoDispatchBelowAutograd():
+        return sdpa.redispatch(keyset & torch._C._after_autograd_keyset, *op_args)
+
+
+_recording = threading.local()
+"""``depth``: how many of attend's differentiable forwards this thread is inside."""
+
+
+class _Differentiable(torch.autograd.function._SingleLevelFunction):
+    """The forward with its backward recorded. A single-level Function (what
+    ``torch.func`` itself records a custom Function's backward with, one transform
+    level at a time) in the ``forward(ctx, ...)`` form: it costs a quarter of the
+    ``setup_context`` form's time to apply, and, unlike ``register_autograd``'s
+    wrapper in PyTorch 2.15, runs under ``torch.func.grad``."""
+
+    @staticmethod
+    def forward(ctx, *args):  # type: ignore[override]
+        _recording.depth = getattr(_recording, "depth", 0) + 1
+        try:
+            output = _below_autograd(args)
+        finally:
+            _recording.depth -= 1
+        _save(ctx, args, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_lse):  # type: ignore[override]
+        return _gradients(ctx, grad_out)
+
+
+def _has_tangent(args) -> bool:
+    """Whether forward-mode AD (``torch.func.jvp``, ``jacfwd``) carries a tangent in."""
+    if fwAD._current_level < 0:
+        return False
+    return any(fwAD.unpack_dual(t).tangent is not None for t in args[:3])
+
+
+def _forward_autograd(keyset, *args):
+    if _has_tangent(args):
+        raise AttendValueError(
+            "attend has no forward-mode derivative (torch.func.jvp, jacfwd, hessian): "
+            "use reverse mode (backward, torch.func.grad, jacrev)"
+        )
+    if getattr(_recording, "depth", 0) and torch._C._are_functorch_transforms_active():
+        # Reached again from inside a recording forward, for an outer torch.func
+        # level (grad or jvp; vmap levels go through the vmap rule) that the
+        # single-level Function hides: its derivative would silently be 0.
+        raise AttendValueError(
+            "attend differentiates at one torch.func level: nested torch.func.grad, "
+            "jacrev, jvp or hessian over attend are not supported"
+        )
+    if not (torch.is_grad_enabled() and torch._C._any_requires_grad(*args)):
+        return _below_autograd((*args, keyset))
+    with enable_single_level_autograd_function():
+        return _Differentiable.apply(*args, keyset)
+
+
+class _NoSecondDerivative(torch.autograd.function._SingleLevelFunction):
+    """The backward op when its result may be differentiated again (``create_graph``,
+    nested ``torch.func.grad``): the gradients as usual, and an error, rather than a
+    silent zero, if anything differentiates them."""
+
+    @staticmethod
+    def forward(ctx, *args):  # type: ignore[override]
+        *op_args, keyset = args
+        with torch._C._AutoDispatchBelowAutograd():
+            return sdpa_backward.redispatch(keyset & torch._C._after_autograd_keyset, *op_args)
+
+    @staticmethod
+    def backward(ctx, *grads):  # type: ignore[override]
+        raise AttendValueError(
+            "attend computes no second derivative of attention (double backward): "
+            "use torch's scaled_dot_product_attention for it"
+        )
+
+
+def _backward_autograd(keyset, *args):
+    if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
+        with enable_single_level_autograd_function():
+            return _NoSecondDerivative.apply(*args, keyset)
+    with torch._C._AutoDispatchBelowAutograd():
+        return sdpa_backward.redispatch(keyset & torch._C._after_autograd_keyset, *args)
+
+
+_LIB.impl("scaled_dot_product_attention", _forward_autograd, "Autograd", with_keyset=True)
+_LIB.impl("scaled_dot_product_attention_backward", _backward_autograd, "Autograd", with_keyset=True)
 
 
 def _lift(t: Optional[Tensor], dim: Optional[int], rank: int, batch_size: int, repeat: bool) -> Optional[Tensor]:
@@ -234,29 +329,31 @@ def _seed_for_vmap(info, seed: Optional[Tensor], seed_dim: Optional[int], dropou
     return seed if seed_dim is None else seed.select(seed_dim, 0)
 
 
-@sdpa.register_vmap
-def _sdpa_vmap(info, in_dims, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
+def _forward_vmap(info, in_dims, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
     rank = _logical_rank((query, key, value), in_dims[:3])
     q, k, v, m = (_lift(t, d, rank, info.batch_size, False) for t, d in zip((query, key, value, attn_mask), in_dims))
     seed = _seed_for_vmap(info, seed, in_dims[8], dropout_p)
     return sdpa(q, k, v, m, dropout_p, is_causal, scale, enable_gqa, seed), (0, 0)
 
 
-@sdpa_backward.register_vmap
-def _sdpa_backward_vmap(
-    info, in_dims, grad_out, query, key, value, attn_mask, out, lse, dropout_p, is_causal, scale, enable_gqa, seed
+def _backward_vmap(
+    info, in_dims, grad_out, query, key, value, out, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed
 ):
     rank = _logical_rank((query, key, value), in_dims[1:4])
-    tensors = (grad_out, query, key, value, attn_mask, out, lse)
-    ranks = (rank,) * 6 + (rank - 1,)  # the log-sum-exp lacks the output's last axis
+    tensors = (grad_out, query, key, value, out, lse, attn_mask)
+    ranks = (rank,) * 5 + (rank - 1, rank)  # the log-sum-exp lacks the output's last axis
     # Every input repeated to the batch, so that each sample gets its own gradient.
-    g, q, k, v, m, o, l = (_lift(t, d, r, info.batch_size, True) for t, d, r in zip(tensors, in_dims, ranks))
+    g, q, k, v, o, l, m = (_lift(t, d, r, info.batch_size, True) for t, d, r in zip(tensors, in_dims, ranks))
     seed = _seed_for_vmap(info, seed, in_dims[11], dropout_p)
-    return sdpa_backward(g, q, k, v, m, o, l, dropout_p, is_causal, scale, enable_gqa, seed), (0, 0, 0)
+    return sdpa_backward(g, q, k, v, o, l, m, dropout_p, is_causal, scale, enable_gqa, seed), (0, 0, 0)
+
+
+torch.library.register_vmap("attend::scaled_dot_product_attention", _forward_vmap, lib=_LIB)
+torch.library.register_vmap("attend::scaled_dot_product_attention_backward", _backward_vmap, lib=_LIB)
 
 
 def _check_tensor(name: str, t: Tensor) -> None:
-    if t.dtype in _DTYPES and t.device.type in ("cpu", "meta") and t.layout is torch.strided:
+    if t.dtype in _DTYPES and (t.is_cpu or t.is_meta) and t.layout is torch.strided:
         return
     if t.device.type not in ("cpu", "meta"):
         raise AttendValueError(f"attend runs on CPU tensors: {name} is on {t.device} (move it with .cpu())")
@@ -287,7 +384,7 @@ def _check_mask(mask: Any, dtype: torch.dtype) -> None:
 
 def sdpa_torch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> Tensor:
     """:func:`attend.scaled_dot_product_attention` on torch tensors: the arguments'
-    kinds and dtypes checked, then one call of ``torch.ops.attend.sdpa``."""
+    kinds and dtypes checked, then one call of the operator."""
     for name, t in (("query", query), ("key", key), ("value", value)):
         _check_tensor(name, t)
     if not query.dtype == key.dtype == value.dtype:
