@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""What torch.ops.attend.sdpa costs per call beyond attend's kernel, on shapes so small
+that the kernel's own work is negligible, next to PyTorch's SDPA.
+
+A sample is 100 calls of one path, timed with time.perf_counter; the paths take
+turns sample by sample (so that other load on the machine falls on all of them
+alike), and each figure is the median of a path's samples, in microseconds per
+call. The paths:
+
+  kernel    attend._attend.sdpa_forward on NumPy views made once: the compiled half
+            alone (it still hands the work to attend's thread pool and back)
+  op        torch.ops.attend.scaled_dot_product_attention: the dispatcher, the op's
+            autograd and CPU kernels, the tensors' NumPy views, the kernel
+  op+grad   the same with inputs that require grad (the op records its backward)
+  public    attend.scaled_dot_product_attention: argument checks, then the op
+  torch     torch.nn.functional.scaled_dot_product_attention
+  compiled  torch.compile(fullgraph=True) of a function making one call, for attend
+            and for torch: the compiled call's guards and wrappers around the op
+
+  scripts/op-overhead [--samples N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import attend
+from attend import _attend
+from bench_py import cpu_name
+
+CALLS = 100
+SHAPES = [(1, 1, 4, 8), (1, 8, 16, 64)]
+
+
+def sample_us(fn) -> float:
+    start = time.perf_counter()
+    for _ in range(CALLS):
+        fn()
+    return (time.perf_counter() - start) / CALLS * 1e6
+
+
+def paths(shape):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(*shape, generator=g) for _ in range(3))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    views = (q.numpy(), k.numpy(), v.numpy())
+    options = _attend.Options(is_causal=False, scale=None, dropout_p=0.0, enable_gqa=False, seed=0)
+    threads = attend.get_num_threads()
+    op = torch.ops.attend.scaled_dot_product_attention.default
+    attend_compiled = torch.compile(lambda q, k, v: attend.scaled_dot_product_attention(q, k, v), fullgraph=True)
+    torch_compiled = torch.compile(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), fullgraph=True)
+    return {
+        "kernel": lambda: _attend.sdpa_forward(views, None, options, threads),
+        "op": lambda: op(q, k, v, None, 0.0, False, None, False, None),
+        "op+grad": lambda: op(*leaves, None, 0.0, False, None, False, None),
+        "public": lambda: attend.scaled_dot_product_attention(q, k, v),
+        "torch": lambda: F.scaled_dot_product_attention(q, k, v),
+        "compiled attend": lambda: attend_compiled(q, k, v),
+        "compiled torch": lambda: torch_compiled(q, k, v),
+    }
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--samples", type=int, default=200, help="samples of each path (default 200)")
+    a = p.parse_args()
+    print(f"{cpu_name()}, torch {torch.__version__}, attend threads {attend.get_num_threads()}, "
+          f"torch threads {torch.get_num_threads()}, {a.samples} samples of {CALLS} calls a path, "
+          "microseconds per call (medians)")
+    print()
+    for shape in SHAPES:
+        fns = paths(shape)
+        for fn in fns.values():  # compile and warm up before any timing
+            fn()
+        times = {name: [] for name in fns}
+        for _ in range(a.samples):
+            for name, fn in fns.items():
+                times[name].append(sample_us(fn))
+        us = {name: statistics.median(t) for name, t in times.items()}
+        print(f"q, k, v {list(shape)}:")
+        print("| path | µs per call | over the kernel |")
+        print("|---|---|---|")
+        for name, t in us.items():
+            print(f"| {name} | {t:.1f} | {t - us['kernel']:+.1f} |")
+        print(f"the op adds {us['op'] - us['kernel']:.1f} µs to the kernel, the public function "
+              f"{us['public'] - us['op']:.1f} µs to the op; compiled, attend costs "
+              f"{us['compiled attend'] - us['compiled torch']:+.1f} µs against torch's compiled SDPA")
+        print()
+
+
+if __name__ == "__main__":
+    main()
