@@ -22,10 +22,12 @@ use attend::{Error, Result};
 use ndarray::{Array, ArrayD, ArrayView4, ArrayViewD, CowArray, Dimension, Ix4};
 use numpy::{IntoPyArray, PyArrayDyn, PyReadonlyArrayDyn};
 use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+use pyo3::IntoPyObjectExt;
 
 use crate::errors::to_py;
 use crate::pool;
-use crate::shapes::{Input, Layout};
+use crate::shapes::{Input, Layout, Source};
 
 /// An array handed back to Python.
 type Out<'py, T> = Bound<'py, PyArrayDyn<T>>;
@@ -216,22 +218,59 @@ fn reshape<T, D: Dimension>(a: Array<T, D>, shape: Vec<usize>) -> Result<ArrayD<
         .map_err(|e| Error::shape(format!("attention result: {e}")))
 }
 
-/// The output and log-sum-exp shapes of a call, `([..., L, Ev], [..., L])`, from
-/// shapes alone: PyTorch's fake tensors (`torch.compile`, `torch.export`, the meta
-/// device) ask this instead of running the kernels, and get their errors.
+/// A [`Source`] for Python: `(argument, axis)`, or the constant 1.
+fn source(py: Python<'_>, s: Source) -> PyResult<Bound<'_, PyAny>> {
+    match s {
+        Source::Axis(arg, axis) => (arg, axis).into_bound_py_any(py),
+        Source::One => 1.into_bound_py_any(py),
+    }
+}
+
+/// The sizes of a call's output and log-sum-exp, from its arguments' shapes alone,
+/// for PyTorch's fake tensors (`torch.compile`, `torch.export`, the meta device),
+/// which ask this instead of running the kernels, and get their errors.
+///
+/// Given the shapes' (hinted) sizes, it answers `(out, lse, equal, divides)`: where
+/// each size of the output `[..., L, Ev]` and of the log-sum-exp `[..., L]` comes
+/// from, as `(argument, axis)` (0 query, 1 key, 2 value, 3 mask) or 1, so that sizes
+/// a compiler keeps symbolic stay symbolic; and the pairs of sizes that the call
+/// needs equal, and `(multiple, divisor)` pairs, for the compiler to assume.
 #[pyfunction]
 #[pyo3(signature = (query, key, value, mask, options))]
-pub fn sdpa_shapes(
+pub fn sdpa_shapes<'py>(
+    py: Python<'py>,
     query: Vec<usize>,
     key: Vec<usize>,
     value: Vec<usize>,
     mask: Option<Vec<usize>>,
-    options: PyRef<'_, Options>,
-) -> PyResult<(Vec<usize>, Vec<usize>)> {
+    options: PyRef<'py, Options>,
+) -> PyResult<Bound<'py, PyTuple>> {
     let layout = options
         .layout(&query, &key, &value, mask.as_deref())
         .map_err(to_py)?;
-    Ok((layout.out_shape(), layout.lse_shape()))
+    let list = |sources: Vec<Source>| -> PyResult<Bound<'py, PyList>> {
+        let items = sources
+            .into_iter()
+            .map(|s| source(py, s))
+            .collect::<PyResult<Vec<_>>>()?;
+        PyList::new(py, items)
+    };
+    let pairs = |pairs: &[(Source, Source)]| -> PyResult<Bound<'py, PyList>> {
+        let items = pairs
+            .iter()
+            .map(|&(a, b)| PyTuple::new(py, [source(py, a)?, source(py, b)?]))
+            .collect::<PyResult<Vec<_>>>()?;
+        PyList::new(py, items)
+    };
+    PyTuple::new(
+        py,
+        [
+            list(layout.out_sources())?.into_any(),
+            list(layout.lse_sources())?.into_any(),
+            pairs(&layout.equal)?.into_any(),
+            pairs(&layout.divides)?.into_any(),
+        ],
+    )
 }
 
 /// Attention forward on float32 arrays: `(out [..., L, Ev], lse [..., L])`.

@@ -19,11 +19,27 @@ use attend::{Error, Result};
 use ndarray::{Array, ArrayD, ArrayView4, ArrayViewD, Axis, CowArray, Ix4, IxDyn};
 use num_traits::Zero;
 
+/// Where a size of a call comes from, for PyTorch's compiler, which may keep sizes
+/// symbolic: an axis of one of the arguments (0 query, 1 key, 2 value, 3 mask), or
+/// the constant 1 of an axis that the shape rules add.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    Axis(usize, usize),
+    One,
+}
+
+/// A size and where it comes from.
+#[derive(Clone, Copy, Debug)]
+struct Dim {
+    n: usize,
+    from: Source,
+}
+
 /// How a call's tensors map onto the library's rank-4 problem.
 #[derive(Clone, Debug)]
 pub struct Layout {
     /// The output's leading axes (all but `L, Ev`), broadcast from the inputs'.
-    lead: Vec<usize>,
+    lead: Vec<Dim>,
     /// `lead` without its head axis (the one before `L`): the axes that fold into `B`.
     /// Never empty: inputs of rank 2 or 3 get a batch axis of 1.
     batch: Vec<usize>,
@@ -36,6 +52,13 @@ pub struct Layout {
     value_heads: usize,
     /// Whether the output has no elements.
     empty: bool,
+    /// Where the output's last two sizes come from: the query's `L`, the value's `Ev`.
+    rows: Source,
+    width: Source,
+    /// Pairs of sizes the call needs equal, and pairs `(multiple, divisor)` (grouped
+    /// heads): what a compiler that keeps sizes symbolic must assume of them.
+    pub equal: Vec<(Source, Source)>,
+    pub divides: Vec<(Source, Source)>,
 }
 
 /// The role of an input, which says which of its axes are heads and rows.
@@ -46,12 +69,31 @@ pub enum Input {
     Value,
 }
 
-/// The leading axes of `shape` (all but the last two), padded on the left to `rank`.
-fn leading(shape: &[usize], rank: usize) -> Vec<usize> {
-    let own = &shape[..shape.len() - 2];
-    let mut lead = vec![1; rank - own.len()];
-    lead.extend_from_slice(own);
+/// The leading axes of argument `arg`'s `shape` (all but the last two), padded on
+/// the left to `rank` with axes of 1.
+fn leading(shape: &[usize], arg: usize, rank: usize) -> Vec<Dim> {
+    let own = shape.len() - 2;
+    let mut lead = vec![
+        Dim {
+            n: 1,
+            from: Source::One
+        };
+        rank - own
+    ];
+    lead.extend((0..own).map(|a| Dim {
+        n: shape[a],
+        from: Source::Axis(arg, a),
+    }));
     lead
+}
+
+/// Axis `back` from the end of argument `arg`'s `shape` (1 is the last).
+fn axis(shape: &[usize], arg: usize, back: usize) -> Dim {
+    let a = shape.len() - back;
+    Dim {
+        n: shape[a],
+        from: Source::Axis(arg, a),
+    }
 }
 
 impl Layout {
@@ -71,11 +113,12 @@ impl Layout {
                 shapes()
             )));
         }
+        let (mut equal, mut divides) = (Vec::new(), Vec::new());
         let rank = query.len().max(key.len()).max(value.len()) - 2;
         let (lq, mut lk, mut lv) = (
-            leading(query, rank),
-            leading(key, rank),
-            leading(value, rank),
+            leading(query, 0, rank),
+            leading(key, 1, rank),
+            leading(value, 2, rank),
         );
         // Grouped-query heads: a key or value head count that divides the query's
         // serves Hq / Hk consecutive query heads, as if repeated to Hq.
@@ -87,54 +130,60 @@ impl Layout {
                 (value, &mut lv, &mut value_heads),
             ] {
                 let h = lead[rank - 1];
-                if shape.len() >= 3 && h != hq {
-                    if h == 0 || hq % h != 0 {
+                if shape.len() >= 3 && h.n != hq.n {
+                    if h.n == 0 || hq.n % h.n != 0 {
                         return Err(Error::shape(format!(
-                            "with enable_gqa=True the key and value heads must divide the query's {hq}: {}",
+                            "with enable_gqa=True the key and value heads must divide the query's {}: {}",
+                            hq.n,
                             shapes()
                         )));
                     }
+                    divides.push((hq.from, h.from));
                     lead[rank - 1] = hq;
-                    *native = Some(h);
+                    *native = Some(h.n);
                 }
             }
         }
-        let lead = (0..rank)
-            .map(|i| {
-                let sizes = [lq[i], lk[i], lv[i]];
-                let n = sizes.iter().copied().find(|&n| n != 1).unwrap_or(1);
-                if sizes.iter().all(|&m| m == 1 || m == n) {
-                    Ok(n)
-                } else {
-                    Err(Error::shape(format!(
-                        "query, key and value do not broadcast (axis {} of their leading axes: {sizes:?}): {}",
+        let mut lead = Vec::with_capacity(rank);
+        for i in 0..rank {
+            let dims = [lq[i], lk[i], lv[i]];
+            let chosen = dims.iter().copied().find(|d| d.n != 1).unwrap_or(dims[0]);
+            for d in dims.iter().filter(|d| d.n != 1 && d.from != chosen.from) {
+                if d.n != chosen.n {
+                    return Err(Error::shape(format!(
+                        "query, key and value do not broadcast (axis {} of their leading axes: {:?}): {}",
                         i as isize - rank as isize,
+                        dims.map(|d| d.n),
                         shapes()
-                    )))
+                    )));
                 }
-            })
-            .collect::<Result<Vec<usize>>>()?;
+                equal.push((d.from, chosen.from));
+            }
+            lead.push(chosen);
+        }
+        let sizes: Vec<usize> = lead.iter().map(|d| d.n).collect();
         let mut padded = vec![1; 2usize.saturating_sub(rank)];
-        padded.extend_from_slice(&lead);
+        padded.extend_from_slice(&sizes);
         let (batch, heads) = padded.split_at(padded.len() - 1);
         let heads = heads[0];
         // Each key/value head serves heads / held consecutive query heads: held is
         // the grouped count, or the head count itself, or 1 when repeated.
-        let held = |native: Option<usize>, lead: &[usize]| {
-            native.unwrap_or(if rank > 0 { lead[rank - 1] } else { 1 })
+        let held = |native: Option<usize>, lead: &[Dim]| {
+            native.unwrap_or(if rank > 0 { lead[rank - 1].n } else { 1 })
         };
         let (key_heads, value_heads) = (held(key_heads, &lk), held(value_heads, &lv));
-        let empty = lead.contains(&0);
+        let empty = sizes.contains(&0);
         let b: usize = batch.iter().product();
         let (b, hq, hkv) = if empty {
             (0, 1, 1)
         } else {
             (b, heads, lcm(key_heads, value_heads))
         };
-        let [l, e] = [query[query.len() - 2], query[query.len() - 1]];
-        let [s, ek] = [key[key.len() - 2], key[key.len() - 1]];
-        let [sv, ev] = [value[value.len() - 2], value[value.len() - 1]];
-        let dims = Dims::check([b, hq, l, e], [b, hkv, s, ek], [b, hkv, sv, ev])?;
+        let (l, e) = (axis(query, 0, 2), axis(query, 0, 1));
+        let (s, ek) = (axis(key, 1, 2), axis(key, 1, 1));
+        let (sv, ev) = (axis(value, 2, 2), axis(value, 2, 1));
+        let dims = Dims::check([b, hq, l.n, e.n], [b, hkv, s.n, ek.n], [b, hkv, sv.n, ev.n])?;
+        equal.extend([(ek.from, e.from), (sv.from, s.from)]);
         if let Some(m) = mask {
             let mut weights = lead.clone();
             weights.extend([l, s]);
@@ -142,11 +191,18 @@ impl Layout {
                 && m.iter()
                     .rev()
                     .zip(weights.iter().rev())
-                    .all(|(&a, &w)| a == 1 || a == w);
+                    .all(|(&a, w)| a == 1 || a == w.n);
             if !fits {
                 return Err(Error::shape(format!(
-                    "attn_mask of shape {m:?} does not broadcast to the attention weights' shape {weights:?} ([..., L, S])"
+                    "attn_mask of shape {m:?} does not broadcast to the attention weights' shape {:?} ([..., L, S])",
+                    weights.iter().map(|w| w.n).collect::<Vec<_>>()
                 )));
+            }
+            let aligned = weights[weights.len() - m.len()..].iter();
+            for (j, (&a, w)) in m.iter().zip(aligned).enumerate() {
+                if a != 1 {
+                    equal.push((Source::Axis(3, j), w.from));
+                }
             }
         }
         Ok(Layout {
@@ -156,19 +212,38 @@ impl Layout {
             key_heads,
             value_heads,
             empty,
+            rows: l.from,
+            width: ev.from,
+            equal,
+            divides,
         })
+    }
+
+    /// Where each of the output's sizes comes from, as [`Layout::out_shape`] lists
+    /// them.
+    pub fn out_sources(&self) -> Vec<Source> {
+        let mut sources: Vec<Source> = self.lead.iter().map(|d| d.from).collect();
+        sources.extend([self.rows, self.width]);
+        sources
+    }
+
+    /// Where each of the log-sum-exp's sizes comes from.
+    pub fn lse_sources(&self) -> Vec<Source> {
+        let mut sources: Vec<Source> = self.lead.iter().map(|d| d.from).collect();
+        sources.push(self.rows);
+        sources
     }
 
     /// The output's shape, `[..., L, Ev]`.
     pub fn out_shape(&self) -> Vec<usize> {
-        let mut shape = self.lead.clone();
+        let mut shape: Vec<usize> = self.lead.iter().map(|d| d.n).collect();
         shape.extend([self.dims.q_len, self.dims.value_dim]);
         shape
     }
 
     /// The log-sum-exp's shape, `[..., L]`.
     pub fn lse_shape(&self) -> Vec<usize> {
-        let mut shape = self.lead.clone();
+        let mut shape: Vec<usize> = self.lead.iter().map(|d| d.n).collect();
         shape.push(self.dims.q_len);
         shape
     }
@@ -261,7 +336,10 @@ impl Layout {
         })?;
         let inner = Axis(batch.len() - 1);
         let mut merged = view.clone();
-        if (0..batch.len() - 1).rev().all(|i| merged.merge_axes(Axis(i), inner)) {
+        if (0..batch.len() - 1)
+            .rev()
+            .all(|i| merged.merge_axes(Axis(i), inner))
+        {
             for _ in 1..batch.len() {
                 merged.index_axis_inplace(Axis(0), 0);
             }

@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch._dynamo.backends.common import aot_autograd
+from torch._dynamo.testing import CompileCounterWithBackend
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -173,6 +174,38 @@ def test_export_save_load_and_run(tmp_path):
     )
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+def test_dynamic_shapes_compile_once():
+    """With sizes kept symbolic the fake implementation keeps them symbolic: one
+    graph serves every batch and sequence length. (The sizes of the first call are
+    all different, so that PyTorch's duck sizing ties none of them together.)"""
+    counter = CompileCounterWithBackend("aot_eager")
+
+    def f(q, k, v, mask):
+        return attend.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+    compiled = torch.compile(f, backend=counter, dynamic=True, fullgraph=True)
+    frames = []
+    for b, n in ((3, 5), (6, 9), (7, 17)):
+        q, k, v = randn(b, 4, n, 16, seed=n), randn(b, 2, n + 2, 16, seed=n + 1), randn(b, 2, n + 2, 16, seed=n + 2)
+        mask = randn(n, n + 2, seed=n + 3) > -1
+        assert torch.equal(compiled(q, k, v, mask), f(q, k, v, mask))
+        frames.append(counter.frame_count)
+    # The first call may compile twice (dynamo restarts once to specialize the float
+    # dropout_p default); no later size compiles again.
+    assert frames[1:] == frames[:1] * 2, frames
+
+
+def test_export_with_a_dynamic_sequence_length():
+    torch.manual_seed(11)
+    module = Attention().eval()
+    x, mask = randn(2, 11, 32, seed=12), randn(2, 1, 11, 11, seed=13) > -1
+    t = torch.export.Dim("T", min=2, max=512)
+    program = torch.export.export(module, (x, mask), dynamic_shapes=({1: t}, {2: t, 3: t}))
+    for n in (5, 20, 37):
+        x, mask = randn(2, n, 32, seed=n), randn(2, 1, n, n, seed=n + 1) > -1
+        assert torch.equal(program.module()(x, mask), module(x, mask))
 
 
 VMAPS = [

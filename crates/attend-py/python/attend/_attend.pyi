@@ -1,4 +1,4 @@
-from typing import List, Optional, Tuple
+from typing import List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -14,10 +14,15 @@ class Options:
         self, *, is_causal: bool, scale: Optional[float], dropout_p: float, enable_gqa: bool, seed: int
     ) -> None: ...
 
+_Source = Union[int, Tuple[int, int]]
+
 def sdpa_shapes(
     query: List[int], key: List[int], value: List[int], mask: Optional[List[int]], options: Options
-) -> Tuple[List[int], List[int]]:
-    """``(out_shape, lse_shape)`` of a call from shapes alone, or its error."""
+) -> Tuple[List[_Source], List[_Source], List[Tuple[_Source, _Source]], List[Tuple[_Source, _Source]]]:
+    """``(out, lse, equal, divides)`` of a call from its shapes alone, or its error:
+    where each size of the output and of the log-sum-exp comes from (``(argument,
+    axis)``, 0 query, 1 key, 2 value, 3 mask, or 1), the pairs of sizes the call needs
+    equal and the ``(multiple, divisor)`` pairs."""
 
 def sdpa_forward(
     inputs: _Qkv, mask: Optional[np.ndarray], options: Options, threads: int

@@ -36,6 +36,7 @@ import torch
 import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 from torch._functorch.utils import enable_single_level_autograd_function
+from torch.fx.experimental.symbolic_shapes import guarding_hint_or_throw
 
 from . import _attend
 from ._errors import AttendTypeError, AttendValueError
@@ -165,10 +166,26 @@ def _backward_cpu(grad_out, query, key, value, out, lse, attn_mask, dropout_p, i
 
 
 def _shapes(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-    """``(out_shape, lse_shape)`` by the kernels' own shape rules, with their errors."""
-    mask = None if attn_mask is None else list(attn_mask.shape)
+    """``(out_shape, lse_shape)`` by the kernels' own shape rules, with their errors.
+
+    The rules run on the sizes' hints (their values in the example the compiler
+    traced); the shapes are then made of the arguments' own sizes, so that sizes the
+    compiler keeps symbolic (``torch.compile(dynamic=True)``, ``torch.export`` with
+    ``dynamic_shapes``) stay symbolic, under the equalities and divisibilities the
+    rules rely on."""
+    shapes = [query.shape, key.shape, value.shape, () if attn_mask is None else attn_mask.shape]
+    hints = [[guarding_hint_or_throw(n) for n in shape] for shape in shapes]
     opts = _options(dropout_p, is_causal, scale, enable_gqa, 0)
-    return _attend.sdpa_shapes(list(query.shape), list(key.shape), list(value.shape), mask, opts)
+    out, lse, equal, divides = _attend.sdpa_shapes(*hints[:3], None if attn_mask is None else hints[3], opts)
+
+    def size(source):
+        return source if isinstance(source, int) else shapes[source[0]][source[1]]
+
+    for a, b in equal:
+        torch._check(size(a) == size(b))
+    for multiple, divisor in divides:
+        torch._check(size(multiple) % size(divisor) == 0)
+    return [size(s) for s in out], [size(s) for s in lse]
 
 
 def _forward_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
@@ -394,15 +411,8 @@ def sdpa_torch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
     _check_mask(attn_mask, query.dtype)
     check_options(dropout_p, is_causal, scale, enable_gqa)
     seed = torch.randint(0, 2**63 - 1, (), dtype=torch.int64) if dropout_p else None
-    out, _ = sdpa(
-        query,
-        key,
-        value,
-        attn_mask,
-        float(dropout_p),
-        bool(is_causal),
-        None if scale is None else float(scale),
-        bool(enable_gqa),
-        seed,
-    )
+    # Numbers go in as given (check_options allowed int or float): under
+    # torch.compile(dynamic=True), float() of a constant would trace a symbolic float
+    # and restart the analysis.
+    out, _ = sdpa(query, key, value, attn_mask, dropout_p, bool(is_causal), scale, bool(enable_gqa), seed)
     return out
