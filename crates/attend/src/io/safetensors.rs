@@ -43,10 +43,29 @@ pub struct TensorInfo {
 #[derive(Clone, Debug)]
 pub struct SafeTensors {
     origin: String,
-    bytes: Vec<u8>,
+    bytes: Bytes,
     data_start: usize,
     tensors: BTreeMap<String, TensorInfo>,
     metadata: BTreeMap<String, String>,
+}
+
+/// A file's bytes: given in memory, or the file mapped read-only (loading a
+/// model then reads its weights from the page cache once, into the arrays,
+/// instead of copying the whole file into a buffer first).
+#[derive(Clone, Debug)]
+enum Bytes {
+    Owned(Vec<u8>),
+    Mapped(std::sync::Arc<memmap2::Mmap>),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Owned(v) => v,
+            Bytes::Mapped(m) => m,
+        }
+    }
 }
 
 /// An IEEE half-precision value, widened exactly.
@@ -80,15 +99,30 @@ fn dtype_size(dtype: &str) -> Option<usize> {
 }
 
 impl SafeTensors {
-    /// Reads and checks the file at `path`.
+    /// Maps and checks the file at `path`. The file must not change while the
+    /// returned value lives (as with any memory-mapped model file).
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-        Self::from_bytes(bytes, &path.display().to_string())
+        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        // SAFETY: the map is read-only and private to this value; what it shows
+        // is the file's bytes, which this crate only reads, and the file is not
+        // expected to change while a model loads from it (the documented
+        // condition above).
+        let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) };
+        let bytes = match map {
+            Ok(map) => Bytes::Mapped(std::sync::Arc::new(map)),
+            // Not every file can be mapped (an empty one, a pipe): read it instead.
+            Err(_) => Bytes::Owned(std::fs::read(path).map_err(|e| Error::io(path, e))?),
+        };
+        Self::parse(bytes, &path.display().to_string())
     }
 
     /// Parses `bytes`; `origin` names them in error messages (usually the path).
     pub fn from_bytes(bytes: Vec<u8>, origin: &str) -> Result<Self> {
+        Self::parse(Bytes::Owned(bytes), origin)
+    }
+
+    fn parse(bytes: Bytes, origin: &str) -> Result<Self> {
         let bad =
             |msg: String| Error::format(format!("{origin}: not a valid safetensors file: {msg}"));
         if bytes.len() < 8 {
@@ -207,18 +241,13 @@ impl SafeTensors {
         let (begin, end) = info.data_offsets;
         let raw = &self.bytes[self.data_start + begin..self.data_start + end];
         // An IEEE value is non-finite exactly when its exponent bits are all ones.
-        let (width, exponent): (usize, u64) = match info.dtype.as_str() {
-            "F64" => (8, 0x7ff0_0000_0000_0000),
-            "F32" => (4, 0x7f80_0000),
-            "F16" => (2, 0x7c00),
-            "BF16" => (2, 0x7f80),
+        let bad = match info.dtype.as_str() {
+            "F64" => first_non_finite(raw, u64::from_le_bytes, 0x7ff0_0000_0000_0000),
+            "F32" => first_non_finite(raw, u32::from_le_bytes, 0x7f80_0000),
+            "F16" => first_non_finite(raw, u16::from_le_bytes, 0x7c00),
+            "BF16" => first_non_finite(raw, u16::from_le_bytes, 0x7f80),
             _ => return Ok(()),
         };
-        let bad = raw.chunks_exact(width).position(|c| {
-            let mut bits = [0u8; 8];
-            bits[..width].copy_from_slice(c);
-            u64::from_le_bytes(bits) & exponent == exponent
-        });
         match bad {
             None => Ok(()),
             Some(i) => Err(Error::value(format!(
@@ -408,6 +437,33 @@ pub fn write(
 ) -> Result<()> {
     let bytes = serialize(tensors, metadata)?;
     std::fs::write(path.as_ref(), bytes).map_err(|e| Error::io(path, e))
+}
+
+/// Index of the first element of `raw` (little-endian numbers of `N` bytes, read
+/// by `bits`) whose `exponent` bits are all ones: a NaN or an infinity. Blocks of
+/// 64 elements are first tested with a branch-free fold that the compiler
+/// vectorises (checking a model's weights at load is then a small part of
+/// loading it); only a block that fails is searched element by element.
+fn first_non_finite<const N: usize, T>(
+    raw: &[u8],
+    bits: fn([u8; N]) -> T,
+    exponent: T,
+) -> Option<usize>
+where
+    T: Copy + PartialEq + std::ops::BitAnd<Output = T>,
+{
+    let is_bad = |c: &[u8]| bits(c.try_into().expect("chunks of N bytes")) & exponent == exponent;
+    const BLOCK: usize = 64;
+    raw.chunks(BLOCK * N).enumerate().find_map(|(b, block)| {
+        let any = block.chunks_exact(N).fold(false, |any, c| any | is_bad(c));
+        any.then(|| {
+            b * BLOCK
+                + block
+                    .chunks_exact(N)
+                    .position(is_bad)
+                    .expect("a bad element")
+        })
+    })
 }
 
 #[cfg(test)]

@@ -305,39 +305,53 @@ impl BertModel {
         for i in 0..config.num_hidden_layers {
             let p = format!("{}.{i}", names.layers);
             let heads = config.num_attention_heads;
-            let [q, k, v] = [names.query, names.key, names.value]
-                .map(|name| loaded(&format!("{p}.{name}"), d, d));
-            let (q, k, v) = (q?, k?, v?);
-            let qkv = Linear::stacked(&[&q, &k, &v])?.for_inference_with(precision);
-            // The three alone serve the traced forward, so in bf16 they are rounded
-            // as the stacked product is; in f32 they stay unpacked (the fast
-            // forward does not read them).
-            let alone = |l: Linear| match precision {
-                Precision::Bf16 => l.for_inference_with(precision),
-                Precision::F32 => l,
-            };
-            let attention = MultiHeadAttention::new(
-                alone(q),
-                alone(k),
-                alone(v),
-                Some(linear(&format!("{p}.{}", names.attention_output), d, d)?),
-                heads,
-                heads,
-            )?;
+            // The attention's weights and the feed-forward's are read and packed
+            // on both threads at once (start-up).
+            let (attention, feed_forward) = rayon::join(
+                || -> Result<_> {
+                    let [q, k, v] = [names.query, names.key, names.value]
+                        .map(|name| loaded(&format!("{p}.{name}"), d, d));
+                    let (q, k, v) = (q?, k?, v?);
+                    let qkv = Linear::stacked(&[&q, &k, &v])?.for_inference_with(precision);
+                    // The three alone serve the traced forward, so in bf16 they are
+                    // rounded as the stacked product is; in f32 they stay unpacked
+                    // (the fast forward does not read them).
+                    let alone = |l: Linear| match precision {
+                        Precision::Bf16 => l.for_inference_with(precision),
+                        Precision::F32 => l,
+                    };
+                    let attention = MultiHeadAttention::new(
+                        alone(q),
+                        alone(k),
+                        alone(v),
+                        Some(linear(&format!("{p}.{}", names.attention_output), d, d)?),
+                        heads,
+                        heads,
+                    )?;
+                    Ok((attention, qkv))
+                },
+                || -> Result<_> {
+                    let intermediate = linear(
+                        &format!("{p}.{}", names.intermediate),
+                        config.intermediate_size,
+                        d,
+                    )?;
+                    let output = linear(
+                        &format!("{p}.{}", names.output),
+                        d,
+                        config.intermediate_size,
+                    )?;
+                    Ok((intermediate, output))
+                },
+            );
+            let (attention, qkv) = attention?;
+            let (intermediate, output) = feed_forward?;
             layers.push(BertLayer {
                 attention,
                 qkv,
                 attention_norm: norm(&format!("{p}.{}", names.attention_norm))?,
-                intermediate: linear(
-                    &format!("{p}.{}", names.intermediate),
-                    config.intermediate_size,
-                    d,
-                )?,
-                output: linear(
-                    &format!("{p}.{}", names.output),
-                    d,
-                    config.intermediate_size,
-                )?,
+                intermediate,
+                output,
                 output_norm: norm(&format!("{p}.{}", names.output_norm))?,
             });
         }

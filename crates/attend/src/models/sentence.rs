@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::modules::{read_json, SentenceModules};
 use super::tokenize::{short, Tokenized, Tokenizer};
-use super::{BertModel, BertTrace, TokenBatch};
+use super::{BertConfig, BertModel, BertTrace, TokenBatch};
 use crate::attention::Precision;
 use crate::{Error, Result};
 
@@ -178,19 +178,28 @@ impl SentenceEncoder {
     /// f32 sums ([`BertModel::load_with`]); pooling and the Dense modules stay f32.
     pub fn load_with(dir: impl AsRef<Path>, precision: Precision) -> Result<Self> {
         let dir = dir.as_ref();
-        let model = BertModel::load_with(dir, precision)?;
-        let mut max_len = model.config.max_tokens();
-        let st_config = read_json(&dir.join("sentence_bert_config.json"))?;
-        let tok_config = read_json(&dir.join("tokenizer_config.json"))?;
-        let limit = st_config
-            .as_ref()
-            .and_then(|c| c.get("max_seq_length"))
-            .or_else(|| tok_config.as_ref().and_then(|c| c.get("model_max_length")))
-            .and_then(Value::as_u64);
-        if let Some(l) = limit {
-            max_len = max_len.min(l as usize);
-        }
-        let tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"), max_len)?;
+        // The weights and the tokenizer load on both threads at once: each is
+        // about half of loading a small model.
+        let (model, tokenizer) = rayon::join(
+            || BertModel::load_with(dir, precision),
+            || -> Result<Tokenizer> {
+                let config = BertConfig::from_file(dir.join("config.json"))?;
+                let mut max_len = config.max_tokens();
+                let st_config = read_json(&dir.join("sentence_bert_config.json"))?;
+                let tok_config = read_json(&dir.join("tokenizer_config.json"))?;
+                let limit = st_config
+                    .as_ref()
+                    .and_then(|c| c.get("max_seq_length"))
+                    .or_else(|| tok_config.as_ref().and_then(|c| c.get("model_max_length")))
+                    .and_then(Value::as_u64);
+                if let Some(l) = limit {
+                    max_len = max_len.min(l as usize);
+                }
+                Tokenizer::from_file(dir.join("tokenizer.json"), max_len)
+            },
+        );
+        let model = model?;
+        let tokenizer = tokenizer?;
         let modules = SentenceModules::load(dir, model.config.hidden_size)?;
         Ok(SentenceEncoder {
             model,
