@@ -439,6 +439,54 @@ fn fully_masked_rows_get_zero_gradients() {
 }
 
 #[test]
+fn zero_head_width_averages_the_values_with_finite_gradients() {
+    // E = 0: every score is the empty sum 0 whatever the scale, so each query weighs
+    // every key 1/S and gets the mean of the values (PyTorch's result). The default
+    // scale 1/√0 once made the reference's scores 0 · ∞ = NaN, and the fused backward,
+    // which sums partial dQs in rows of width E, panicked on several key chunks.
+    let mut gen = TorchGenerator::new(10);
+    let (l, s) = (70, 300);
+    let q = Array4::<f32>::zeros((1, 2, l, 0));
+    let k = Array4::<f32>::zeros((1, 2, s, 0));
+    let v = randn(&mut gen, [1, 2, s, 8]);
+    let dout = randn(&mut gen, [1, 2, l, 8]);
+    let opts = AttentionOptions::default();
+    let (out, lse) = attention_with_lse(q.view(), k.view(), v.view(), &opts).unwrap();
+    let g = attend::attention::attention_backward(
+        q.view(),
+        k.view(),
+        v.view(),
+        out.view(),
+        lse.view(),
+        dout.view(),
+        &opts,
+    )
+    .unwrap();
+    assert_eq!((g.dq.shape(), g.dk.shape()), (q.shape(), k.shape()));
+    // Sums of S (or L) terms in f32: within that many ulps of the sum of their sizes.
+    let eps = f32::EPSILON;
+    let vmax = v.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    let mean = v.mean_axis(ndarray::Axis(2)).unwrap();
+    for ((b, h, _, c), &o) in out.indexed_iter() {
+        assert!(
+            (o - mean[[b, h, c]]).abs() <= s as f32 * eps * vmax,
+            "out {o} vs mean {}",
+            mean[[b, h, c]]
+        );
+    }
+    let dsum = dout.sum_axis(ndarray::Axis(2)) / s as f32;
+    let dabs = dout.mapv(f32::abs).sum_axis(ndarray::Axis(2)) / s as f32;
+    for ((b, h, _, c), &x) in g.dv.indexed_iter() {
+        let tol = 2.0 * l as f32 * eps * dabs[[b, h, c]];
+        assert!(
+            (x - dsum[[b, h, c]]).abs() <= tol,
+            "dv {x} vs {}",
+            dsum[[b, h, c]]
+        );
+    }
+}
+
+#[test]
 fn a_dout_of_the_wrong_shape_is_an_error() {
     let q = Array4::<f32>::zeros((1, 2, 3, 4));
     let (out, lse) =
