@@ -5,6 +5,9 @@ use std::path::PathBuf;
 use numpy::{IntoPyArray, PyArray2};
 use pyo3::prelude::*;
 
+use attend::attention::Precision;
+use attend::element::Dtype;
+
 use crate::errors::to_py;
 use crate::pool;
 
@@ -17,11 +20,29 @@ pub struct SentenceEncoder {
 #[pymethods]
 impl SentenceEncoder {
     /// Loads `config.json`, `model.safetensors`, `tokenizer.json` and the
-    /// sentence-transformers module configs from `model_dir`.
+    /// sentence-transformers module configs from `model_dir`, on `threads`
+    /// threads, with the encoder's dense products in `precision` (`f32` or
+    /// `bf16`, as `attend embed --precision`).
     #[new]
-    fn new(py: Python<'_>, model_dir: PathBuf) -> PyResult<Self> {
-        let inner = pool::run(py, 1, || attend::models::SentenceEncoder::load(&model_dir))?;
+    #[pyo3(signature = (model_dir, precision = "f32", threads = 1))]
+    fn new(py: Python<'_>, model_dir: PathBuf, precision: &str, threads: usize) -> PyResult<Self> {
+        let precision = match Dtype::from_name(precision).map_err(to_py)? {
+            Dtype::F32 => Precision::F32,
+            Dtype::Bf16 => Precision::Bf16,
+        };
+        let inner = pool::run(py, threads, || {
+            attend::models::SentenceEncoder::load_with(&model_dir, precision)
+        })?;
         Ok(SentenceEncoder { inner })
+    }
+
+    /// The precision of the encoder's dense products: `"f32"` or `"bf16"`.
+    #[getter]
+    fn precision(&self) -> &'static str {
+        match self.inner.model.precision {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+        }
     }
 
     /// Embeds `texts` as one padded batch: `(vectors [n, d], warnings)`. Vectors

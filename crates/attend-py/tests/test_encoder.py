@@ -47,6 +47,30 @@ def test_embeddings_equal_sentence_transformers(model_dir, references):
     assert err <= 2 * st_err + floor, f"attend {err:.3e} against sentence-transformers' {st_err:.3e}"
 
 
+def test_bf16_precision_is_as_close_as_pytorchs_autocast(model_dir, references):
+    st, _, f64 = references
+    enc = attend.SentenceEncoder(model_dir, precision="bf16")
+    assert enc.precision == "bf16" and attend.SentenceEncoder(model_dir).precision == "f32"
+    got = enc.encode(SENTENCES, batch_size=4)
+    assert got.dtype == np.float32 and got.shape == f64.shape
+    # Dense layers in bf16 (8-bit mantissas) move a unit vector by about 1e-2 at
+    # most; attention, LayerNorm and pooling stay f32.
+    cosine = (got * f64).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(f64, axis=1)
+    assert cosine.min() >= 0.999, cosine
+    # The project's rule, with PyTorch's autocast to bf16 (which also rounds the
+    # attention's products, so attend's error should be the smaller) as yardstick.
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        autocast = st.encode(SENTENCES, batch_size=4)
+    err, st_err = np.abs(got - f64).max(), np.abs(autocast - f64).max()
+    assert err <= 2 * st_err, f"attend bf16 {err:.3e} against autocast's {st_err:.3e}"
+
+
+def test_an_unknown_precision_is_refused(model_dir):
+    with pytest.raises(ValueError) as info:
+        attend.SentenceEncoder(model_dir, precision="f16")
+    assert "f16" in str(info.value) and "bf16" in str(info.value)
+
+
 def test_batching_does_not_change_the_result(model_dir):
     enc = attend.SentenceEncoder(model_dir)
     whole = enc.encode(SENTENCES, batch_size=32)

@@ -31,16 +31,27 @@ class SentenceEncoder:
     all-mpnet-base-v2; ``model_type`` bert, distilbert, roberta, xlm-roberta or mpnet)
     run by attend's own encoder: no torch needed.
 
+    ``precision="bf16"`` runs the encoder's dense layers as PyTorch's autocast to
+    bf16 does (weights and inputs rounded to bf16, f32 sums; ``vdpbf16ps`` where
+    the CPU has AVX512-BF16): about twice as fast there, with vectors within a
+    cosine of 0.999 of f32's. The vectors are float32 either way.
+
     Example::
 
         enc = attend.SentenceEncoder("~/.cache/attend/all-minilm-l6-v2")
         vectors = enc.encode(["A cat sat on the mat.", "Dogs bark."])   # (2, 384) float32
+        fast = attend.SentenceEncoder("~/.cache/attend/all-minilm-l6-v2", precision="bf16")
     """
 
-    def __init__(self, model_dir: Union[str, os.PathLike]) -> None:
+    def __init__(self, model_dir: Union[str, os.PathLike], precision: str = "f32") -> None:
         path = os.path.expanduser(os.fspath(model_dir))
-        self._inner = _attend.SentenceEncoder(path)
+        self._inner = _attend.SentenceEncoder(path, precision, get_num_threads())
         self.model_dir = path
+
+    @property
+    def precision(self) -> str:
+        """The precision of the encoder's dense products: ``"f32"`` or ``"bf16"``."""
+        return self._inner.precision
 
     @property
     def dimension(self) -> int:
