@@ -26,9 +26,13 @@ def check_options(dropout_p: Any, is_causal: Any, scale: Any, enable_gqa: Any) -
         raise AttendTypeError(f"enable_gqa must be a bool, got {type(enable_gqa).__name__}")
 
 
-def _is_tensor(x: Any) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(x, torch.Tensor)
+def kind_error(query: Any, key: Any, value: Any, tensor: Optional[type] = None) -> AttendTypeError:
+    """The error for arguments that are neither all arrays nor all tensors
+    (``tensor``: torch.Tensor, once torch is imported)."""
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(x, np.ndarray) and not (tensor is not None and isinstance(x, tensor)):
+            return AttendTypeError(f"{name} must be a torch.Tensor or a numpy.ndarray, got {type(x).__name__}")
+    return AttendTypeError("query, key and value must all be torch.Tensors or all numpy.ndarrays")
 
 
 def _sdpa_numpy(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> np.ndarray:
@@ -110,15 +114,10 @@ def scaled_dot_product_attention(
     (wrong kind or dtype) or ``attend.AttendValueError`` (shapes, values), each
     both the builtin ``TypeError``/``ValueError`` and ``RuntimeError``.
     """
-    arrays = [isinstance(x, np.ndarray) for x in (query, key, value)]
-    if all(arrays):
+    if isinstance(query, np.ndarray) and isinstance(key, np.ndarray) and isinstance(value, np.ndarray):
         return _sdpa_numpy(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    tensors = [_is_tensor(x) for x in (query, key, value)]
-    if not all(tensors):
-        for name, x, a, t in zip(("query", "key", "value"), (query, key, value), arrays, tensors):
-            if not (a or t):
-                raise AttendTypeError(f"{name} must be a torch.Tensor or a numpy.ndarray, got {type(x).__name__}")
-        raise AttendTypeError("query, key and value must all be torch.Tensors or all numpy.ndarrays")
+    if "torch" not in sys.modules:  # no tensor without torch: not importing it here
+        raise kind_error(query, key, value)
     from .ops import sdpa_torch  # torch, and the operators, with the first tensor
 
     return sdpa_torch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)

@@ -40,7 +40,7 @@ from torch.fx.experimental.symbolic_shapes import guarding_hint_or_throw
 
 from . import _attend
 from ._errors import AttendTypeError, AttendValueError
-from ._sdpa import check_options
+from ._sdpa import check_options, kind_error
 from ._threads import get_num_threads
 
 _F32 = torch.finfo(torch.float32)
@@ -402,6 +402,8 @@ def _check_mask(mask: Any, dtype: torch.dtype) -> None:
 def sdpa_torch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> Tensor:
     """:func:`attend.scaled_dot_product_attention` on torch tensors: the arguments'
     kinds and dtypes checked, then one call of the operator."""
+    if not (isinstance(query, Tensor) and isinstance(key, Tensor) and isinstance(value, Tensor)):
+        raise kind_error(query, key, value, Tensor)
     for name, t in (("query", query), ("key", key), ("value", value)):
         _check_tensor(name, t)
     if not query.dtype == key.dtype == value.dtype:
