@@ -221,12 +221,12 @@ def _gradients(ctx, grad_out):
     return dq, dk, dv, None, None, None, None, None, None, None
 
 
-def _below_autograd(args):
-    """The forward past the autograd key: the next kernel for ``args``' keyset (the
-    last argument), as the dispatcher would have chosen without autograd."""
+def _below_autograd(op, args):
+    """``op`` past the autograd key: the next kernel for ``args``' keyset (the last
+    argument), as the dispatcher would have chosen without autograd."""
     *op_args, keyset = args
     with torch._C._AutoDispatchBelowAutograd():
-        return sdpa.redispatch(keyset & torch._C._after_autograd_keyset, *op_args)
+        return op.redispatch(keyset & torch._C._after_autograd_keyset, *op_args)
 
 
 _recording = threading.local()
@@ -244,7 +244,7 @@ class _Differentiable(torch.autograd.function._SingleLevelFunction):
     def forward(ctx, *args):  # type: ignore[override]
         _recording.depth = getattr(_recording, "depth", 0) + 1
         try:
-            output = _below_autograd(args)
+            output = _below_autograd(sdpa, args)
         finally:
             _recording.depth -= 1
         _save(ctx, args, output)
@@ -256,10 +256,11 @@ class _Differentiable(torch.autograd.function._SingleLevelFunction):
 
 
 def _has_tangent(args) -> bool:
-    """Whether forward-mode AD (``torch.func.jvp``, ``jacfwd``) carries a tangent in."""
+    """Whether forward-mode AD (``torch.func.jvp``, ``jacfwd``) carries a tangent into
+    the query, key, value or mask."""
     if fwAD._current_level < 0:
         return False
-    return any(fwAD.unpack_dual(t).tangent is not None for t in args[:3])
+    return any(fwAD.unpack_dual(t).tangent is not None for t in args[:4] if t is not None)
 
 
 def _forward_autograd(keyset, *args):
@@ -277,7 +278,7 @@ def _forward_autograd(keyset, *args):
             "jacrev, jvp or hessian over attend are not supported"
         )
     if not (torch.is_grad_enabled() and torch._C._any_requires_grad(*args)):
-        return _below_autograd((*args, keyset))
+        return _below_autograd(sdpa, (*args, keyset))
     with enable_single_level_autograd_function():
         return _Differentiable.apply(*args, keyset)
 
@@ -289,9 +290,7 @@ class _NoSecondDerivative(torch.autograd.function._SingleLevelFunction):
 
     @staticmethod
     def forward(ctx, *args):  # type: ignore[override]
-        *op_args, keyset = args
-        with torch._C._AutoDispatchBelowAutograd():
-            return sdpa_backward.redispatch(keyset & torch._C._after_autograd_keyset, *op_args)
+        return _below_autograd(sdpa_backward, args)
 
     @staticmethod
     def backward(ctx, *grads):  # type: ignore[override]
@@ -305,8 +304,7 @@ def _backward_autograd(keyset, *args):
     if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
         with enable_single_level_autograd_function():
             return _NoSecondDerivative.apply(*args, keyset)
-    with torch._C._AutoDispatchBelowAutograd():
-        return sdpa_backward.redispatch(keyset & torch._C._after_autograd_keyset, *args)
+    return _below_autograd(sdpa_backward, (*args, keyset))
 
 
 _LIB.impl("scaled_dot_product_attention", _forward_autograd, "Autograd", with_keyset=True)
