@@ -43,7 +43,9 @@ type Qkv<'py, N> = (
 /// `attn_mask`: boolean (true = attend) or additive, broadcastable to `[..., L, S]`.
 #[derive(FromPyObject)]
 pub enum Mask<'py> {
+    /// `true` = attend.
     Bool(PyReadonlyArrayDyn<'py, bool>),
+    /// Added to the scaled scores.
     Bias(PyReadonlyArrayDyn<'py, f32>),
 }
 
@@ -72,8 +74,8 @@ impl MaskView<'_> {
 }
 
 /// Everything about a call but its tensors, as `scaled_dot_product_attention` takes
-/// it. Made once per call; the constructor refuses a dropout probability outside
-/// `[0, 1)`, the shape rules refuse the rest.
+/// it (Python keeps one for each set of options it meets). The constructor refuses a
+/// dropout probability outside `[0, 1)`; the shape rules refuse the rest.
 #[pyclass(frozen, module = "attend._attend")]
 pub struct Options {
     causal: bool,

@@ -24,7 +24,9 @@ use num_traits::Zero;
 /// the constant 1 of an axis that the shape rules add.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Source {
+    /// `(argument, axis)`: that axis of that argument's shape.
     Axis(usize, usize),
+    /// An axis of 1 that the shape rules add.
     One,
 }
 
@@ -55,17 +57,21 @@ pub struct Layout {
     /// Where the output's last two sizes come from: the query's `L`, the value's `Ev`.
     rows: Source,
     width: Source,
-    /// Pairs of sizes the call needs equal, and pairs `(multiple, divisor)` (grouped
-    /// heads): what a compiler that keeps sizes symbolic must assume of them.
+    /// Pairs of sizes the call needs equal: what a compiler that keeps sizes
+    /// symbolic must assume of them.
     pub equal: Vec<(Source, Source)>,
+    /// Pairs `(multiple, divisor)` of sizes (grouped heads), likewise.
     pub divides: Vec<(Source, Source)>,
 }
 
 /// The role of an input, which says which of its axes are heads and rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Input {
+    /// `[..., L, E]`.
     Query,
+    /// `[..., S, E]`, its heads grouped or repeated over the query's.
     Key,
+    /// `[..., S, Ev]`, likewise.
     Value,
 }
 
