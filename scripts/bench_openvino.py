@@ -13,17 +13,22 @@ The peers, for each checkpoint:
     max_seq_length), texts sorted by token count into batches as attend sorts them, each
     batch padded to its longest text, and the modules.json pipeline rebuilt: mean over
     the real tokens (1_Pooling) and Normalize. Only that pipeline is accepted.
-attend: `attend.SentenceEncoder.encode` in process for f32; the corpus through
-`attend embed --input` (f32 and --precision bf16), timed as a whole run, start-up
-included. The Python package has no precision argument, so attend bf16 on the 32
-sentences and the one sentence is the CLI's cost per call: (time of R copies - time
-of 1 copy) / (R - 1), each copy one chunk and one batch (--chunk-size = --batch-size
-= the texts per call). The same measure of attend f32 is printed beside it.
+attend: `attend.SentenceEncoder.encode` in process, precision "f32" and "bf16", for
+the 32 sentences and the one sentence; the corpus through `attend embed --input` (f32
+and --precision bf16), timed as a whole run, start-up included.
 
 Every side's embeddings of the 32 sentences and the one sentence are checked against
 sentence-transformers' before anything is timed: cosine >= 0.9999 in f32, >= 0.99 in
 bf16. After the timing, every side's corpus embeddings are checked against attend
 f32's with the same bounds.
+
+Accuracy (issue 28, printed per model before the table), on the 32 sentences against
+sentence-transformers in float64 (model.double()): the max abs error of attend f32,
+PyTorch f32 (sentence-transformers), OpenVINO f32 and ONNX Runtime, with the design
+rule "attend f32's error <= 2x PyTorch f32's"; in bf16, attend's min cosine against
+attend f32 (>= 0.999) and max abs error beside OpenVINO's default precision's (its
+min cosine against OpenVINO f32), with "attend bf16's error <= OpenVINO bf16's". A
+failed check is printed as FAIL; the script goes on.
 
 Cases: (a) the corpus (--corpus; for a model with more dense FLOPs per token than
 all-MiniLM-L6-v2, its first lines, cut so that it costs about as much), batches of 32;
@@ -74,10 +79,10 @@ import attend  # noqa: E402
 SHORT = "Where is the nearest pharmacy?"
 BATCH = 32
 COSINE = {"f32": 0.9999, "bf16": 0.99}
-# Calls per round for the in-process cases (default, --quick), and the seconds of work
-# the CLI's per-call measure spans.
+# Calls per round for the in-process cases (default, --quick).
 REPS = {"batch32": (5, 3), "short": (50, 20)}
-CLI_SPAN_S = (2.0, 1.0)
+# attend bf16's floor on its cosine against attend f32 (issue 28's accuracy target).
+BF16_COSINE_TO_F32 = 0.999
 
 transformers.logging.set_verbosity_error()
 
@@ -187,42 +192,13 @@ def openvino_model(model_dir, tok, names):
     return ov.Model([converted.output("last_hidden_state")], converted.get_parameters())
 
 
-def attend_cli(binary, model_dir, path, out, precision, threads, per_call=None):
-    """Seconds of one `attend embed --input` run; `per_call` texts per chunk and batch."""
+def attend_cli(binary, model_dir, path, out, precision, threads):
+    """Seconds of one `attend embed --input` run."""
     cmd = [binary, "embed", "--model", model_dir, "--precision", precision, "--input", path, "--output", out]
-    if per_call:
-        cmd += ["--batch-size", str(per_call), "--chunk-size", str(per_call)]
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
     t = time.perf_counter()
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
     return time.perf_counter() - t
-
-
-class CliPerCall:
-    """attend's CLI cost of one call on `texts` (one chunk, one batch): the time of
-    `copies` calls in one run less that of one call in another, over copies - 1. The
-    one-call runs' times (start-up and one call) are kept in `single_s`."""
-
-    def __init__(self, binary, model_dir, texts, copies, precision, threads, tmp, tag):
-        self.args = (binary, model_dir, precision, threads)
-        self.texts, self.copies, self.single_s = texts, copies, []
-        self.one, self.many = (os.path.join(tmp, f"{tag}-{precision}-{k}.txt") for k in ("one", "many"))
-        self.out = os.path.join(tmp, f"{tag}-{precision}.npy")
-        for path, k in ((self.one, 1), (self.many, copies)):
-            with open(path, "w") as f:
-                f.write("\n".join(texts * k) + "\n")
-
-    def ms(self):
-        binary, model_dir, precision, threads = self.args
-        single = attend_cli(binary, model_dir, self.one, self.out, precision, threads, len(self.texts))
-        many = attend_cli(binary, model_dir, self.many, self.out, precision, threads, len(self.texts))
-        self.single_s.append(single)
-        return (many - single) / (self.copies - 1) * 1e3
-
-    def vectors(self):
-        binary, model_dir, precision, threads = self.args
-        attend_cli(binary, model_dir, self.one, self.out, precision, threads, len(self.texts))
-        return np.load(self.out)
 
 
 def alternate(sides, rounds):
@@ -233,12 +209,6 @@ def alternate(sides, rounds):
         for n in names if r % 2 == 0 else reversed(names):
             times[n].append(sides[n]())
     return times
-
-
-def timed_ms(fn):
-    t = time.perf_counter()
-    fn()
-    return (time.perf_counter() - t) * 1e3
 
 
 def make_peers(model_dir, config, tok, names, max_length, normalize, threads, tmp):
@@ -270,15 +240,45 @@ def make_peers(model_dir, config, tok, names, max_length, normalize, threads, tm
     return peers, precision
 
 
-def check_sides(st, enc, peers, precision, per_call, cases):
+def check_sides(st, sides, precision, cases):
     """Every side's embeddings of the cases' texts against sentence-transformers'."""
     print("same embeddings as sentence-transformers (the 32 sentences and the short one):")
     with torch.inference_mode():
         want = np.concatenate([st.encode(texts, batch_size=BATCH, convert_to_numpy=True) for texts in cases.values()])
-    for side, peer in peers.items():
-        check(side, np.concatenate([peer.encode(texts) for texts in cases.values()]), want, kind(precision[side]))
-    check("attend", np.concatenate([enc.encode(texts, batch_size=BATCH) for texts in cases.values()]), want, "f32")
-    check("attend bf16 (CLI)", np.concatenate([per_call[c, "bf16"].vectors() for c in cases]), want, "bf16")
+    for side, encode in sides.items():
+        check(side, np.concatenate([encode(texts) for texts in cases.values()]), want, kind(precision[side]))
+
+
+def accuracy(st, sides, precision, texts):
+    """Issue 28's accuracy lines for `texts`: each side's error against
+    sentence-transformers in float64, and the checks on attend f32 and bf16. Turns
+    `st` to float64."""
+    with torch.inference_mode():
+        got = {"PyTorch f32": st.encode(texts, batch_size=BATCH, convert_to_numpy=True)}
+        st.double()
+        want = st.encode(texts, batch_size=BATCH, convert_to_tensor=True).numpy()
+    got.update((side, encode(texts)) for side, encode in sides.items())
+    err = {side: float(np.abs(v.astype(np.float64) - want).max()) for side, v in got.items()}
+    cos = {side: float(cosines(got[side], got[f32]).min())
+           for side, f32 in (("attend bf16", "attend"), ("OpenVINO default", "OpenVINO f32"))}
+    ov16 = f"OpenVINO default ({precision['OpenVINO default']})"
+
+    def verdict(ok):
+        return "pass" if ok else "FAIL"
+
+    return [
+        f"max abs error against sentence-transformers in float64 (model.double()), the {len(texts)} sentences:",
+        "  f32: " + ", ".join(f"{side} {err[side]:.2e}" for side in ("attend", "PyTorch f32", "OpenVINO f32", "ONNX Runtime")),
+        f"  check attend f32 error <= 2x PyTorch f32's: {err['attend']:.2e} <= {2 * err['PyTorch f32']:.2e}: "
+        f"{verdict(err['attend'] <= 2 * err['PyTorch f32'])}",
+        f"  bf16: attend bf16 max abs error {err['attend bf16']:.2e}, min cosine against attend f32 "
+        f"{cos['attend bf16']:.6f}; {ov16} max abs error {err['OpenVINO default']:.2e}, min cosine against "
+        f"OpenVINO f32 {cos['OpenVINO default']:.6f}",
+        f"  check attend bf16 min cosine against attend f32 >= {BF16_COSINE_TO_F32}: {cos['attend bf16']:.6f}: "
+        f"{verdict(cos['attend bf16'] >= BF16_COSINE_TO_F32)}",
+        f"  check attend bf16 max abs error <= {ov16}'s: {err['attend bf16']:.2e} <= {err['OpenVINO default']:.2e}: "
+        f"{verdict(err['attend bf16'] <= err['OpenVINO default'])}",
+    ]
 
 
 def corpus_sides(args, model_dir, corpus_path, corpus, peers, outputs, tmp):
@@ -300,20 +300,16 @@ def corpus_sides(args, model_dir, corpus_path, corpus, peers, outputs, tmp):
     return {"attend": cli("attend", "f32"), "attend bf16": cli("attend bf16", "bf16"), **{s: python(s) for s in peers}}
 
 
-def call_sides(enc, texts, reps, peers, per_call):
+def call_sides(sides, texts, reps):
     """The sides of a case of one call (the 32 sentences, the one sentence): medians of
-    `reps` calls in process, the CLI's per-call measure for attend bf16 (and f32 beside it)."""
-    return {
-        "attend": lambda: median_ms(lambda: enc.encode(texts, batch_size=BATCH), reps),
-        "attend bf16": per_call["bf16"].ms,
-        "attend f32 CLI": per_call["f32"].ms,
-        **{s: (lambda p=p: median_ms(lambda: p.encode(texts), reps)) for s, p in peers.items()},
-    }
+    `reps` calls in process."""
+    return {s: (lambda encode=encode: median_ms(lambda: encode(texts), reps)) for s, encode in sides.items()}
 
 
 def bench_model(model_dir, args, corpus, tmp):
-    """Checks every side and times the three cases; returns the model's table rows:
-    (model, case label, real tokens, padded tokens, times, FLOPs, precisions)."""
+    """Checks every side and times the three cases; returns the model's table rows
+    (model, case label, real tokens, padded tokens, times, FLOPs, precisions) and its
+    accuracy lines."""
     config = AutoConfig.from_pretrained(model_dir)
     name = os.path.basename(os.path.normpath(model_dir))
     normalize = pipeline(model_dir)
@@ -321,6 +317,9 @@ def bench_model(model_dir, args, corpus, tmp):
     names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in tok(["a b"])]
     st = SentenceTransformer(model_dir, device="cpu")
     enc = attend.SentenceEncoder(model_dir)
+    enc16 = attend.SentenceEncoder(model_dir, precision="bf16")
+    if (enc.precision, enc16.precision) != ("f32", "bf16"):
+        sys.exit(f"error: attend.SentenceEncoder precisions {enc.precision}, {enc16.precision}; expected f32, bf16")
     max_length = enc.max_seq_length
     if st.max_seq_length != max_length:
         sys.exit(f"error: {name}: max_seq_length {st.max_seq_length} (sentence-transformers) != {max_length} (attend)")
@@ -336,13 +335,13 @@ def bench_model(model_dir, args, corpus, tmp):
     precision.update({"attend": "f32", "attend bf16": "bf16"})
     quick = int(args.quick)
     cases = {"batch32": SENTENCES, "short": [SHORT]}
-    per_call = {}
-    for case, texts in cases.items():
-        one_call_s = timed_ms(lambda: enc.encode(texts, batch_size=BATCH)) / 1e3
-        copies = max(5, math.ceil(CLI_SPAN_S[quick] / one_call_s))
-        for p in ("f32", "bf16"):
-            per_call[case, p] = CliPerCall(args.attend, model_dir, texts, copies, p, args.threads, tmp, case)
-    check_sides(st, enc, peers, precision, per_call, cases)
+    in_process = {
+        "attend": lambda texts: enc.encode(texts, batch_size=BATCH),
+        "attend bf16": lambda texts: enc16.encode(texts, batch_size=BATCH),
+        **{side: peer.encode for side, peer in peers.items()},
+    }
+    check_sides(st, in_process, precision, cases)
+    accuracy_lines = accuracy(st, in_process, precision, SENTENCES)
     del st
 
     labels = {"corpus": f"corpus, {len(corpus)} lines in batches of {BATCH}",
@@ -352,7 +351,7 @@ def bench_model(model_dir, args, corpus, tmp):
         if case == "corpus":
             sides = corpus_sides(args, model_dir, corpus_path, corpus, peers, outputs, tmp)
         else:
-            sides = call_sides(enc, texts, REPS[case][quick], peers, {p: per_call[case, p] for p in ("f32", "bf16")})
+            sides = call_sides(in_process, texts, REPS[case][quick])
         times = alternate(sides, args.rounds)
         print(f"  {case}, per-round ms: " + "; ".join(f"{s} " + " ".join(f"{v:.1f}" for v in vs) for s, vs in times.items()))
         real = [len(ids) for ids in tok(texts, truncation=True, max_length=max_length)["input_ids"]]
@@ -364,9 +363,7 @@ def bench_model(model_dir, args, corpus, tmp):
             reference = np.load(outputs.pop("attend"))
             for side, out in outputs.items():
                 check(side, np.load(out) if isinstance(out, str) else out, reference, kind(precision[side]))
-    starts = per_call["short", "f32"].single_s + per_call["short", "bf16"].single_s
-    print(f"attend CLI start-up and one sentence (`attend embed --input` of one line): median {statistics.median(starts):.2f} s")
-    return rows
+    return rows, accuracy_lines
 
 
 def main():
@@ -397,10 +394,11 @@ def main():
     print(f"{args.threads} threads each (OpenVINO INFERENCE_NUM_THREADS, ORT intra_op, attend "
           f"set_num_threads and RAYON_NUM_THREADS); {args.rounds} rounds; load average before: {os.getloadavg()}")
     others = OtherLoad()
-    rows = []
+    rows, accuracies = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         for model_dir in args.model_dirs:
-            rows += bench_model(model_dir, args, corpus, tmp)
+            model_rows, accuracies[model_dir] = bench_model(model_dir, args, corpus, tmp)
+            rows += model_rows
     print(f"\nload average after: {os.getloadavg()}")
     share = others.share()
     if share is not None:
@@ -408,6 +406,9 @@ def main():
         if share > 0.05:
             print("WARNING: the machine was not quiet; these timings are not trustworthy")
 
+    for model_dir, lines in accuracies.items():
+        print(f"\n## accuracy, {os.path.basename(os.path.normpath(model_dir))}")
+        print("\n".join(lines))
     print_table(rows, peaks)
 
 
@@ -416,9 +417,8 @@ def print_table(rows, peaks):
         return f"{ms / 1e3:.2f} s" if ms >= 1e3 else f"{ms:.2f} ms"
 
     print("\nattend ÷ peer = peer time / attend time, the median of the rounds' ratios (above 1: attend is "
-          "faster); share of the peak in the side's precision; † attend bf16 through the CLI, its cost per "
-          "call (the Python package has no precision argument); attend's corpus times are whole "
-          "`attend embed --input` runs, start-up included\n")
+          "faster); share of the peak in the side's precision; attend's corpus times are whole "
+          "`attend embed --input` runs, start-up included, the other cases in process\n")
     print("| model | case | tokens real (padded) | precision | attend | OpenVINO | ONNX Runtime "
           "| attend ÷ OpenVINO | attend ÷ ORT | share of peak: attend / OpenVINO / ORT |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -432,9 +432,8 @@ def print_table(rows, peaks):
             return f"{100 * flops[side] / (med[side] * 1e-3) / (peaks[kind(precision[side])] * 1e9):.0f} %"
 
         for ours, ov_side, ort_side in (("attend", "OpenVINO f32", "ONNX Runtime"), ("attend bf16", "OpenVINO default", None)):
-            mark = "†" if "attend f32 CLI" in times and ours == "attend bf16" else ""
             cells = [
-                f"{precision[ours]}{mark} (OpenVINO {precision[ov_side]})",
+                f"{precision[ours]} (OpenVINO {precision[ov_side]})",
                 fmt(med[ours]),
                 fmt(med[ov_side]),
                 fmt(med[ort_side]) if ort_side else "–",
@@ -443,10 +442,7 @@ def print_table(rows, peaks):
                 " / ".join([share(ours), share(ov_side), share(ort_side) if ort_side else "–"]),
             ]
             print(f"| {name} | {label} | {real:,} ({padded:,}) | " + " | ".join(cells) + " |")
-    for name, label, _, _, times, _, _ in rows:
-        if "attend f32 CLI" in times:
-            print(f"{name}, {label}: attend f32 by the CLI's per-call measure "
-                  f"{fmt(statistics.median(times['attend f32 CLI']))}, in process {fmt(statistics.median(times['attend']))}")
+
 
 if __name__ == "__main__":
     main()
