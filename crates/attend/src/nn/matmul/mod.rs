@@ -75,6 +75,18 @@ pub(crate) fn linear<'a>(
     bias: Option<&[f32]>,
     epilogue: Epilogue<'_>,
 ) -> Array2<f32> {
+    linear_on(IsaToken::best(), x, w, packed, bias, epilogue)
+}
+
+/// [`linear`] on the instruction set `isa`.
+fn linear_on<'a>(
+    isa: IsaToken,
+    x: ArrayView2<'_, f32>,
+    w: ArrayView2<'a, f32>,
+    packed: Option<&'a PackedWeight>,
+    bias: Option<&[f32]>,
+    epilogue: Epilogue<'_>,
+) -> Array2<f32> {
     let (m, k) = x.dim();
     let n = w.nrows();
     assert_eq!(w.ncols(), k, "inner dimensions");
@@ -117,7 +129,7 @@ pub(crate) fn linear<'a>(
         epilogue,
         operands: &operands,
     };
-    problem.run(IsaToken::best(), &mut y, parallel);
+    problem.run(isa, &mut y, parallel);
     y
 }
 
@@ -609,19 +621,27 @@ mod tests {
             (12, 100, 31),
             (13, 768, 48),
             (50, 1000, 70),
+            (19, 130, 100),
             (97, 384, 1536),
         ] {
             let (x, w, bias) = operands(m, k, n);
             let want = naive(&x, &w, &bias);
             // A sum of k + 1 terms of size ≤ 1 in f32: |error| ≤ k·ε·Σ|terms|.
             let tol = (k as f64) * f32::EPSILON as f64 * (k as f64 + 1.0);
-            for w in layouts(&w) {
-                let y = linear(x.view(), w.view(), None, Some(&bias), Epilogue::None);
-                let err = y
-                    .iter()
-                    .zip(want.iter())
-                    .fold(0.0f64, |e, (&a, &b)| e.max((a as f64 - b).abs()));
-                assert!(err <= tol, "{m}x{k}x{n} {:?}: {err} > {tol}", w.strides());
+            for isa in Isa::available() {
+                let token = isa.token().expect("available");
+                for w in layouts(&w) {
+                    let y = linear_on(token, x.view(), w.view(), None, Some(&bias), Epilogue::None);
+                    let err = y
+                        .iter()
+                        .zip(want.iter())
+                        .fold(0.0f64, |e, (&a, &b)| e.max((a as f64 - b).abs()));
+                    assert!(
+                        err <= tol,
+                        "{isa} {m}x{k}x{n} {:?}: {err} > {tol}",
+                        w.strides()
+                    );
+                }
             }
         }
     }
@@ -719,17 +739,29 @@ mod tests {
         }
         for m in [5, 200] {
             let (x, w, bias) = operands(m, 1536, 384);
-            for w in layouts(&w) {
-                let run = |threads: usize| {
-                    rayon::ThreadPoolBuilder::new()
-                        .num_threads(threads)
-                        .build()
-                        .unwrap()
-                        .install(|| linear(x.view(), w.view(), None, Some(&bias), Epilogue::None))
-                };
-                let one = run(1);
-                assert_eq!(run(2), one);
-                assert_eq!(run(3), one);
+            for isa in Isa::available() {
+                let token = isa.token().expect("available");
+                for w in layouts(&w) {
+                    let run = |threads: usize| {
+                        rayon::ThreadPoolBuilder::new()
+                            .num_threads(threads)
+                            .build()
+                            .unwrap()
+                            .install(|| {
+                                linear_on(
+                                    token,
+                                    x.view(),
+                                    w.view(),
+                                    None,
+                                    Some(&bias),
+                                    Epilogue::None,
+                                )
+                            })
+                    };
+                    let one = run(1);
+                    assert_eq!(run(2), one, "{isa}");
+                    assert_eq!(run(3), one, "{isa}");
+                }
             }
         }
     }
