@@ -16,6 +16,9 @@ use attend::nn::Linear;
 use attend::problem::Precision;
 use ndarray::Array2;
 
+mod timing;
+use timing::median;
+
 /// `(k, n)` of every product in one layer of each model: attention's Q/K/V (one
 /// product of three times the width), its output, the feed-forward up and down.
 const SHAPES: [(usize, usize); 8] = [
@@ -31,11 +34,6 @@ const SHAPES: [(usize, usize); 8] = [
 
 /// Token counts: one short text, a sentence, a batch of short ones, a long batch.
 const ROWS: [usize; 5] = [8, 64, 256, 1024, 4096];
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
-}
 
 /// A deterministic matrix of numbers in [-1, 1).
 fn filled(rows: usize, cols: usize, seed: usize) -> Array2<f32> {

@@ -19,15 +19,8 @@ use std::time::{Duration, Instant};
 use attend::models::{SentenceEncoder, Timings, TokenBatch};
 use ndarray::Array2;
 
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    let n = xs.len();
-    if n % 2 == 1 {
-        xs[n / 2]
-    } else {
-        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
-    }
-}
+mod timing;
+use timing::median;
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3

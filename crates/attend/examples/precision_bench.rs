@@ -17,6 +17,9 @@ use attend::attention::Precision;
 use attend::kernels::Isa;
 use attend::models::{SentenceEncoder, Timings};
 
+mod timing;
+use timing::median;
+
 /// A fixed batch of 32 sentences of 4 to 35 words.
 fn sentences() -> Vec<String> {
     const WORDS: [&str; 24] = [
@@ -48,16 +51,6 @@ fn rss_mib() -> Result<f64, Box<dyn std::error::Error>> {
         .ok_or("VmRSS without a value")?
         .parse()?;
     Ok(kib / 1024.0)
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    let n = xs.len();
-    if n % 2 == 1 {
-        xs[n / 2]
-    } else {
-        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
-    }
 }
 
 fn ms(d: Duration) -> f64 {

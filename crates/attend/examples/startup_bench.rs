@@ -14,10 +14,8 @@ use std::time::Instant;
 use attend::models::SentenceEncoder;
 use attend::problem::Precision;
 
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
-}
+mod timing;
+use timing::median;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -17,10 +17,8 @@ use attend::models::SentenceEncoder;
 use attend::problem::Precision;
 use rayon::prelude::*;
 
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
-}
+mod timing;
+use timing::median;
 
 /// Median seconds of `reps` calls of `f`.
 fn time(reps: usize, mut f: impl FnMut()) -> f64 {
