@@ -62,15 +62,13 @@ fn linear_bf16_on(
         lda: pairs(k),
         w,
     };
-    let mut y = Array2::<f32>::zeros((m, n));
     let problem = Problem {
         n,
         bias,
         epilogue,
         operands: &operands,
     };
-    problem.run(isa, &mut y, parallel);
-    y
+    problem.run(isa, m, parallel)
 }
 
 /// The rows of `x [m, k]` rounded to bf16, as pairs of adjacent columns
