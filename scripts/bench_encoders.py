@@ -9,6 +9,13 @@ median of several calls; the table shows the median over rounds and the ratio
 sentence-transformers / attend (above 1: attend is faster). The embeddings must agree
 first.
 
+sentence-transformers' own ONNX and OpenVINO backends (``backend="onnx"``,
+``"openvino"``) are timed too when they load. They need ``optimum[onnxruntime]`` /
+``optimum[openvino]``, which on 2026-11-25 (optimum-intel 1.27) require transformers
+4.x: installing them would replace the project's transformers 5.23, so the test
+environment leaves them out and the script prints why each backend did not load.
+scripts/bench-openvino times OpenVINO and ONNX Runtime directly instead.
+
   scripts/bench-encoders [--rounds N] [--reps N] [--threads N] MODEL_DIR...
 """
 
@@ -34,6 +41,9 @@ import attend  # noqa: E402
 # (test_families.py measures 4e-7 on all-mpnet-base-v2 against float64); a masking,
 # position or pooling mistake moves them by 1e-3 or more.
 EMBEDDING_TOLERANCE = 1e-5
+
+# sentence-transformers' other inference backends, timed when they load.
+BACKENDS = ("onnx", "openvino")
 
 
 def main() -> None:
@@ -67,7 +77,18 @@ def main() -> None:
 
         diff = float(np.abs(st_encode().astype(np.float64) - attend_encode().astype(np.float64)).max())
         assert diff <= EMBEDDING_TOLERANCE, f"{model_dir}: embeddings disagree by {diff:.3g}"
-        times = alternate({"sentence-transformers": st_encode, "attend": attend_encode}, args.rounds, args.reps)
+        sides = {"sentence-transformers": st_encode, "attend": attend_encode}
+        for backend in BACKENDS:
+            try:
+                other = SentenceTransformer(model_dir, device="cpu", backend=backend)
+            except Exception as e:  # a missing optimum raises ImportError, others vary
+                reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                print(f"  sentence-transformers backend={backend!r} did not load: {reason}")
+                continue
+            sides[f"sentence-transformers {backend}"] = (
+                lambda other=other: other.encode(SENTENCES, batch_size=32, convert_to_numpy=True)
+            )
+        times = alternate(sides, args.rounds, args.reps)
         rows.append((os.path.basename(os.path.normpath(model_dir)), times, diff))
         print(f"  {rows[-1][0]}: " + "; ".join(
             f"{name} " + " ".join(f"{v:.1f}" for v in values) for name, values in times.items()))
@@ -81,8 +102,11 @@ def main() -> None:
     print("\n| model | sentence-transformers median (ms) | attend median (ms) | ratio | max abs diff |")
     print("|---|---:|---:|---:|---:|")
     for name, times, diff in rows:
-        b, a = statistics.median(times["sentence-transformers"]), statistics.median(times["attend"])
-        print(f"| {name} | {b:.1f} | {a:.1f} | {b / a:.2f}x | {diff:.2g} |")
+        a = statistics.median(times["attend"])
+        for side in (s for s in times if s != "attend"):
+            b = statistics.median(times[side])
+            label = name + side.removeprefix("sentence-transformers").replace(" ", ", ", 1)
+            print(f"| {label} | {b:.1f} | {a:.1f} | {b / a:.2f}x | {diff:.2g} |")
 
 
 if __name__ == "__main__":
