@@ -64,21 +64,16 @@ impl LayerNorm {
                 )));
             }
         }
-        let (w, b) = (
-            self.weight.as_slice().expect("owned 1-D is contiguous"),
-            self.bias.as_slice().expect("owned 1-D is contiguous"),
-        );
-        let eps = self.eps;
         let run = |mut row: ndarray::ArrayViewMut1<'_, f32>,
                    res: Option<ndarray::ArrayView1<'_, f32>>| {
             if let Some(r) = res {
                 row += &r;
             }
             match row.as_slice_mut() {
-                Some(s) => normalise_row(s, w, b, eps),
+                Some(s) => self.normalise(s),
                 None => {
                     let mut tmp = row.to_vec();
-                    normalise_row(&mut tmp, w, b, eps);
+                    self.normalise(&mut tmp);
                     row.assign(&ndarray::ArrayView1::from(&tmp[..]));
                 }
             }
@@ -102,15 +97,18 @@ impl LayerNorm {
         }
         Ok(())
     }
-}
 
-impl LayerNorm {
     /// `row ← LayerNorm(row + residual)` for one row of the layer's width, as
     /// [`forward_inplace`](Self::forward_inplace) computes each row.
     pub(crate) fn add_and_normalise(&self, row: &mut [f32], residual: &[f32]) {
         for (v, r) in row.iter_mut().zip(residual) {
             *v += r;
         }
+        self.normalise(row);
+    }
+
+    /// Normalises one row of the layer's width in place.
+    fn normalise(&self, row: &mut [f32]) {
         let (w, b) = (
             self.weight.as_slice().expect("owned 1-D is contiguous"),
             self.bias.as_slice().expect("owned 1-D is contiguous"),

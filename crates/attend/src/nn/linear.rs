@@ -109,10 +109,9 @@ impl Linear {
 
     /// The same layer made ready for inference: on CPUs where `nn::matmul`'s
     /// kernel runs (AVX2 or AVX-512), it keeps a copy of the weight packed in that
-    /// kernel's layout
-    /// (each 16-output panel one sequential stream; twice the weight's memory),
-    /// else the weight is made [`column_major`](Self::column_major) for the `gemm`
-    /// crate. For weights loaded once and used many times. Changing `weight`
+    /// kernel's layout (each 16-output panel one sequential stream; twice the
+    /// weight's memory), else the weight is made [`column_major`](Self::column_major)
+    /// for the `gemm` crate. For weights loaded once and used many times. Changing `weight`
     /// afterwards is safe but slow: a packing that no longer matches is not used.
     pub fn for_inference(self) -> Self {
         self.for_inference_with(Precision::F32)

@@ -41,6 +41,9 @@ impl Epilogue<'_> {
         rows: std::ops::Range<usize>,
         columns: std::ops::Range<usize>,
     ) {
+        if matches!(self, Epilogue::None) {
+            return;
+        }
         for r in rows {
             // SAFETY: the caller's guarantees: row `r`'s columns are ours alone.
             let row = unsafe {

@@ -12,8 +12,8 @@
 //! short sentence the product is bound by reading the weights from memory, and a
 //! sequential stream reads fastest. Other layers pack per call, or, with few rows
 //! and a column-major weight, read it where it lies. The bias is the accumulators'
-//! starting point and the activation is applied to each block while it is still
-//! in cache.
+//! starting point, and an [`Epilogue`] (an activation, or the residual and a
+//! LayerNorm) is applied to each block while it is still in cache.
 //!
 //! Every path runs the same kernel in the same order of operations, and work is
 //! split into blocks of rows × panels that each compute their outputs whole, so a
