@@ -52,6 +52,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    attend::memory::keep_freed_memory();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err)

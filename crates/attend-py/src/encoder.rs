@@ -22,7 +22,9 @@ impl SentenceEncoder {
     /// Loads `config.json`, `model.safetensors`, `tokenizer.json` and the
     /// sentence-transformers module configs from `model_dir`, on `threads`
     /// threads, with the encoder's dense products in `precision` (`f32` or
-    /// `bf16`, as `attend embed --precision`).
+    /// `bf16`, as `attend embed --precision`). Like the `attend` command, it asks
+    /// the process's allocator to keep freed memory for reuse
+    /// (`attend::memory::keep_freed_memory`).
     #[new]
     #[pyo3(signature = (model_dir, precision = "f32", threads = 1))]
     fn new(py: Python<'_>, model_dir: PathBuf, precision: &str, threads: usize) -> PyResult<Self> {
@@ -30,6 +32,7 @@ impl SentenceEncoder {
             Dtype::F32 => Precision::F32,
             Dtype::Bf16 => Precision::Bf16,
         };
+        attend::memory::keep_freed_memory();
         let inner = pool::run(py, threads, || {
             attend::models::SentenceEncoder::load_with(&model_dir, precision)
         })?;

@@ -17,6 +17,7 @@ pub(crate) mod isa;
 pub mod kernels;
 pub mod kv_cache;
 pub mod limits;
+pub mod memory;
 pub mod models;
 pub mod nn;
 pub mod optim;
