@@ -21,6 +21,8 @@ fn ms(d: Duration) -> f64 {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // As the attend command runs the encoders.
+    attend::memory::keep_freed_memory();
     let args: Vec<String> = std::env::args().collect();
     if args.len() != 4 {
         return Err("usage: bert_bench MODEL_DIR TEXTS.json REPS".into());

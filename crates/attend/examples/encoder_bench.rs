@@ -33,6 +33,8 @@ struct Ids {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // As the attend command runs the encoders.
+    attend::memory::keep_freed_memory();
     let args: Vec<String> = std::env::args().collect();
     if !(4..=5).contains(&args.len()) {
         return Err("usage: encoder_bench MODEL_DIR IDS.json REPS [OUT.npy]".into());

@@ -58,6 +58,8 @@ fn ms(d: Duration) -> f64 {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // As the attend command runs the encoders.
+    attend::memory::keep_freed_memory();
     let args: Vec<String> = std::env::args().collect();
     if args.len() != 4 {
         return Err("usage: precision_bench MODEL_DIR f32|bf16 REPS".into());

@@ -51,6 +51,8 @@ fn read_all(data: &[f32]) -> f32 {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // As the attend command runs the encoders.
+    attend::memory::keep_freed_memory();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(dir) = args.first() else {
         return Err("usage: stream_bench MODEL_DIR [REPS]".into());

@@ -484,15 +484,17 @@ impl BertModel {
             if packed {
                 return x.into_shape_with_order((b, t, w)).expect("n = B·T");
             }
-            let mut out = Array3::zeros((b, t, w));
+            // Each sequence's rows, then zeros for its padding (attention reads the
+            // padding keys' values, masked, and 0 · NaN would be NaN).
             let src = x.as_slice().expect("Linear returns row-major arrays");
-            let dst = out.as_slice_mut().expect("fresh arrays are row-major");
+            let mut out = Vec::with_capacity(b * t * w);
             let mut r = 0;
-            for (bi, &len) in batch.lengths.iter().enumerate() {
-                dst[bi * t * w..(bi * t + len) * w].copy_from_slice(&src[r * w..(r + len) * w]);
+            for &len in &batch.lengths {
+                out.extend_from_slice(&src[r * w..(r + len) * w]);
+                out.resize(out.len() + (t - len) * w, 0.0);
                 r += len;
             }
-            out
+            Array3::from_shape_vec((b, t, w), out).expect("B·T rows of w")
         };
         let mut h = self.embed_rows(batch, &rows)?;
         clock.lap(&mut timings.other);
@@ -512,15 +514,14 @@ impl BertModel {
             // [B, H, T, dh] → packed rows [n, H·dh].
             let ctx = ctx.as_standard_layout();
             let src = ctx.as_slice().expect("standard layout");
-            let mut merged = Array2::zeros((rows.len(), d));
-            let dst = merged.as_slice_mut().expect("fresh arrays are row-major");
-            for (r, &(bi, ti)) in rows.iter().enumerate() {
+            let mut merged = Vec::with_capacity(rows.len() * d);
+            for &(bi, ti) in &rows {
                 for hi in 0..heads {
                     let from = ((bi * heads + hi) * t + ti) * dh;
-                    dst[r * d + hi * dh..r * d + (hi + 1) * dh]
-                        .copy_from_slice(&src[from..from + dh]);
+                    merged.extend_from_slice(&src[from..from + dh]);
                 }
             }
+            let merged = Array2::from_shape_vec((rows.len(), d), merged).expect("n rows of d");
             clock.lap(&mut timings.other);
             let out_proj = m.out_proj.as_ref().ok_or_else(no_out_proj)?;
             let a =

@@ -17,6 +17,8 @@
 //! activation and the split into blocks are the f32 product's, so a row's result
 //! depends neither on the batch nor on the thread count.
 
+use std::mem::MaybeUninit;
+
 use ndarray::{Array2, ArrayView2};
 use rayon::prelude::*;
 
@@ -78,32 +80,36 @@ fn linear_bf16_on(
 fn pack_rows(isa: IsaToken, x: ArrayView2<'_, f32>, parallel: bool) -> Vec<u32> {
     let (m, k) = x.dim();
     let kp = pairs(k);
-    let mut out = vec![0u32; m * kp];
-    let pack = |(i, dst): (usize, &mut [u32])| {
+    // Written once, not zeroed first: every pair of every row is set below.
+    let mut out = Vec::with_capacity(m * kp);
+    let pack = |(i, dst): (usize, &mut [MaybeUninit<u32>])| {
         let row = x.row(i);
         match row.as_slice() {
             Some(src) => dispatch(isa, Scalar(|| pack_row(src, dst))),
             None => pack_row(&row.to_vec(), dst),
         }
     };
+    let rows = &mut out.spare_capacity_mut()[..m * kp];
     if parallel {
-        out.par_chunks_mut(kp).enumerate().for_each(pack);
+        rows.par_chunks_mut(kp).enumerate().for_each(pack);
     } else {
-        out.chunks_mut(kp).enumerate().for_each(pack);
+        rows.chunks_mut(kp).enumerate().for_each(pack);
     }
+    // SAFETY: `pack_row` wrote all `kp` pairs of each of the `m` rows.
+    unsafe { out.set_len(m * kp) };
     out
 }
 
 /// `src` rounded to bf16 as pairs of adjacent numbers (a last odd one paired
-/// with zero).
+/// with zero), written to all `src.len().div_ceil(2)` entries of `dst`.
 #[inline(always)]
-fn pack_row(src: &[f32], dst: &mut [u32]) {
+fn pack_row(src: &[f32], dst: &mut [MaybeUninit<u32>]) {
     let (whole, tail) = src.split_at(src.len() & !1);
     for (d, s) in dst.iter_mut().zip(whole.chunks_exact(2)) {
-        *d = pair(s[0], s[1]);
+        d.write(pair(s[0], s[1]));
     }
     if let [last] = tail {
-        dst[whole.len() / 2] = pair(*last, 0.0);
+        dst[whole.len() / 2].write(pair(*last, 0.0));
     }
 }
 
