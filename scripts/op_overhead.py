@@ -7,10 +7,12 @@ turns sample by sample (so that other load on the machine falls on all of them
 alike), and each figure is the median of a path's samples, in microseconds per
 call. The paths:
 
-  kernel    attend._attend.sdpa_forward on NumPy views made once: the compiled half
-            alone (it still hands the work to attend's thread pool and back)
+  kernel    attend._attend.sdpa_forward_tensors, what the op's CPU kernel calls: the
+            compiled half alone (the tensors read through DLPack, the shape rules,
+            the hand-over to attend's thread pool and back, the results made tensors)
+  numpy     attend._attend.sdpa_forward on NumPy views made once (attend's NumPy path)
   op        torch.ops.attend.scaled_dot_product_attention: the dispatcher, the op's
-            autograd and CPU kernels, the tensors' NumPy views, the kernel
+            autograd kernel, its CPU kernel, the kernel
   op+grad   the same with inputs that require grad (the op records its backward)
   public    attend.scaled_dot_product_attention: argument checks, then the op
   torch     torch.nn.functional.scaled_dot_product_attention
@@ -55,7 +57,8 @@ def paths(shape):
     attend_compiled = torch.compile(lambda q, k, v: attend.scaled_dot_product_attention(q, k, v), fullgraph=True)
     torch_compiled = torch.compile(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), fullgraph=True)
     return {
-        "kernel": lambda: _attend.sdpa_forward(views, None, options, threads),
+        "kernel": lambda: _attend.sdpa_forward_tensors(q, k, v, None, 0.0, False, None, False, None, threads),
+        "numpy": lambda: _attend.sdpa_forward(views, None, options, threads),
         "op": lambda: op(q, k, v, None, 0.0, False, None, False, None),
         "op+grad": lambda: op(*leaves, None, 0.0, False, None, False, None),
         "public": lambda: attend.scaled_dot_product_attention(q, k, v),

@@ -12,6 +12,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 
 static VALUE_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static TYPE_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
 /// `attend::Error` → `AttendValueError` (shapes, values, malformed files, an
 /// instruction set or kernel that cannot run the call) or `OSError` (a file that
@@ -30,10 +31,17 @@ pub fn to_py(err: attend::Error) -> PyErr {
 
 /// An `attend.AttendValueError` with `message`.
 pub fn value_error(message: String) -> PyErr {
-    Python::attach(
-        |py| match VALUE_ERROR.import(py, "attend._errors", "AttendValueError") {
-            Ok(class) => PyErr::from_type(class.clone(), message),
-            Err(import) => import,
-        },
-    )
+    attend_error(&VALUE_ERROR, "AttendValueError", message)
+}
+
+/// An `attend.AttendTypeError` (both `TypeError` and `RuntimeError`) with `message`.
+pub fn type_error(message: String) -> PyErr {
+    attend_error(&TYPE_ERROR, "AttendTypeError", message)
+}
+
+fn attend_error(class: &PyOnceLock<Py<PyType>>, name: &str, message: String) -> PyErr {
+    Python::attach(|py| match class.import(py, "attend._errors", name) {
+        Ok(class) => PyErr::from_type(class.clone(), message),
+        Err(import) => import,
+    })
 }

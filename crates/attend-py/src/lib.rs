@@ -5,6 +5,7 @@
 //! into Python exceptions. The Python half (`python/attend/`) gives these functions
 //! PyTorch's and sentence-transformers' signatures; nothing is implemented twice.
 
+mod dlpack;
 mod encoder;
 mod errors;
 mod explain;
@@ -20,11 +21,8 @@ fn _attend(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<sdpa::Options>()?;
     m.add_function(wrap_pyfunction!(sdpa::sdpa_shapes, m)?)?;
     m.add_function(wrap_pyfunction!(sdpa::sdpa_forward, m)?)?;
-    m.add_function(wrap_pyfunction!(sdpa::sdpa_backward, m)?)?;
-    m.add_function(wrap_pyfunction!(sdpa::sdpa_forward_bf16, m)?)?;
-    m.add_function(wrap_pyfunction!(sdpa::sdpa_backward_bf16, m)?)?;
-    m.add_function(wrap_pyfunction!(sdpa::sdpa_forward_f64, m)?)?;
-    m.add_function(wrap_pyfunction!(sdpa::sdpa_backward_f64, m)?)?;
+    m.add_function(wrap_pyfunction!(sdpa::sdpa_forward_tensors, m)?)?;
+    m.add_function(wrap_pyfunction!(sdpa::sdpa_backward_tensors, m)?)?;
     m.add_function(wrap_pyfunction!(pool::isa, m)?)?;
     m.add_function(wrap_pyfunction!(explain::explain_experiment, m)?)?;
     m.add_function(wrap_pyfunction!(explain::explain_model, m)?)?;

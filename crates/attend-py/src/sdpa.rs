@@ -1,16 +1,17 @@
-//! `scaled_dot_product_attention`'s forward and backward on NumPy views, in
-//! float32, bfloat16 and float64.
+//! `scaled_dot_product_attention`'s forward and backward in float32, bfloat16 and
+//! float64: on torch tensors, as the CPU kernels of `torch.ops.attend.*`, and on
+//! float32 NumPy arrays, for NumPy callers.
 //!
-//! The arrays come as the caller gave them, of any rank ≥ 2 and any strides; a
+//! The inputs come as the caller gave them, of any rank ≥ 2 and any strides; a
 //! [`Layout`] applies PyTorch's shape rules and hands the kernels rank-4 views of
 //! the same memory (`[B, T, H, D] → [B, H, T, D]` transposes and broadcast axes
 //! included), and [`sdpa_shapes`] answers the same rules for shapes alone, which is
 //! what PyTorch's fake tensors need.
 //!
-//! bfloat16 tensors cross as their 16-bit patterns (`t.view(torch.int16).numpy()`:
-//! NumPy has no bfloat16) and are read here, in place, as [`bf16`]; results go back
-//! the same way and Python views them as `torch.bfloat16`. float64 runs the f64
-//! reference (every score materialised, one thread: correct, and slow).
+//! Tensors cross through DLPack ([`crate::dlpack`]), bfloat16 read in place as
+//! [`bf16`]; float16 is widened by the Python half first (the kernels have no float16
+//! loads). float64 runs the f64 reference (every score materialised, one thread:
+//! correct, and slow).
 
 use attend::attention::{
     attention_backward_with, attention_train, attention_with, AttentionOptions, BackwardConfig,
@@ -19,28 +20,32 @@ use attend::attention::{
 use attend::element::{bf16, to_f32};
 use attend::grad::Scalar;
 use attend::{Error, Result};
-use ndarray::{Array, ArrayD, ArrayView4, ArrayViewD, CowArray, Dimension, Ix4};
+use ndarray::{Array, ArrayD, ArrayViewD, CowArray, Dimension, Ix4};
 use numpy::{IntoPyArray, PyArrayDyn, PyReadonlyArrayDyn};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 use pyo3::IntoPyObjectExt;
 
-use crate::errors::to_py;
+use crate::dlpack::{into_tensor, Element, Tensor, F16};
+use crate::errors::{to_py, type_error};
 use crate::pool;
 use crate::shapes::{Input, Layout, Source};
 
-/// An array handed back to Python.
+/// An array handed back to NumPy.
 type Out<'py, T> = Bound<'py, PyArrayDyn<T>>;
 
-/// `(query, key, value)` as NumPy arrays of one element type: `f32`, `f64`, or `i16`
-/// holding bfloat16 bits.
-type Qkv<'py, N> = (
-    PyReadonlyArrayDyn<'py, N>,
-    PyReadonlyArrayDyn<'py, N>,
-    PyReadonlyArrayDyn<'py, N>,
+/// `(query, key, value)` as float32 NumPy arrays.
+type Qkv<'py> = (
+    PyReadonlyArrayDyn<'py, f32>,
+    PyReadonlyArrayDyn<'py, f32>,
+    PyReadonlyArrayDyn<'py, f32>,
 );
 
-/// `attn_mask`: boolean (true = attend) or additive, broadcastable to `[..., L, S]`.
+/// `(query, key, value)`, borrowed.
+type Views<'a, 'b, T> = [&'a ArrayViewD<'b, T>; 3];
+
+/// `attn_mask` as a NumPy array: boolean (true = attend) or additive, broadcastable
+/// to `[..., L, S]`.
 #[derive(FromPyObject)]
 pub enum Mask<'py> {
     /// `true` = attend.
@@ -74,8 +79,9 @@ impl MaskView<'_> {
 }
 
 /// Everything about a call but its tensors, as `scaled_dot_product_attention` takes
-/// it (Python keeps one for each set of options it meets). The constructor refuses a
-/// dropout probability outside `[0, 1)`; the shape rules refuse the rest.
+/// it (a Python object for the shape rules and NumPy calls; the operators' kernels
+/// make theirs from the schema's arguments). The constructor refuses a dropout
+/// probability outside `[0, 1)`; the shape rules refuse the rest.
 #[pyclass(frozen, module = "attend._attend")]
 pub struct Options {
     causal: bool,
@@ -98,6 +104,19 @@ impl Options {
         enable_gqa: bool,
         seed: u64,
     ) -> PyResult<Self> {
+        Options::of(is_causal, scale, dropout_p, enable_gqa, seed)
+    }
+}
+
+impl Options {
+    /// The options of a call, or the error for its dropout probability.
+    fn of(
+        is_causal: bool,
+        scale: Option<f64>,
+        dropout_p: f64,
+        enable_gqa: bool,
+        seed: u64,
+    ) -> PyResult<Self> {
         let dropout = match dropout_p {
             0.0 => None,
             p => Some(Dropout::new(p as f32, seed).map_err(to_py)?),
@@ -109,9 +128,7 @@ impl Options {
             enable_gqa,
         })
     }
-}
 
-impl Options {
     /// The layout of a call with these shapes, or the error the call would raise.
     fn layout(
         &self,
@@ -182,13 +199,13 @@ impl<'a, T: Clone> Call<'a, T> {
 
     /// The forward's `out` and `lse` as the caller sees them, `[..., L, Ev]` and
     /// `[..., L]` (an empty output computes nothing).
-    fn forward<U: Clone + num_traits::Zero, V: Clone + num_traits::Zero>(
+    fn forward<U: Clone + Default, V: Clone + Default>(
         &self,
         compute: impl FnOnce(&Self) -> Result<(ndarray::Array4<U>, ndarray::Array3<V>)>,
     ) -> Result<(ArrayD<U>, ArrayD<V>)> {
         let (out_shape, lse_shape) = (self.layout.out_shape(), self.layout.lse_shape());
         if self.layout.is_empty() {
-            return Ok((ArrayD::zeros(out_shape), ArrayD::zeros(lse_shape)));
+            return Ok((ArrayD::default(out_shape), ArrayD::default(lse_shape)));
         }
         let (out, lse) = compute(self)?;
         Ok((reshape(out, out_shape)?, reshape(lse, lse_shape)?))
@@ -275,86 +292,66 @@ pub fn sdpa_shapes<'py>(
     )
 }
 
-/// Attention forward on float32 arrays: `(out [..., L, Ev], lse [..., L])`.
-#[pyfunction]
-pub fn sdpa_forward<'py>(
-    py: Python<'py>,
-    inputs: Qkv<'py, f32>,
-    mask: Option<Mask<'py>>,
-    options: PyRef<'py, Options>,
+/// float32 attention forward: `(out [..., L, Ev], lse [..., L])`.
+fn forward_f32(
+    py: Python<'_>,
+    qkv: Views<'_, '_, f32>,
+    mask: Option<&MaskView<'_>>,
+    options: &Options,
     threads: usize,
-) -> PyResult<(Out<'py, f32>, Out<'py, f32>)> {
-    let [q, k, v] = [&inputs.0, &inputs.1, &inputs.2].map(|a| a.as_array());
-    let mask = mask.as_ref().map(Mask::view);
-    let call = Call::new([&q, &k, &v], mask.as_ref(), &options).map_err(to_py)?;
+) -> PyResult<(ArrayD<f32>, ArrayD<f32>)> {
+    let call = Call::new(qkv, mask, options).map_err(to_py)?;
     let scale = options.scale.map(|s| s as f32);
     let dropout = options.dropout;
-    let (out, lse) = pool::run(py, threads, || {
+    pool::run(py, threads, || {
         call.forward(|c| {
             let opts = c.options(scale);
             attention_train(c.q.view(), c.k.view(), c.v.view(), &opts, dropout.as_ref())
         })
-    })?;
-    Ok((out.into_pyarray(py), lse.into_pyarray(py)))
+    })
 }
 
-/// Attention backward on float32 arrays: `(dq, dk, dv)` shaped like `q`, `k`, `v`
-/// (summed over the axes they were broadcast along), from the forward's `out` and
-/// `lse` and the output gradient `dout`.
-#[pyfunction]
-pub fn sdpa_backward<'py>(
-    py: Python<'py>,
-    inputs: Qkv<'py, f32>,
-    mask: Option<Mask<'py>>,
-    saved: (PyReadonlyArrayDyn<'py, f32>, PyReadonlyArrayDyn<'py, f32>),
-    dout: PyReadonlyArrayDyn<'py, f32>,
-    options: PyRef<'py, Options>,
+/// What the backward reads besides the inputs: the forward's `out` and `lse`, and
+/// the output gradient `dout`.
+type Saved<'a, 'b, T, L> = (
+    &'a ArrayViewD<'b, T>,
+    &'a ArrayViewD<'b, L>,
+    &'a ArrayViewD<'b, T>,
+);
+
+/// float32 attention backward: `(dq, dk, dv)` shaped like `q`, `k`, `v` (summed
+/// over the axes they were broadcast along).
+fn backward_f32(
+    py: Python<'_>,
+    qkv: Views<'_, '_, f32>,
+    mask: Option<&MaskView<'_>>,
+    (out, lse, dout): Saved<'_, '_, f32, f32>,
+    options: &Options,
     threads: usize,
-) -> PyResult<(Out<'py, f32>, Out<'py, f32>, Out<'py, f32>)> {
-    let [q, k, v] = [&inputs.0, &inputs.1, &inputs.2].map(|a| a.as_array());
-    let mask = mask.as_ref().map(Mask::view);
-    let call = Call::new([&q, &k, &v], mask.as_ref(), &options).map_err(to_py)?;
-    let (out, lse, dout) = (saved.0.as_array(), saved.1.as_array(), dout.as_array());
+) -> PyResult<[ArrayD<f32>; 3]> {
+    let call = Call::new(qkv, mask, options).map_err(to_py)?;
     let config = BackwardConfig {
         dropout: options.dropout,
         ..Default::default()
     };
     let scale = options.scale.map(|s| s as f32);
-    let grads = pool::run(py, threads, || {
-        call.gradients([q.shape(), k.shape(), v.shape()], || {
+    pool::run(py, threads, || {
+        call.gradients(qkv.map(|a| a.shape()), || {
             let l = &call.layout;
-            let (out, lse, dout) = (l.output(&out)?, l.lse(&lse)?, l.output(&dout)?);
-            let (q, k, v) = (call.q.view(), call.k.view(), call.v.view());
-            let opts = call.options(scale);
+            let (out, lse, dout) = (l.output(out)?, l.lse(lse)?, l.output(dout)?);
             let g = attention_backward_with(
-                q,
-                k,
-                v,
+                call.q.view(),
+                call.k.view(),
+                call.v.view(),
                 out.view(),
                 lse.view(),
                 dout.view(),
-                &opts,
+                &call.options(scale),
                 &config,
             )?;
             Ok([g.dq, g.dk, g.dv])
         })
-    })?;
-    let [dq, dk, dv] = grads.map(|g| g.into_pyarray(py));
-    Ok((dq, dk, dv))
-}
-
-/// The bfloat16 bit patterns of a NumPy `int16` view, read in place as [`bf16`].
-fn as_bf16<'a>(bits: ArrayView4<'a, i16>) -> ArrayView4<'a, bf16> {
-    let raw = bits.raw_view().cast::<bf16>();
-    // SAFETY: `bf16` is `#[repr(transparent)]` over `u16`, so it has `i16`'s size
-    // and alignment and every bit pattern is a valid `bf16`; the raw view keeps the
-    // shape and strides of a valid view whose memory stays borrowed for `'a`.
-    unsafe { raw.deref_into_view() }
-}
-
-/// `a` as bfloat16 bit patterns, for Python to view as `torch.bfloat16`.
-fn bf16_bits<D: Dimension>(a: &Array<bf16, D>) -> Array<i16, D> {
-    a.mapv(|x| x.to_bits() as i16)
+    })
 }
 
 /// The bf16 forms refuse dropout: the library's dropout runs in f32 only.
@@ -367,55 +364,45 @@ fn no_dropout(options: &Options) -> PyResult<()> {
     Ok(())
 }
 
-/// Attention forward on bfloat16 arrays (bf16 products, f32 accumulation):
-/// `(out, lse)`, `out [..., L, Ev]` as bfloat16 bits and `lse [..., L]` in f32.
-#[pyfunction]
-pub fn sdpa_forward_bf16<'py>(
-    py: Python<'py>,
-    inputs: Qkv<'py, i16>,
-    mask: Option<Mask<'py>>,
-    options: PyRef<'py, Options>,
+/// bfloat16 attention forward (bf16 products, f32 accumulation): `out` in bf16,
+/// `lse` in f32.
+fn forward_bf16(
+    py: Python<'_>,
+    qkv: Views<'_, '_, bf16>,
+    mask: Option<&MaskView<'_>>,
+    options: &Options,
     threads: usize,
-) -> PyResult<(Out<'py, i16>, Out<'py, f32>)> {
-    no_dropout(&options)?;
-    let [q, k, v] = [&inputs.0, &inputs.1, &inputs.2].map(|a| a.as_array());
-    let mask = mask.as_ref().map(Mask::view);
-    let call = Call::new([&q, &k, &v], mask.as_ref(), &options).map_err(to_py)?;
+) -> PyResult<(ArrayD<bf16>, ArrayD<f32>)> {
+    no_dropout(options)?;
+    let call = Call::new(qkv, mask, options).map_err(to_py)?;
     let scale = options.scale.map(|s| s as f32);
-    let (out, lse) = pool::run(py, threads, || {
+    pool::run(py, threads, || {
         call.forward(|c| {
-            let [q, k, v] = [&c.q, &c.k, &c.v].map(|a| as_bf16(a.view()));
-            let (out, lse) = attention_with(q, k, v, &c.options(scale), &Config::default())?;
-            Ok((bf16_bits(&out), lse))
+            let (q, k, v) = (c.q.view(), c.k.view(), c.v.view());
+            attention_with(q, k, v, &c.options(scale), &Config::default())
         })
-    })?;
-    Ok((out.into_pyarray(py), lse.into_pyarray(py)))
+    })
 }
 
-/// Attention backward on bfloat16 arrays: the f32 backward of the bf16 values
-/// (widened exactly; the library has no bf16 backward yet), the gradients summed
-/// over broadcast axes in f32, then rounded to bf16 and returned as bit patterns.
-#[pyfunction]
-pub fn sdpa_backward_bf16<'py>(
-    py: Python<'py>,
-    inputs: Qkv<'py, i16>,
-    mask: Option<Mask<'py>>,
-    saved: (PyReadonlyArrayDyn<'py, i16>, PyReadonlyArrayDyn<'py, f32>),
-    dout: PyReadonlyArrayDyn<'py, i16>,
-    options: PyRef<'py, Options>,
+/// bfloat16 attention backward: the f32 backward of the bf16 values (widened
+/// exactly; the library has no bf16 backward yet), the gradients summed over
+/// broadcast axes in f32, then rounded to bf16.
+fn backward_bf16(
+    py: Python<'_>,
+    qkv: Views<'_, '_, bf16>,
+    mask: Option<&MaskView<'_>>,
+    (out, lse, dout): Saved<'_, '_, bf16, f32>,
+    options: &Options,
     threads: usize,
-) -> PyResult<(Out<'py, i16>, Out<'py, i16>, Out<'py, i16>)> {
-    no_dropout(&options)?;
-    let [q, k, v] = [&inputs.0, &inputs.1, &inputs.2].map(|a| a.as_array());
-    let mask = mask.as_ref().map(Mask::view);
-    let call = Call::new([&q, &k, &v], mask.as_ref(), &options).map_err(to_py)?;
-    let (out, lse, dout) = (saved.0.as_array(), saved.1.as_array(), dout.as_array());
+) -> PyResult<[ArrayD<bf16>; 3]> {
+    no_dropout(options)?;
+    let call = Call::new(qkv, mask, options).map_err(to_py)?;
     let scale = options.scale.map(|s| s as f32);
-    let grads = pool::run(py, threads, || {
-        call.gradients([q.shape(), k.shape(), v.shape()], || {
+    pool::run(py, threads, || {
+        let grads = call.gradients(qkv.map(|a| a.shape()), || {
             let l = &call.layout;
-            let (out, lse, dout) = (l.output(&out)?, l.lse(&lse)?, l.output(&dout)?);
-            let widen = |a: &CowArray<'_, i16, Ix4>| to_f32(as_bf16(a.view()));
+            let (out, lse, dout) = (l.output(out)?, l.lse(lse)?, l.output(dout)?);
+            let widen = |a: &CowArray<'_, bf16, Ix4>| to_f32(a.view());
             let [q, k, v, out, dout] = [&call.q, &call.k, &call.v, &out, &dout].map(widen);
             let g = attention_backward_with(
                 q.view(),
@@ -428,10 +415,9 @@ pub fn sdpa_backward_bf16<'py>(
                 &BackwardConfig::default(),
             )?;
             Ok([g.dq, g.dk, g.dv])
-        })
-    })?;
-    let [dq, dk, dv] = grads.map(|g| bf16_bits(&g.mapv(bf16::from_f32)).into_pyarray(py));
-    Ok((dq, dk, dv))
+        })?;
+        Ok(grads.map(|g| g.mapv(bf16::from_f32)))
+    })
 }
 
 /// The f64 scale of a call: PyTorch's, `1/√E` computed in f64 by default. The
@@ -441,51 +427,41 @@ fn f64_scale(call: &Call<'_, f64>, options: &Options) -> PyResult<f64> {
     call.layout.dims.scale(options.scale).map_err(to_py)
 }
 
-/// Attention forward on float64 arrays by the f64 reference:
-/// `(out [..., L, Ev], lse [..., L])`, both f64.
-#[pyfunction]
-pub fn sdpa_forward_f64<'py>(
-    py: Python<'py>,
-    inputs: Qkv<'py, f64>,
-    mask: Option<Mask<'py>>,
-    options: PyRef<'py, Options>,
+/// float64 attention forward by the f64 reference: `out` and `lse` in f64.
+fn forward_f64(
+    py: Python<'_>,
+    qkv: Views<'_, '_, f64>,
+    mask: Option<&MaskView<'_>>,
+    options: &Options,
     threads: usize,
-) -> PyResult<(Out<'py, f64>, Out<'py, f64>)> {
-    let [q, k, v] = [&inputs.0, &inputs.1, &inputs.2].map(|a| a.as_array());
-    let mask = mask.as_ref().map(Mask::view);
-    let call = Call::new([&q, &k, &v], mask.as_ref(), &options).map_err(to_py)?;
-    let (dropout, scale) = (options.dropout, f64_scale(&call, &options)?);
-    let (out, lse) = pool::run(py, threads, || {
+) -> PyResult<(ArrayD<f64>, ArrayD<f64>)> {
+    let call = Call::new(qkv, mask, options).map_err(to_py)?;
+    let (dropout, scale) = (options.dropout, f64_scale(&call, options)?);
+    pool::run(py, threads, || {
         call.forward(|c| {
             let q = c.q.mapv(|x| x * scale);
             let opts = c.options(Some(1.0));
             f64::attention_forward(q.view(), c.k.view(), c.v.view(), &opts, dropout.as_ref())
         })
-    })?;
-    Ok((out.into_pyarray(py), lse.into_pyarray(py)))
+    })
 }
 
-/// Attention backward on float64 arrays by the f64 reference (which recomputes
-/// the probabilities, so `lse` is not read): `(dq, dk, dv)` shaped like `q`, `k`, `v`.
-#[pyfunction]
-pub fn sdpa_backward_f64<'py>(
-    py: Python<'py>,
-    inputs: Qkv<'py, f64>,
-    mask: Option<Mask<'py>>,
-    saved: (PyReadonlyArrayDyn<'py, f64>, PyReadonlyArrayDyn<'py, f64>),
-    dout: PyReadonlyArrayDyn<'py, f64>,
-    options: PyRef<'py, Options>,
+/// float64 attention backward by the f64 reference (which recomputes the
+/// probabilities, so `lse` is not read).
+fn backward_f64(
+    py: Python<'_>,
+    qkv: Views<'_, '_, f64>,
+    mask: Option<&MaskView<'_>>,
+    (out, lse, dout): Saved<'_, '_, f64, f64>,
+    options: &Options,
     threads: usize,
-) -> PyResult<(Out<'py, f64>, Out<'py, f64>, Out<'py, f64>)> {
-    let [q, k, v] = [&inputs.0, &inputs.1, &inputs.2].map(|a| a.as_array());
-    let mask = mask.as_ref().map(Mask::view);
-    let call = Call::new([&q, &k, &v], mask.as_ref(), &options).map_err(to_py)?;
-    let (out, lse, dout) = (saved.0.as_array(), saved.1.as_array(), dout.as_array());
-    let (dropout, scale) = (options.dropout, f64_scale(&call, &options)?);
-    let grads = pool::run(py, threads, || {
-        call.gradients([q.shape(), k.shape(), v.shape()], || {
+) -> PyResult<[ArrayD<f64>; 3]> {
+    let call = Call::new(qkv, mask, options).map_err(to_py)?;
+    let (dropout, scale) = (options.dropout, f64_scale(&call, options)?);
+    pool::run(py, threads, || {
+        call.gradients(qkv.map(|a| a.shape()), || {
             let l = &call.layout;
-            let (out, lse, dout) = (l.output(&out)?, l.lse(&lse)?, l.output(&dout)?);
+            let (out, lse, dout) = (l.output(out)?, l.lse(lse)?, l.output(dout)?);
             let q = call.q.mapv(|x| x * scale);
             let opts = call.options(Some(1.0));
             let (dq, dk, dv) = f64::attention_backward(
@@ -501,7 +477,194 @@ pub fn sdpa_backward_f64<'py>(
             // d(q·s)/dq = s; dk already holds the scale through q·s.
             Ok([dq * scale, dk, dv])
         })
-    })?;
-    let [dq, dk, dv] = grads.map(|g| g.into_pyarray(py));
-    Ok((dq, dk, dv))
+    })
+}
+
+/// Attention forward on float32 NumPy arrays (any rank, any strides):
+/// `(out [..., L, Ev], lse [..., L])`.
+#[pyfunction]
+pub fn sdpa_forward<'py>(
+    py: Python<'py>,
+    inputs: Qkv<'py>,
+    mask: Option<Mask<'py>>,
+    options: PyRef<'py, Options>,
+    threads: usize,
+) -> PyResult<(Out<'py, f32>, Out<'py, f32>)> {
+    let [q, k, v] = [&inputs.0, &inputs.1, &inputs.2].map(|a| a.as_array());
+    let mask = mask.as_ref().map(Mask::view);
+    let (out, lse) = forward_f32(py, [&q, &k, &v], mask.as_ref(), &options, threads)?;
+    Ok((out.into_pyarray(py), lse.into_pyarray(py)))
+}
+
+/// The options of an operator call, as its schema passes them; `seed` is an
+/// integer scalar tensor, or `None` without dropout.
+fn op_options(
+    dropout_p: f64,
+    is_causal: bool,
+    scale: Option<f64>,
+    enable_gqa: bool,
+    seed: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Options> {
+    let seed = seed.map(|s| s.extract::<u64>()).transpose()?.unwrap_or(0);
+    Options::of(is_causal, scale, dropout_p, enable_gqa, seed)
+}
+
+/// `query`, `key` and `value` read as `T`, or the `TypeError` naming the one that is not.
+fn views<'a, T: Element>([q, k, v]: &[Tensor<'a>; 3]) -> PyResult<[ArrayViewD<'a, T>; 3]> {
+    Ok([q.view()?, k.view()?, v.view()?])
+}
+
+/// A tensor mask as the kernels take it: boolean or float32 (`attend.ops` converts
+/// the other dtypes first).
+fn tensor_mask<'a>(mask: Option<&Tensor<'a>>) -> PyResult<Option<MaskView<'a>>> {
+    let Some(m) = mask else {
+        return Ok(None);
+    };
+    match m.dtype() {
+        d if d == bool::DTYPE => Ok(Some(MaskView::Bool(m.view()?))),
+        d if d == f32::DTYPE => Ok(Some(MaskView::Bias(m.view()?))),
+        d => Err(type_error(format!(
+            "attn_mask must be torch.bool or torch.float32 here, got {}",
+            d.name()
+        ))),
+    }
+}
+
+/// The error for a query of a dtype the kernels do not read.
+fn unsupported(query: &Tensor<'_>) -> PyErr {
+    let hint = if query.dtype() == F16 {
+        " (attend.ops widens torch.float16 to torch.float32 first)"
+    } else {
+        ""
+    };
+    type_error(format!(
+        "query must be torch.float32, torch.bfloat16 or torch.float64{hint}, got {}",
+        query.dtype().name()
+    ))
+}
+
+/// The CPU kernel of `torch.ops.attend.scaled_dot_product_attention`, on torch
+/// tensors of any rank and strides, read in place: `(out [..., L, Ev], lse [..., L])`
+/// as new tensors, `out` in the query's dtype and `lse` in float32 (float64 for
+/// float64 inputs).
+#[pyfunction]
+#[pyo3(signature = (query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed, threads))]
+#[allow(clippy::too_many_arguments)] // the operator's schema, then the thread count
+pub fn sdpa_forward_tensors<'py>(
+    py: Python<'py>,
+    query: &Bound<'py, PyAny>,
+    key: &Bound<'py, PyAny>,
+    value: &Bound<'py, PyAny>,
+    attn_mask: Option<&Bound<'py, PyAny>>,
+    dropout_p: f64,
+    is_causal: bool,
+    scale: Option<f64>,
+    enable_gqa: bool,
+    seed: Option<&Bound<'py, PyAny>>,
+    threads: usize,
+) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+    let options = op_options(dropout_p, is_causal, scale, enable_gqa, seed)?;
+    let qkv = [
+        Tensor::new(query, "query")?,
+        Tensor::new(key, "key")?,
+        Tensor::new(value, "value")?,
+    ];
+    let mask = attn_mask.map(|m| Tensor::new(m, "attn_mask")).transpose()?;
+    let mask = tensor_mask(mask.as_ref())?;
+    let mask = mask.as_ref();
+    let dtype = qkv[0].dtype();
+    if dtype == f32::DTYPE {
+        let [q, k, v] = views::<f32>(&qkv)?;
+        let (out, lse) = forward_f32(py, [&q, &k, &v], mask, &options, threads)?;
+        Ok((into_tensor(py, out)?, into_tensor(py, lse)?))
+    } else if dtype == bf16::DTYPE {
+        let [q, k, v] = views::<bf16>(&qkv)?;
+        let (out, lse) = forward_bf16(py, [&q, &k, &v], mask, &options, threads)?;
+        Ok((into_tensor(py, out)?, into_tensor(py, lse)?))
+    } else if dtype == f64::DTYPE {
+        let [q, k, v] = views::<f64>(&qkv)?;
+        let (out, lse) = forward_f64(py, [&q, &k, &v], mask, &options, threads)?;
+        Ok((into_tensor(py, out)?, into_tensor(py, lse)?))
+    } else {
+        Err(unsupported(&qkv[0]))
+    }
+}
+
+/// Three gradients as new tensors.
+fn gradients<T: Element>(
+    py: Python<'_>,
+    [dq, dk, dv]: [ArrayD<T>; 3],
+) -> PyResult<(Bound<'_, PyAny>, Bound<'_, PyAny>, Bound<'_, PyAny>)> {
+    Ok((
+        into_tensor(py, dq)?,
+        into_tensor(py, dk)?,
+        into_tensor(py, dv)?,
+    ))
+}
+
+/// The CPU kernel of `torch.ops.attend.scaled_dot_product_attention_backward`:
+/// `(dq, dk, dv)` as new tensors shaped like `query`, `key` and `value` (summed over
+/// the axes they were broadcast along), from the forward's `out` and `lse` and the
+/// output gradient `grad_out`.
+#[pyfunction]
+#[pyo3(signature = (
+    grad_out, query, key, value, out, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed, threads
+))]
+#[allow(clippy::too_many_arguments)] // the operator's schema, then the thread count
+pub fn sdpa_backward_tensors<'py>(
+    py: Python<'py>,
+    grad_out: &Bound<'py, PyAny>,
+    query: &Bound<'py, PyAny>,
+    key: &Bound<'py, PyAny>,
+    value: &Bound<'py, PyAny>,
+    out: &Bound<'py, PyAny>,
+    lse: &Bound<'py, PyAny>,
+    attn_mask: Option<&Bound<'py, PyAny>>,
+    dropout_p: f64,
+    is_causal: bool,
+    scale: Option<f64>,
+    enable_gqa: bool,
+    seed: Option<&Bound<'py, PyAny>>,
+    threads: usize,
+) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+    let options = op_options(dropout_p, is_causal, scale, enable_gqa, seed)?;
+    let qkv = [
+        Tensor::new(query, "query")?,
+        Tensor::new(key, "key")?,
+        Tensor::new(value, "value")?,
+    ];
+    let saved = [
+        Tensor::new(out, "out")?,
+        Tensor::new(lse, "lse")?,
+        Tensor::new(grad_out, "grad_out")?,
+    ];
+    let mask = attn_mask.map(|m| Tensor::new(m, "attn_mask")).transpose()?;
+    let mask = tensor_mask(mask.as_ref())?;
+    let mask = mask.as_ref();
+    let [o, l, d] = &saved;
+    let dtype = qkv[0].dtype();
+    if dtype == f32::DTYPE {
+        let [q, k, v] = views::<f32>(&qkv)?;
+        let (o, l, d) = (o.view()?, l.view()?, d.view()?);
+        gradients(
+            py,
+            backward_f32(py, [&q, &k, &v], mask, (&o, &l, &d), &options, threads)?,
+        )
+    } else if dtype == bf16::DTYPE {
+        let [q, k, v] = views::<bf16>(&qkv)?;
+        let (o, l, d) = (o.view()?, l.view()?, d.view()?);
+        gradients(
+            py,
+            backward_bf16(py, [&q, &k, &v], mask, (&o, &l, &d), &options, threads)?,
+        )
+    } else if dtype == f64::DTYPE {
+        let [q, k, v] = views::<f64>(&qkv)?;
+        let (o, l, d) = (o.view()?, l.view()?, d.view()?);
+        gradients(
+            py,
+            backward_f64(py, [&q, &k, &v], mask, (&o, &l, &d), &options, threads)?,
+        )
+    } else {
+        Err(unsupported(&qkv[0]))
+    }
 }

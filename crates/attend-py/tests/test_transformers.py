@@ -372,18 +372,18 @@ def test_t5_position_bias_matches_eager(spy):
 
 @pytest.fixture
 def kernel_calls(monkeypatch) -> List[int]:
-    """Counts the calls of attend's float32 forward kernel, from eager code or from a
+    """Counts the calls of attend's forward kernel, from eager code or from a
     compiled graph (whose op looks the kernel up when it runs)."""
     import attend.ops
 
     calls: List[int] = []
-    entry = attend.ops._DTYPES[torch.float32]
+    kernel = attend._attend.sdpa_forward_tensors
 
     def counting(*args):
         calls.append(1)
-        return entry.forward(*args)
+        return kernel(*args)
 
-    monkeypatch.setitem(attend.ops._DTYPES, torch.float32, entry._replace(forward=counting))
+    monkeypatch.setattr(attend._attend, "sdpa_forward_tensors", counting)
     torch._dynamo.reset()
     yield calls
     torch._dynamo.reset()

@@ -1,4 +1,4 @@
-from typing import List, Optional, Tuple, Union
+from typing import Any, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -29,45 +29,39 @@ def sdpa_forward(
 ) -> Tuple[np.ndarray, np.ndarray]:
     """float32 ``(query, key, value)`` (any rank, any strides) → ``(out, lse)``."""
 
-def sdpa_backward(
-    inputs: _Qkv,
-    mask: Optional[np.ndarray],
-    saved: Tuple[np.ndarray, np.ndarray],
-    dout: np.ndarray,
-    options: Options,
+def sdpa_forward_tensors(
+    query: Any,
+    key: Any,
+    value: Any,
+    attn_mask: Optional[Any],
+    dropout_p: float,
+    is_causal: bool,
+    scale: Optional[float],
+    enable_gqa: bool,
+    seed: Optional[Any],
     threads: int,
-) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(dq, dk, dv)`` shaped like ``inputs`` from ``saved = (out, lse)`` and ``dout``."""
+) -> Tuple[Any, Any]:
+    """The CPU kernel of ``torch.ops.attend.scaled_dot_product_attention`` on CPU
+    tensors (float32, bfloat16 or float64; the mask bool or float32), read in place:
+    ``(out, lse)`` as new tensors."""
 
-def sdpa_forward_bf16(
-    inputs: _Qkv, mask: Optional[np.ndarray], options: Options, threads: int
-) -> Tuple[np.ndarray, np.ndarray]:
-    """As ``sdpa_forward`` on int16 arrays of bfloat16 bits; ``out`` as bits, ``lse`` float32."""
-
-def sdpa_backward_bf16(
-    inputs: _Qkv,
-    mask: Optional[np.ndarray],
-    saved: Tuple[np.ndarray, np.ndarray],
-    dout: np.ndarray,
-    options: Options,
+def sdpa_backward_tensors(
+    grad_out: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    out: Any,
+    lse: Any,
+    attn_mask: Optional[Any],
+    dropout_p: float,
+    is_causal: bool,
+    scale: Optional[float],
+    enable_gqa: bool,
+    seed: Optional[Any],
     threads: int,
-) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """As ``sdpa_backward`` on bfloat16 bits; the gradients as bfloat16 bits."""
-
-def sdpa_forward_f64(
-    inputs: _Qkv, mask: Optional[np.ndarray], options: Options, threads: int
-) -> Tuple[np.ndarray, np.ndarray]:
-    """As ``sdpa_forward`` on float64 arrays, by the f64 reference."""
-
-def sdpa_backward_f64(
-    inputs: _Qkv,
-    mask: Optional[np.ndarray],
-    saved: Tuple[np.ndarray, np.ndarray],
-    dout: np.ndarray,
-    options: Options,
-    threads: int,
-) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """As ``sdpa_backward`` on float64 arrays, by the f64 reference."""
+) -> Tuple[Any, Any, Any]:
+    """The CPU kernel of ``torch.ops.attend.scaled_dot_product_attention_backward``:
+    ``(dq, dk, dv)`` as new tensors shaped like ``query``, ``key`` and ``value``."""
 
 class SentenceEncoder:
     def __init__(self, model_dir: str, precision: str = "f32", threads: int = 1) -> None: ...

@@ -32,7 +32,7 @@ def get_num_threads() -> int:
         return _override
     torch = sys.modules.get("torch")
     if torch is not None:
-        return max(1, int(torch.get_num_threads()))
+        return torch.get_num_threads()
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux

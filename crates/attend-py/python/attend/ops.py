@@ -22,16 +22,20 @@ is already imported. A program exported with these operators needs them register
 before ``torch.export.load``: ``import attend.ops`` first.
 
 Every float dtype of PyTorch's CPU attention crosses to the kernels without a copy
-where they can read it: float32 as it is, bfloat16 as its 16-bit patterns, float64
-for the f64 reference; float16 is widened to float32 first (the kernels have no
-float16 loads) and the results rounded back once.
+where they can read it (DLPack, in ``attend._attend``): float32 and bfloat16 as they
+are, float64 for the f64 reference; float16 is widened to float32 first (the kernels
+have no float16 loads) and the results rounded back once.
+
+Each call pays the dispatcher's trip into Python for the autograd kernel; the CPU
+kernel behind it is then called directly whenever the dispatcher would go straight
+to it (plain CPU tensors, no mode or transform active), rather than through a second
+dispatch into Python.
 """
 
 import functools
 import threading
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Optional
 
-import numpy as np
 import torch
 import torch.autograd.forward_ad as fwAD
 from torch import Tensor
@@ -44,75 +48,30 @@ from ._sdpa import check_options, kind_error
 from ._threads import get_num_threads
 
 _F32 = torch.finfo(torch.float32)
+_FLOAT16 = torch.float16
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
-class _Dtype(NamedTuple):
-    """How tensors of one dtype cross to the compiled half and back."""
-
-    numpy: Callable[[Tensor], np.ndarray]
-    tensor: Callable[[np.ndarray], Tensor]
-    forward: Callable[..., Any]
-    backward: Callable[..., Any]
-    lse: torch.dtype
-
-
-def _tensor(a: np.ndarray) -> Tensor:
-    """A fresh NumPy result as a tensor, without a copy. NumPy gives empty arrays
-    strides of 0: those become a new empty tensor with the strides of its shape, as
-    the fake implementation predicts."""
-    t = torch.from_numpy(a)
-    return t if a.size else t.new_empty(t.shape)
+def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The log-sum-exp's dtype for inputs of ``dtype``."""
+    if dtype not in _FLOATS:
+        raise AttendTypeError(
+            f"query must be torch.float32, torch.bfloat16, torch.float16 or torch.float64, got {dtype}"
+        )
+    return torch.float64 if dtype is torch.float64 else torch.float32
 
 
-def _in_place(t: Tensor) -> np.ndarray:
-    return t.detach().numpy()
-
-
-def _as_bits(t: Tensor) -> np.ndarray:
-    # NumPy has no bfloat16: the compiled half reads the int16 patterns as bf16.
-    return t.detach().view(torch.int16).numpy()
-
-
-def _widened(t: Tensor) -> np.ndarray:
-    return t.detach().float().numpy()
-
-
-_DTYPES = {
-    torch.float32: _Dtype(_in_place, _tensor, _attend.sdpa_forward, _attend.sdpa_backward, torch.float32),
-    torch.bfloat16: _Dtype(
-        _as_bits,
-        lambda a: _tensor(a).view(torch.bfloat16),
-        _attend.sdpa_forward_bf16,
-        _attend.sdpa_backward_bf16,
-        torch.float32,
-    ),
-    torch.float16: _Dtype(
-        _widened,
-        lambda a: _tensor(a).half(),
-        _attend.sdpa_forward,
-        _attend.sdpa_backward,
-        torch.float32,
-    ),
-    torch.float64: _Dtype(
-        _in_place, _tensor, _attend.sdpa_forward_f64, _attend.sdpa_backward_f64, torch.float64
-    ),
-}
-
-
-def _mask_numpy(mask: Optional[Tensor]) -> Optional[np.ndarray]:
+def _kernel_mask(mask: Tensor) -> Tensor:
     """The mask as the kernels take it: bool, or an additive float32 mask."""
-    if mask is None:
-        return None
-    mask = mask.detach()
     if mask.dtype is torch.bool or mask.dtype is torch.float32:
-        return mask.numpy()
+        return mask
     if mask.dtype is torch.float64:
         # attend's masks are float32: finite values beyond its range saturate, so
         # that float64's finfo.min still masks a score rather than becoming -inf
         # (which would zero a fully masked row that PyTorch averages).
         finite = mask.clamp(_F32.min, _F32.max)
-        return torch.where(mask.isinf(), mask, finite).float().numpy()
-    return mask.float().numpy()  # bfloat16 and float16 widen exactly
+        return torch.where(mask.isinf(), mask, finite).float()
+    return mask.float()  # bfloat16 and float16 widen exactly
 
 
 _LIB = torch.library.Library("attend", "DEF")
@@ -137,32 +96,34 @@ and ``value`` (summed over the axes they were broadcast along)."""
 
 
 @functools.lru_cache(maxsize=64)
-def _options(dropout_p: float, is_causal: bool, scale: Optional[float], enable_gqa: bool, seed: int) -> _attend.Options:
-    """The compiled half's options of a call; made once for each set (every call
-    without dropout has seed 0)."""
-    return _attend.Options(is_causal=is_causal, scale=scale, dropout_p=dropout_p, enable_gqa=enable_gqa, seed=seed)
-
-
-def _call_options(dropout_p, is_causal, scale, enable_gqa, seed: Optional[Tensor]) -> _attend.Options:
-    return _options(dropout_p, is_causal, scale, enable_gqa, 0 if seed is None else int(seed))
+def _options(dropout_p: float, is_causal: bool, scale: Optional[float], enable_gqa: bool) -> _attend.Options:
+    """The compiled half's options for the shape rules; made once for each set."""
+    return _attend.Options(is_causal=is_causal, scale=scale, dropout_p=dropout_p, enable_gqa=enable_gqa, seed=0)
 
 
 def _forward_cpu(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
-    kind = _DTYPES[query.dtype]
-    qkv = (kind.numpy(query), kind.numpy(key), kind.numpy(value))
-    opts = _call_options(dropout_p, is_causal, scale, enable_gqa, seed)
-    out, lse = kind.forward(qkv, _mask_numpy(attn_mask), opts, get_num_threads())
-    return kind.tensor(out), _tensor(lse)
+    if query.dtype is _FLOAT16:
+        wide = (query.float(), key.float(), value.float())
+        out, lse = _forward_cpu(*wide, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed)
+        return out.half(), lse
+    if attn_mask is not None:
+        attn_mask = _kernel_mask(attn_mask)
+    return _attend.sdpa_forward_tensors(
+        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed, get_num_threads()
+    )
 
 
 def _backward_cpu(grad_out, query, key, value, out, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
-    kind = _DTYPES[query.dtype]
-    qkv = (kind.numpy(query), kind.numpy(key), kind.numpy(value))
-    saved = (kind.numpy(out), lse.detach().numpy())
-    opts = _call_options(dropout_p, is_causal, scale, enable_gqa, seed)
-    grads = kind.backward(qkv, _mask_numpy(attn_mask), saved, kind.numpy(grad_out), opts, get_num_threads())
-    dq, dk, dv = (kind.tensor(g) for g in grads)
-    return dq, dk, dv
+    if query.dtype is _FLOAT16:
+        wide = (t.float() for t in (grad_out, query, key, value, out))
+        grads = _backward_cpu(*wide, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed)
+        dq, dk, dv = (g.half() for g in grads)
+        return dq, dk, dv
+    if attn_mask is not None:
+        attn_mask = _kernel_mask(attn_mask)
+    return _attend.sdpa_backward_tensors(
+        grad_out, query, key, value, out, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed, get_num_threads()
+    )
 
 
 def _shapes(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
@@ -175,7 +136,7 @@ def _shapes(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gq
     rules rely on."""
     shapes = [query.shape, key.shape, value.shape, () if attn_mask is None else attn_mask.shape]
     hints = [[guarding_hint_or_throw(n) for n in shape] for shape in shapes]
-    opts = _options(dropout_p, is_causal, scale, enable_gqa, 0)
+    opts = _options(dropout_p, is_causal, scale, enable_gqa)
     out, lse, equal, divides = _attend.sdpa_shapes(*hints[:3], None if attn_mask is None else hints[3], opts)
 
     def size(source):
@@ -190,7 +151,7 @@ def _shapes(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gq
 
 def _forward_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
     out_shape, lse_shape = _shapes(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    return query.new_empty(out_shape), query.new_empty(lse_shape, dtype=_DTYPES[query.dtype].lse)
+    return query.new_empty(out_shape), query.new_empty(lse_shape, dtype=_lse_dtype(query.dtype))
 
 
 def _backward_fake(grad_out, query, key, value, out, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
@@ -221,16 +182,42 @@ def _gradients(ctx, grad_out):
     return dq, dk, dv, None, None, None, None, None, None, None
 
 
-def _below_autograd(op, args):
-    """``op`` past the autograd key: the next kernel for ``args``' keyset (the last
-    argument), as the dispatcher would have chosen without autograd."""
-    *op_args, keyset = args
+_CPU_KEYS = (
+    torch._C.DispatchKeySet(torch._C.DispatchKey.CPU) | torch._C.DispatchKeySet(torch._C.DispatchKey.AutogradCPU)
+).raw_repr()
+"""The keyset of a call on plain CPU tensors with nothing else active."""
+
+
+def _below_autograd(op, cpu_kernel, keyset, args):
+    """``op`` past the autograd key: the next kernel for ``keyset``, as the
+    dispatcher would have chosen without autograd. When that is the CPU kernel and
+    nothing else lies between (no mode, subclass, functionalization, transform or
+    other device in the keyset), it is called here without a second dispatch."""
+    if keyset.raw_repr() == _CPU_KEYS:
+        return cpu_kernel(*args)
     with torch._C._AutoDispatchBelowAutograd():
-        return op.redispatch(keyset & torch._C._after_autograd_keyset, *op_args)
+        return op.redispatch(keyset & torch._C._after_autograd_keyset, *args)
 
 
-_recording = threading.local()
-"""``depth``: how many of attend's differentiable forwards this thread is inside."""
+def _records_grad(tensors) -> bool:
+    """Whether autograd records a call on ``tensors`` (``None`` allowed):
+    ``torch._C._any_requires_grad``, for the few tensors of these schemas at a
+    fraction of its cost."""
+    if not torch.is_grad_enabled():
+        return False
+    for t in tensors:
+        if t is not None and t.requires_grad:
+            return True
+    return False
+
+
+class _Recording(threading.local):
+    depth = 0
+    """How many of attend's differentiable forwards this thread is inside (a class
+    default, so that reading it never raises and catches an AttributeError)."""
+
+
+_recording = _Recording()
 
 
 class _Differentiable(torch.autograd.function._SingleLevelFunction):
@@ -242,9 +229,9 @@ class _Differentiable(torch.autograd.function._SingleLevelFunction):
 
     @staticmethod
     def forward(ctx, *args):  # type: ignore[override]
-        _recording.depth = getattr(_recording, "depth", 0) + 1
+        _recording.depth += 1
         try:
-            output = _below_autograd(sdpa, args)
+            output = _below_autograd(sdpa, _forward_cpu, args[-1], args[:-1])
         finally:
             _recording.depth -= 1
         _save(ctx, args, output)
@@ -258,18 +245,16 @@ class _Differentiable(torch.autograd.function._SingleLevelFunction):
 def _has_tangent(args) -> bool:
     """Whether forward-mode AD (``torch.func.jvp``, ``jacfwd``) carries a tangent into
     the query, key, value or mask."""
-    if fwAD._current_level < 0:
-        return False
     return any(fwAD.unpack_dual(t).tangent is not None for t in args[:4] if t is not None)
 
 
 def _forward_autograd(keyset, *args):
-    if _has_tangent(args):
+    if fwAD._current_level >= 0 and _has_tangent(args):
         raise AttendValueError(
             "attend has no forward-mode derivative (torch.func.jvp, jacfwd, hessian): "
             "use reverse mode (backward, torch.func.grad, jacrev)"
         )
-    if getattr(_recording, "depth", 0) and torch._C._are_functorch_transforms_active():
+    if _recording.depth and torch._C._are_functorch_transforms_active():
         # Reached again from inside a recording forward, for an outer torch.func
         # level (grad or jvp; vmap levels go through the vmap rule) that the
         # single-level Function hides: its derivative would silently be 0.
@@ -277,8 +262,8 @@ def _forward_autograd(keyset, *args):
             "attend differentiates at one torch.func level: nested torch.func.grad, "
             "jacrev, jvp or hessian over attend are not supported"
         )
-    if not (torch.is_grad_enabled() and torch._C._any_requires_grad(*args)):
-        return _below_autograd(sdpa, (*args, keyset))
+    if not _records_grad(args[:4]):
+        return _below_autograd(sdpa, _forward_cpu, keyset, args)
     with enable_single_level_autograd_function():
         return _Differentiable.apply(*args, keyset)
 
@@ -290,7 +275,7 @@ class _NoSecondDerivative(torch.autograd.function._SingleLevelFunction):
 
     @staticmethod
     def forward(ctx, *args):  # type: ignore[override]
-        return _below_autograd(sdpa_backward, args)
+        return _below_autograd(sdpa_backward, _backward_cpu, args[-1], args[:-1])
 
     @staticmethod
     def backward(ctx, *grads):  # type: ignore[override]
@@ -301,10 +286,10 @@ class _NoSecondDerivative(torch.autograd.function._SingleLevelFunction):
 
 
 def _backward_autograd(keyset, *args):
-    if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
+    if _records_grad(args[:7]):
         with enable_single_level_autograd_function():
             return _NoSecondDerivative.apply(*args, keyset)
-    return _below_autograd(sdpa_backward, (*args, keyset))
+    return _below_autograd(sdpa_backward, _backward_cpu, keyset, args)
 
 
 _LIB.impl("scaled_dot_product_attention", _forward_autograd, "Autograd", with_keyset=True)
@@ -368,7 +353,7 @@ torch.library.register_vmap("attend::scaled_dot_product_attention_backward", _ba
 
 
 def _check_tensor(name: str, t: Tensor) -> None:
-    if t.dtype in _DTYPES and (t.is_cpu or t.is_meta) and t.layout is torch.strided:
+    if t.dtype in _FLOATS and (t.is_cpu or t.is_meta) and t.layout is torch.strided:
         return
     if t.device.type not in ("cpu", "meta"):
         raise AttendValueError(f"attend runs on CPU tensors: {name} is on {t.device} (move it with .cpu())")
