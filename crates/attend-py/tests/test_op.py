@@ -377,6 +377,59 @@ def test_a_cuda_tensor_is_refused_in_one_line():
     assert isinstance(info.value, RuntimeError)
 
 
+def test_the_dispatcher_still_routes_modes_and_views_past_the_cpu_shortcut():
+    """The autograd kernel calls the CPU kernel itself only for plain CPU tensors
+    with nothing else active: a dispatch mode still sees the op, and a negative view
+    is resolved by PyTorch before the kernel reads it."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func)
+            return func(*args, **(kwargs or {}))
+
+    q, k, v = randn(1, 2, 4, 8, seed=1), randn(1, 2, 5, 8, seed=2), randn(1, 2, 5, 8, seed=3)
+    want = attend.scaled_dot_product_attention(q, k, v)
+    with Seen() as mode:
+        got = attend.scaled_dot_product_attention(q, k, v)
+    assert torch.ops.attend.scaled_dot_product_attention.default in mode.ops
+    assert torch.equal(got, want)
+    flipped = attend.scaled_dot_product_attention(torch._neg_view(q), k, v)
+    assert torch.equal(flipped, attend.scaled_dot_product_attention(-q, k, v))
+
+
+def test_the_cpu_kernel_refuses_what_it_cannot_read_in_place():
+    """attend._attend.sdpa_forward_tensors, the CPU kernel's compiled half, reads
+    tensors' memory as PyTorch describes it: whatever it cannot read that way is
+    refused in one line, never read."""
+    q = randn(1, 2, 4, 8)
+
+    def kernel(query, key=q, value=q, mask=None):
+        return attend._attend.sdpa_forward_tensors(query, key, value, mask, 0.0, False, None, False, None, 1)
+
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(q)
+    unaligned = torch.frombuffer(bytearray(4 * 64 + 1), dtype=torch.float32, offset=1).view(1, 2, 4, 8)
+    refused = [
+        (attend.AttendTypeError, "query must be a torch.Tensor, got list", lambda: kernel([1.0])),
+        (attend.AttendValueError, "query is a negative view", lambda: kernel(torch._neg_view(q))),
+        (attend.AttendValueError, "query has no data", lambda: kernel(fake)),
+        (attend.AttendTypeError, "key must be torch.float32, got torch.float64", lambda: kernel(q, q.double())),
+        (attend.AttendTypeError, "widens torch.float16", lambda: kernel(q.half(), q.half(), q.half())),
+        (attend.AttendTypeError, "attn_mask must be torch.bool or torch.float32", lambda: kernel(q, mask=q.long())),
+        (attend.AttendValueError, "not aligned", lambda: kernel(unaligned)),
+    ]
+    for error, message, call in refused:
+        with pytest.raises(error, match=message):
+            call()
+    out, lse = kernel(q)
+    assert torch.equal(out, attend.scaled_dot_product_attention(q, q, q)) and lse.shape == (1, 2, 4)
+
+
 def test_log_sum_exp_has_no_gradient():
     q = randn(1, 2, 4, 8).requires_grad_()
     out, lse = torch.ops.attend.scaled_dot_product_attention(q, q, q, None, 0.0, False, None, False, None)

@@ -59,6 +59,11 @@ def _sdpa_numpy(query, key, value, attn_mask, dropout_p, is_causal, scale, enabl
     return out
 
 
+_sdpa_torch = None
+"""``attend.ops.sdpa_torch`` once a call has imported it (an import statement costs
+a microsecond a call even when the module is loaded)."""
+
+
 def scaled_dot_product_attention(
     query,
     key,
@@ -116,8 +121,10 @@ def scaled_dot_product_attention(
     """
     if isinstance(query, np.ndarray) and isinstance(key, np.ndarray) and isinstance(value, np.ndarray):
         return _sdpa_numpy(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    if "torch" not in sys.modules:  # no tensor without torch: not importing it here
-        raise kind_error(query, key, value)
-    from .ops import sdpa_torch  # torch, and the operators, with the first tensor
+    global _sdpa_torch
+    if _sdpa_torch is None:
+        if "torch" not in sys.modules:  # no tensor without torch: not importing it here
+            raise kind_error(query, key, value)
+        from .ops import sdpa_torch as _sdpa_torch  # torch, and the operators, with the first tensor
 
-    return sdpa_torch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    return _sdpa_torch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)

@@ -39,7 +39,10 @@ from typing import Any, Optional
 import torch
 import torch.autograd.forward_ad as fwAD
 from torch import Tensor
-from torch._functorch.utils import enable_single_level_autograd_function
+from torch._C._functorch import (
+    get_single_level_autograd_function_allowed,
+    set_single_level_autograd_function_allowed,
+)
 from torch.fx.experimental.symbolic_shapes import guarding_hint_or_throw
 
 from . import _attend
@@ -220,6 +223,18 @@ class _Recording(threading.local):
 _recording = _Recording()
 
 
+def _recorded(function, args):
+    """``function.apply(*args)`` with single-level Functions allowed, as
+    ``torch._functorch.utils.enable_single_level_autograd_function`` allows them,
+    without that context manager's generator (a microsecond a call)."""
+    allowed = get_single_level_autograd_function_allowed()
+    set_single_level_autograd_function_allowed(True)
+    try:
+        return function.apply(*args)
+    finally:
+        set_single_level_autograd_function_allowed(allowed)
+
+
 class _Differentiable(torch.autograd.function._SingleLevelFunction):
     """The forward with its backward recorded. A single-level Function (what
     ``torch.func`` itself records a custom Function's backward with, one transform
@@ -264,8 +279,7 @@ def _forward_autograd(keyset, *args):
         )
     if not _records_grad(args[:4]):
         return _below_autograd(sdpa, _forward_cpu, keyset, args)
-    with enable_single_level_autograd_function():
-        return _Differentiable.apply(*args, keyset)
+    return _recorded(_Differentiable, (*args, keyset))
 
 
 class _NoSecondDerivative(torch.autograd.function._SingleLevelFunction):
@@ -287,8 +301,7 @@ class _NoSecondDerivative(torch.autograd.function._SingleLevelFunction):
 
 def _backward_autograd(keyset, *args):
     if _records_grad(args[:7]):
-        with enable_single_level_autograd_function():
-            return _NoSecondDerivative.apply(*args, keyset)
+        return _recorded(_NoSecondDerivative, (*args, keyset))
     return _below_autograd(sdpa_backward, _backward_cpu, keyset, args)
 
 
