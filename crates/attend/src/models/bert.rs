@@ -6,6 +6,8 @@
 
 use std::path::Path;
 
+use rayon::prelude::*;
+
 use ndarray::{s, Array2, Array3, Array4, ArrayView2, ArrayView4, Axis, ShapeBuilder};
 
 use super::family::{self, Family};
@@ -440,10 +442,12 @@ impl BertModel {
 
     /// The last hidden state `[B, T, d]`; padding positions are zero.
     ///
-    /// Only real tokens go through the dense layers (the rows of all sequences are
-    /// packed together); the sequences are padded again only for the attention
-    /// call, which masks the padding keys. A sequence's result therefore does not
-    /// depend on what else is in the batch, and padding costs no matrix products.
+    /// Only real tokens are computed: the rows of all sequences are packed
+    /// together through the dense layers, and attention runs on each sequence's
+    /// rows of the stacked projections where they lie (no padded copy, no padding
+    /// keys or queries). A sequence's result therefore does not depend on what
+    /// else is in the batch, and padding costs nothing until the output is laid
+    /// out as `[B, T, d]`.
     pub fn forward(&self, batch: &TokenBatch) -> Result<Array3<f32>> {
         self.forward_timed(batch, &mut Timings::default())
     }
@@ -461,68 +465,21 @@ impl BertModel {
         self.check(batch)?;
         let (b, t) = batch.ids.dim();
         let d = self.config.hidden_size;
-        let heads = self.config.num_attention_heads;
-        let dh = self.config.head_dim();
         let rows: Vec<(usize, usize)> = (0..b)
             .flat_map(|bi| (0..batch.lengths[bi]).map(move |ti| (bi, ti)))
             .collect();
         if rows.is_empty() {
             return Ok(Array3::zeros((b, t, d)));
         }
-        let packed = rows.len() == b * t;
-        let padding = batch.padding_mask();
         let bias = self.position_bias(t);
-        let opts = AttentionOptions {
-            key_padding: (!packed).then(|| padding.view()),
-            bias: bias.as_ref().map(|a| a.view().into_dyn()),
-            ..Default::default()
-        };
-        // [n, d] rows → [B, T, d] (a copy into a padded buffer only when some
-        // sequences are shorter than T).
-        let unpack = |x: Array2<f32>| -> Array3<f32> {
-            let w = x.ncols();
-            if packed {
-                return x.into_shape_with_order((b, t, w)).expect("n = B·T");
-            }
-            // Each sequence's rows, then zeros for its padding (attention reads the
-            // padding keys' values, masked, and 0 · NaN would be NaN).
-            let src = x.as_slice().expect("Linear returns row-major arrays");
-            let mut out = Vec::with_capacity(b * t * w);
-            let mut r = 0;
-            for &len in &batch.lengths {
-                out.extend_from_slice(&src[r * w..(r + len) * w]);
-                out.resize(out.len() + (t - len) * w, 0.0);
-                r += len;
-            }
-            Array3::from_shape_vec((b, t, w), out).expect("B·T rows of w")
-        };
         let mut h = self.embed_rows(batch, &rows)?;
         clock.lap(&mut timings.other);
         for layer in &self.layers {
             let m = &layer.attention;
             let qkv = layer.qkv.forward(h.view())?;
             clock.lap(&mut timings.matmul);
-            let qkv = unpack(qkv);
-            clock.lap(&mut timings.other);
-            let ctx = attention(
-                projection_heads(&qkv, 0, heads),
-                projection_heads(&qkv, 1, heads),
-                projection_heads(&qkv, 2, heads),
-                &opts,
-            )?;
+            let merged = self.attend_sequences(&qkv, &batch.lengths, bias.as_ref())?;
             clock.lap(&mut timings.attention);
-            // [B, H, T, dh] → packed rows [n, H·dh].
-            let ctx = ctx.as_standard_layout();
-            let src = ctx.as_slice().expect("standard layout");
-            let mut merged = Vec::with_capacity(rows.len() * d);
-            for &(bi, ti) in &rows {
-                for hi in 0..heads {
-                    let from = ((bi * heads + hi) * t + ti) * dh;
-                    merged.extend_from_slice(&src[from..from + dh]);
-                }
-            }
-            let merged = Array2::from_shape_vec((rows.len(), d), merged).expect("n rows of d");
-            clock.lap(&mut timings.other);
             let out_proj = m.out_proj.as_ref().ok_or_else(no_out_proj)?;
             let a =
                 out_proj.forward_residual_norm(merged.view(), h.view(), &layer.attention_norm)?;
@@ -537,9 +494,75 @@ impl BertModel {
                 .forward_residual_norm(inter.view(), a.view(), &layer.output_norm)?;
             clock.lap(&mut timings.matmul);
         }
-        let out = unpack(h);
+        // Each sequence's rows, then zeros for its padding.
+        let src = h.as_slice().expect("Linear returns row-major arrays");
+        let mut out = Vec::with_capacity(b * t * d);
+        let mut r = 0;
+        for &len in &batch.lengths {
+            out.extend_from_slice(&src[r * d..(r + len) * d]);
+            out.resize(out.len() + (t - len) * d, 0.0);
+            r += len;
+        }
         clock.lap(&mut timings.other);
-        Ok(out)
+        Ok(Array3::from_shape_vec((b, t, d), out).expect("B·T rows of d"))
+    }
+
+    /// One layer's attention over the packed rows of the stacked projections
+    /// `qkv [n, 3d]` (sequences of `lengths`, one after another), as packed rows
+    /// `[n, d]` of the heads side by side. Each sequence is its own call on views
+    /// of its rows, the sequences in parallel.
+    fn attend_sequences(
+        &self,
+        qkv: &Array2<f32>,
+        lengths: &[usize],
+        bias: Option<&Array4<f32>>,
+    ) -> Result<Array2<f32>> {
+        let (n, width) = qkv.dim();
+        let d = width / 3;
+        let heads = self.config.num_attention_heads;
+        let dh = self.config.head_dim();
+        let all = qkv.as_slice().expect("Linear returns row-major arrays");
+        let starts: Vec<usize> = lengths
+            .iter()
+            .scan(0, |r, &len| {
+                let start = *r;
+                *r += len;
+                Some(start)
+            })
+            .collect();
+        let contexts: Vec<Array4<f32>> = starts
+            .par_iter()
+            .zip(lengths)
+            .filter(|(_, &len)| len > 0)
+            .map(|(&start, &len)| {
+                let rows = &all[start * width..(start + len) * width];
+                let bias = bias.map(|a| a.slice(s![.., .., ..len, ..len]).into_dyn());
+                let opts = AttentionOptions {
+                    bias,
+                    ..Default::default()
+                };
+                attention(
+                    projection_heads(rows, len, 0, heads),
+                    projection_heads(rows, len, 1, heads),
+                    projection_heads(rows, len, 2, heads),
+                    &opts,
+                )
+            })
+            .collect::<Result<_>>()?;
+        // [1, H, len, dh] per sequence → packed rows [n, H·dh].
+        let mut merged = Vec::with_capacity(n * d);
+        for ctx in &contexts {
+            let ctx = ctx.as_standard_layout();
+            let src = ctx.as_slice().expect("standard layout");
+            let len = ctx.dim().2;
+            for ti in 0..len {
+                for hi in 0..heads {
+                    let from = (hi * len + ti) * dh;
+                    merged.extend_from_slice(&src[from..from + dh]);
+                }
+            }
+        }
+        Ok(Array2::from_shape_vec((n, d), merged).expect("n rows of d"))
     }
 
     /// MPNet's relative-position bias `[1, H, t, t]` for sequences padded to `t`
@@ -619,16 +642,15 @@ impl BertModel {
     }
 }
 
-/// Projection `which` (0 queries, 1 keys, 2 values) of the stacked projections
-/// `[B, T, 3d]` as `[B, H, T, d/H]`: a view, no copy.
-fn projection_heads(qkv: &Array3<f32>, which: usize, heads: usize) -> ArrayView4<'_, f32> {
-    let (b, t, width) = qkv.dim();
+/// Projection `which` (0 queries, 1 keys, 2 values) of one sequence's stacked
+/// projections (`len` rows of `3d`) as `[1, H, len, d/H]`: a view, no copy.
+fn projection_heads(rows: &[f32], len: usize, which: usize, heads: usize) -> ArrayView4<'_, f32> {
+    let width = rows.len() / len;
     let d = width / 3;
     let dh = d / heads;
-    let all = qkv.as_slice().expect("stacked projections are row-major");
     ArrayView4::from_shape(
-        (b, heads, t, dh).strides((t * width, dh, width, 1)),
-        &all[which * d..],
+        (1, heads, len, dh).strides((len * width, dh, width, 1)),
+        &rows[which * d..],
     )
     .expect("the heads of one projection lie inside the stacked rows")
 }
