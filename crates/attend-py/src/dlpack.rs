@@ -174,7 +174,7 @@ impl Element for bool {
     const DTYPE: DataType = DataType::new(6, 8);
 }
 
-/// DLPack's float16, which attend reads only to refuse it by name.
+/// DLPack's float16, which the kernels do not read: PyTorch widens it for them.
 pub const F16: DataType = DataType::new(2, 16);
 
 /// A CPU tensor's memory, as PyTorch describes it, borrowed for as long as the
@@ -270,17 +270,23 @@ impl<'a> Tensor<'a> {
         self.dtype
     }
 
-    /// The tensor's memory as an array of `T`, in place, or a `TypeError` if it
-    /// holds another type.
-    pub fn view<T: Element>(&self) -> PyResult<ArrayViewD<'a, T>> {
-        if self.dtype != T::DTYPE {
+    /// A `TypeError` naming the tensor unless it holds `dtype`.
+    pub fn expect(&self, dtype: DataType) -> PyResult<()> {
+        if self.dtype != dtype {
             return Err(type_error(format!(
                 "{} must be {}, got {}",
                 self.name,
-                T::DTYPE.name(),
+                dtype.name(),
                 self.dtype.name()
             )));
         }
+        Ok(())
+    }
+
+    /// The tensor's memory as an array of `T`, in place, or a `TypeError` if it
+    /// holds another type.
+    pub fn view<T: Element>(&self) -> PyResult<ArrayViewD<'a, T>> {
+        self.expect(T::DTYPE)?;
         let empty = self.shape.contains(&0);
         let data = if empty {
             NonNull::<T>::dangling().as_ptr().cast_const()

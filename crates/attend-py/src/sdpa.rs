@@ -9,9 +9,9 @@
 //! what PyTorch's fake tensors need.
 //!
 //! Tensors cross through DLPack ([`crate::dlpack`]), bfloat16 read in place as
-//! [`bf16`]; float16 is widened by the Python half first (the kernels have no float16
-//! loads). float64 runs the f64 reference (every score materialised, one thread:
-//! correct, and slow).
+//! [`bf16`]; float16 is widened to float32 by PyTorch first (the kernels have no
+//! float16 loads) and the results rounded back once. float64 runs the f64 reference
+//! (every score materialised, one thread: correct, and slow).
 
 use attend::attention::{
     attention_backward_with, attention_train, attention_with, AttentionOptions, BackwardConfig,
@@ -24,7 +24,7 @@ use ndarray::{Array, ArrayD, ArrayViewD, CowArray, Dimension, Ix4};
 use numpy::{IntoPyArray, PyArrayDyn, PyReadonlyArrayDyn};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
-use pyo3::IntoPyObjectExt;
+use pyo3::{intern, IntoPyObjectExt};
 
 use crate::dlpack::{into_tensor, Element, Tensor, F16};
 use crate::errors::{to_py, type_error};
@@ -532,15 +532,32 @@ fn tensor_mask<'a>(mask: Option<&Tensor<'a>>) -> PyResult<Option<MaskView<'a>>> 
 
 /// The error for a query of a dtype the kernels do not read.
 fn unsupported(query: &Tensor<'_>) -> PyErr {
-    let hint = if query.dtype() == F16 {
-        " (attend.ops widens torch.float16 to torch.float32 first)"
-    } else {
-        ""
-    };
     type_error(format!(
-        "query must be torch.float32, torch.bfloat16 or torch.float64{hint}, got {}",
+        "query must be torch.float32, torch.bfloat16, torch.float16 or torch.float64, got {}",
         query.dtype().name()
     ))
+}
+
+/// float16 tensors as float32 ones, widened by PyTorch (`Tensor.float()`, one copy:
+/// the kernels have no float16 loads), each checked to be float16 like the query.
+fn widened<'py, const N: usize>(
+    tensors: [(&Bound<'py, PyAny>, &Tensor<'_>); N],
+) -> PyResult<[Bound<'py, PyAny>; N]> {
+    for (_, t) in &tensors {
+        t.expect(F16)?;
+    }
+    let mut wide = Vec::with_capacity(N);
+    for (t, _) in tensors {
+        wide.push(t.call_method0(intern!(t.py(), "float"))?);
+    }
+    Ok(wide
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("one widened tensor per tensor")))
+}
+
+/// A float32 result rounded to float16 once, by PyTorch (`Tensor.half()`).
+fn narrowed(t: Bound<'_, PyAny>) -> PyResult<Bound<'_, PyAny>> {
+    t.call_method0(intern!(t.py(), "half"))
 }
 
 /// The CPU kernel of `torch.ops.attend.scaled_dot_product_attention`, on torch
@@ -585,6 +602,12 @@ pub fn sdpa_forward_tensors<'py>(
         let [q, k, v] = views::<f64>(&qkv)?;
         let (out, lse) = forward_f64(py, [&q, &k, &v], mask, &options, threads)?;
         Ok((into_tensor(py, out)?, into_tensor(py, lse)?))
+    } else if dtype == F16 {
+        let [q, k, v] = widened([(query, &qkv[0]), (key, &qkv[1]), (value, &qkv[2])])?;
+        let (out, lse) = sdpa_forward_tensors(
+            py, &q, &k, &v, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed, threads,
+        )?;
+        Ok((narrowed(out)?, lse))
     } else {
         Err(unsupported(&qkv[0]))
     }
@@ -664,6 +687,19 @@ pub fn sdpa_backward_tensors<'py>(
             py,
             backward_f64(py, [&q, &k, &v], mask, (&o, &l, &d), &options, threads)?,
         )
+    } else if dtype == F16 {
+        let [g, q, k, v, o] = widened([
+            (grad_out, d),
+            (query, &qkv[0]),
+            (key, &qkv[1]),
+            (value, &qkv[2]),
+            (out, o),
+        ])?;
+        let (dq, dk, dv) = sdpa_backward_tensors(
+            py, &g, &q, &k, &v, &o, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed,
+            threads,
+        )?;
+        Ok((narrowed(dq)?, narrowed(dk)?, narrowed(dv)?))
     } else {
         Err(unsupported(&qkv[0]))
     }

@@ -419,7 +419,7 @@ def test_the_cpu_kernel_refuses_what_it_cannot_read_in_place():
         (attend.AttendValueError, "query is a negative view", lambda: kernel(torch._neg_view(q))),
         (attend.AttendValueError, "query has no data", lambda: kernel(fake)),
         (attend.AttendTypeError, "key must be torch.float32, got torch.float64", lambda: kernel(q, q.double())),
-        (attend.AttendTypeError, "widens torch.float16", lambda: kernel(q.half(), q.half(), q.half())),
+        (attend.AttendTypeError, "key must be torch.float16, got torch.float32", lambda: kernel(q.half())),
         (attend.AttendTypeError, "attn_mask must be torch.bool or torch.float32", lambda: kernel(q, mask=q.long())),
         (attend.AttendValueError, "not aligned", lambda: kernel(unaligned)),
     ]

@@ -23,8 +23,8 @@ before ``torch.export.load``: ``import attend.ops`` first.
 
 Every float dtype of PyTorch's CPU attention crosses to the kernels without a copy
 where they can read it (DLPack, in ``attend._attend``): float32 and bfloat16 as they
-are, float64 for the f64 reference; float16 is widened to float32 first (the kernels
-have no float16 loads) and the results rounded back once.
+are, float64 for the f64 reference; float16 is widened to float32 by PyTorch first
+(the kernels have no float16 loads) and the results rounded back once.
 
 Each call pays the dispatcher's trip into Python for the autograd kernel; the CPU
 kernel behind it is then called directly whenever the dispatcher would go straight
@@ -51,7 +51,7 @@ from ._sdpa import check_options, kind_error
 from ._threads import get_num_threads
 
 _F32 = torch.finfo(torch.float32)
-_FLOAT16 = torch.float16
+_is_grad_enabled = torch.is_grad_enabled
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
@@ -105,10 +105,6 @@ def _options(dropout_p: float, is_causal: bool, scale: Optional[float], enable_g
 
 
 def _forward_cpu(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
-    if query.dtype is _FLOAT16:
-        wide = (query.float(), key.float(), value.float())
-        out, lse = _forward_cpu(*wide, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed)
-        return out.half(), lse
     if attn_mask is not None:
         attn_mask = _kernel_mask(attn_mask)
     return _attend.sdpa_forward_tensors(
@@ -117,11 +113,6 @@ def _forward_cpu(query, key, value, attn_mask, dropout_p, is_causal, scale, enab
 
 
 def _backward_cpu(grad_out, query, key, value, out, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
-    if query.dtype is _FLOAT16:
-        wide = (t.float() for t in (grad_out, query, key, value, out))
-        grads = _backward_cpu(*wide, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed)
-        dq, dk, dv = (g.half() for g in grads)
-        return dq, dk, dv
     if attn_mask is not None:
         attn_mask = _kernel_mask(attn_mask)
     return _attend.sdpa_backward_tensors(
@@ -198,6 +189,11 @@ def _below_autograd(op, cpu_kernel, keyset, args):
     other device in the keyset), it is called here without a second dispatch."""
     if keyset.raw_repr() == _CPU_KEYS:
         return cpu_kernel(*args)
+    return _redispatch(op, keyset, args)
+
+
+def _redispatch(op, keyset, args):
+    """``op`` dispatched again below the autograd key."""
     with torch._C._AutoDispatchBelowAutograd():
         return op.redispatch(keyset & torch._C._after_autograd_keyset, *args)
 
@@ -263,8 +259,10 @@ def _has_tangent(args) -> bool:
     return any(fwAD.unpack_dual(t).tangent is not None for t in args[:4] if t is not None)
 
 
-def _forward_autograd(keyset, *args):
-    if fwAD._current_level >= 0 and _has_tangent(args):
+def _forward_autograd(keyset, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
+    # Arguments by name and checks written out: this runs on every call of the
+    # operator, where each Python call here is a visible share of its overhead.
+    if fwAD._current_level >= 0 and _has_tangent((query, key, value, attn_mask)):
         raise AttendValueError(
             "attend has no forward-mode derivative (torch.func.jvp, jacfwd, hessian): "
             "use reverse mode (backward, torch.func.grad, jacrev)"
@@ -277,9 +275,17 @@ def _forward_autograd(keyset, *args):
             "attend differentiates at one torch.func level: nested torch.func.grad, "
             "jacrev, jvp or hessian over attend are not supported"
         )
-    if not _records_grad(args[:4]):
-        return _below_autograd(sdpa, _forward_cpu, keyset, args)
-    return _recorded(_Differentiable, (*args, keyset))
+    args = (query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed)
+    if _is_grad_enabled() and (
+        query.requires_grad
+        or key.requires_grad
+        or value.requires_grad
+        or (attn_mask is not None and attn_mask.requires_grad)
+    ):
+        return _recorded(_Differentiable, (*args, keyset))
+    if keyset.raw_repr() == _CPU_KEYS:  # _below_autograd's shortcut, one call sooner
+        return _forward_cpu(*args)
+    return _redispatch(sdpa, keyset, args)
 
 
 class _NoSecondDerivative(torch.autograd.function._SingleLevelFunction):
