@@ -1,7 +1,10 @@
 //! Length-sorted batching: texts of similar length share a batch, so a batch pads
 //! little; the vectors are put back in the texts' own order.
 
+use std::sync::{Mutex, PoisonError};
+
 use ndarray::{Array2, ArrayView2};
+use rayon::prelude::*;
 
 use crate::{Error, Result};
 
@@ -23,13 +26,19 @@ pub fn length_sorted_batches(lengths: &[usize], batch_size: usize) -> Vec<Vec<us
 ///
 /// `lengths[i]` is text `i`'s length in tokens; `embed` turns one batch of texts
 /// into one row each; `done` hears how many texts each finished batch held.
-pub fn embed_in_length_order<T>(
+///
+/// Batches run side by side on the current thread pool, each on the thread that
+/// takes it: one thread per batch keeps every product of a forward pass on one
+/// core, where one batch split over all threads would meet at every product. A
+/// batch's vectors do not depend on the thread that computed it, so neither does
+/// the output; `done` is called as batches finish, in any order.
+pub fn embed_in_length_order<T: Sync>(
     texts: &[T],
     lengths: &[usize],
     batch_size: usize,
     width: usize,
-    mut embed: impl FnMut(&[&T]) -> Result<Array2<f32>>,
-    mut done: impl FnMut(usize),
+    embed: impl Fn(&[&T]) -> Result<Array2<f32>> + Sync,
+    done: impl FnMut(usize) + Send,
 ) -> Result<Array2<f32>> {
     if lengths.len() != texts.len() {
         return Err(Error::shape(format!(
@@ -38,15 +47,24 @@ pub fn embed_in_length_order<T>(
             texts.len()
         )));
     }
+    let done = Mutex::new(done);
+    let batches = length_sorted_batches(lengths, batch_size);
+    let vectors: Vec<Array2<f32>> = batches
+        .par_iter()
+        .with_max_len(1)
+        .map(|batch| {
+            let chosen: Vec<&T> = batch.iter().map(|&i| &texts[i]).collect();
+            let vectors = embed(&chosen)?;
+            check_rows(vectors.view(), batch.len(), width)?;
+            (done.lock().unwrap_or_else(PoisonError::into_inner))(batch.len());
+            Ok(vectors)
+        })
+        .collect::<Result<_>>()?;
     let mut out = Array2::zeros((texts.len(), width));
-    for batch in length_sorted_batches(lengths, batch_size) {
-        let chosen: Vec<&T> = batch.iter().map(|&i| &texts[i]).collect();
-        let vectors = embed(&chosen)?;
-        check_rows(vectors.view(), batch.len(), width)?;
-        for (row, &i) in vectors.rows().into_iter().zip(&batch) {
+    for (batch, vectors) in batches.iter().zip(&vectors) {
+        for (row, &i) in vectors.rows().into_iter().zip(batch) {
             out.row_mut(i).assign(&row);
         }
-        done(batch.len());
     }
     Ok(out)
 }
@@ -93,7 +111,9 @@ mod tests {
         .unwrap();
         let lens: Vec<f32> = out.column(0).to_vec();
         assert_eq!(lens, [3.0, 1.0, 5.0, 2.0, 1.0]);
-        assert_eq!(batch_sizes, [2, 2, 1]);
+        // Batches may finish in any order.
+        batch_sizes.sort_unstable();
+        assert_eq!(batch_sizes, [1, 2, 2]);
         // The longest two shared a batch; the last, lone batch holds a shortest text.
         assert_eq!(out[[2, 1]], 2.0);
         assert_eq!(out[[4, 1]], 1.0);

@@ -63,7 +63,7 @@ pub fn embed_corpus<R: BufRead>(
     reader: &mut TextReader<R>,
     sink: &mut dyn VectorSink,
     options: CorpusOptions,
-    mut progress: impl FnMut(Progress),
+    mut progress: impl FnMut(Progress) + Send,
 ) -> Result<Summary> {
     if options.batch_size == 0 || options.chunk_size == 0 {
         return Err(Error::value(format!(
