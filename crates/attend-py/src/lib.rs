@@ -12,6 +12,7 @@ mod explain;
 mod pool;
 mod sdpa;
 mod shapes;
+mod shortcut;
 
 use pyo3::prelude::*;
 
@@ -23,6 +24,7 @@ fn _attend(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sdpa::sdpa_forward, m)?)?;
     m.add_function(wrap_pyfunction!(sdpa::sdpa_forward_tensors, m)?)?;
     m.add_function(wrap_pyfunction!(sdpa::sdpa_backward_tensors, m)?)?;
+    m.add_class::<shortcut::ForwardShortcut>()?;
     m.add_function(wrap_pyfunction!(pool::isa, m)?)?;
     m.add_function(wrap_pyfunction!(explain::explain_experiment, m)?)?;
     m.add_function(wrap_pyfunction!(explain::explain_model, m)?)?;

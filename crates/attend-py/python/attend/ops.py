@@ -26,10 +26,13 @@ where they can read it (DLPack, in ``attend._attend``): float32 and bfloat16 as 
 are, float64 for the f64 reference; float16 is widened to float32 by PyTorch first
 (the kernels have no float16 loads) and the results rounded back once.
 
-Each call pays the dispatcher's trip into Python for the autograd kernel; the CPU
-kernel behind it is then called directly whenever the dispatcher would go straight
-to it (plain CPU tensors, no mode or transform active), rather than through a second
-dispatch into Python.
+The forward's autograd kernel, which the dispatcher calls on every call, is
+``attend._attend.ForwardShortcut``: the common call (plain CPU tensors, no gradient
+to record, no forward-mode AD or ``torch.func`` transform, no mask or a bool or
+float32 one) goes from there to the compiled kernel without a Python frame; every
+other call comes to ``_forward_autograd`` here. Below autograd, the CPU kernel is
+called directly whenever the dispatcher would go straight to it, rather than through
+a second trip into Python.
 """
 
 import functools
@@ -260,8 +263,9 @@ def _has_tangent(args) -> bool:
 
 
 def _forward_autograd(keyset, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
-    # Arguments by name and checks written out: this runs on every call of the
-    # operator, where each Python call here is a visible share of its overhead.
+    # Every call ForwardShortcut does not take comes here, differentiable ones
+    # included: arguments by name and checks written out, as each Python call here
+    # is a visible share of the operator's overhead.
     if fwAD._current_level >= 0 and _has_tangent((query, key, value, attn_mask)):
         raise AttendValueError(
             "attend has no forward-mode derivative (torch.func.jvp, jacfwd, hessian): "
@@ -311,7 +315,19 @@ def _backward_autograd(keyset, *args):
     return _below_autograd(sdpa_backward, _backward_cpu, keyset, args)
 
 
-_LIB.impl("scaled_dot_product_attention", _forward_autograd, "Autograd", with_keyset=True)
+_LIB.impl(
+    "scaled_dot_product_attention",
+    _attend.ForwardShortcut(
+        kernel=_forward_autograd,
+        cpu_keys=_CPU_KEYS,
+        forward_ad=fwAD,
+        grad_enabled=torch.is_grad_enabled,
+        transforms_active=torch._C._are_functorch_transforms_active,
+        threads=get_num_threads,
+    ),
+    "Autograd",
+    with_keyset=True,
+)
 _LIB.impl("scaled_dot_product_attention_backward", _backward_autograd, "Autograd", with_keyset=True)
 
 
