@@ -461,8 +461,45 @@ impl BertModel {
             // from outside the pool would hand each step over and wait for it.
             return rayon::scope(|_| self.forward_timed(batch, timings));
         }
-        let mut clock = Clock::new();
         self.check(batch)?;
+        let groups = sequence_groups(&batch.lengths, rayon::current_num_threads());
+        if groups.len() < 2 {
+            return self.forward_rows(batch, timings);
+        }
+        // Groups of whole sequences side by side, one per thread: each product
+        // then runs on one core, where the whole batch's would make the threads
+        // meet at every product. A sequence's result does not depend on its
+        // group, so the output is the same.
+        let parts: Vec<(Array3<f32>, Timings)> = groups
+            .par_iter()
+            .with_max_len(1)
+            .map(|range| {
+                let group = TokenBatch {
+                    ids: batch.ids.slice(s![range.clone(), ..]).to_owned(),
+                    type_ids: batch.type_ids.slice(s![range.clone(), ..]).to_owned(),
+                    lengths: batch.lengths[range.clone()].to_vec(),
+                };
+                let mut spent = Timings::default();
+                let out = self.forward_rows(&group, &mut spent)?;
+                Ok((out, spent))
+            })
+            .collect::<Result<_>>()?;
+        let views: Vec<_> = parts.iter().map(|(out, _)| out.view()).collect();
+        let out = ndarray::concatenate(Axis(0), &views).expect("groups share T and d");
+        // The threads' mean, so that the kinds still add up to the forward's time.
+        let ways = parts.len() as u32;
+        for (_, spent) in &parts {
+            timings.matmul += spent.matmul / ways;
+            timings.attention += spent.attention / ways;
+            timings.other += spent.other / ways;
+        }
+        Ok(out)
+    }
+
+    /// [`forward_timed`](Self::forward_timed) of a checked batch, every product
+    /// split over the thread pool.
+    fn forward_rows(&self, batch: &TokenBatch, timings: &mut Timings) -> Result<Array3<f32>> {
+        let mut clock = Clock::new();
         let (b, t) = batch.ids.dim();
         let d = self.config.hidden_size;
         let rows: Vec<(usize, usize)> = (0..b)
@@ -640,6 +677,30 @@ impl BertModel {
             position_bias: bias,
         })
     }
+}
+
+/// Fewest tokens for which a group of sequences gets a thread of its own: from
+/// about 64 rows a product runs near its single-thread peak (examples/dense_bench).
+const GROUP_TOKENS: usize = 64;
+
+/// Splits the sequences of `lengths` into at most `threads` contiguous groups of
+/// about equal tokens, each of at least [`GROUP_TOKENS`] tokens (one group when
+/// the batch is too small to share).
+fn sequence_groups(lengths: &[usize], threads: usize) -> Vec<std::ops::Range<usize>> {
+    let tokens: usize = lengths.iter().sum();
+    let ways = threads.min(tokens / GROUP_TOKENS).min(lengths.len()).max(1);
+    let mut groups = Vec::with_capacity(ways);
+    let (mut start, mut seen) = (0, 0);
+    for (i, &len) in lengths.iter().enumerate() {
+        seen += len;
+        // Cut once this group has its share of the tokens.
+        if seen * ways >= tokens * (groups.len() + 1) && groups.len() + 1 < ways {
+            groups.push(start..i + 1);
+            start = i + 1;
+        }
+    }
+    groups.push(start..lengths.len());
+    groups
 }
 
 /// Projection `which` (0 queries, 1 keys, 2 values) of one sequence's stacked
@@ -952,6 +1013,53 @@ mod tests {
         }
         assert_eq!(traced.attention.len(), 2);
         assert_eq!(traced.attention[0].attention.weights.dim(), (3, 2, 6, 6));
+    }
+
+    #[test]
+    fn a_batch_shared_out_over_threads_gives_each_sequence_its_own_bits() {
+        // 16 sequences, 147 tokens: two groups of at least GROUP_TOKENS on two
+        // threads, one group on one thread.
+        let seqs: Vec<(Vec<u32>, Vec<u32>)> = (0..16)
+            .map(|i| {
+                let len = 4 + (i * 5) % 11;
+                let ids = (0..len).map(|j| 1 + ((i * 7 + j * 3) % 9) as u32).collect();
+                (ids, vec![0; len])
+            })
+            .collect();
+        let tokens: usize = seqs.iter().map(|s| s.0.len()).sum();
+        assert_eq!(sequence_groups(&vec![1; tokens], 2).len(), 2);
+        let batch = TokenBatch::from_sequences(&seqs, 0).unwrap();
+        for family in [Family::Bert, Family::MpNet] {
+            let m = tiny_of(family);
+            for threads in [1, 2] {
+                let all = crate::threads::install(Some(threads), || m.forward(&batch))
+                    .unwrap()
+                    .unwrap();
+                for (i, s) in seqs.iter().enumerate() {
+                    let one = m
+                        .forward(&TokenBatch::from_sequences(std::slice::from_ref(s), 0).unwrap())
+                        .unwrap();
+                    let n = s.0.len();
+                    assert_eq!(
+                        all.slice(s![i, ..n, ..]),
+                        one.slice(s![0, .., ..]),
+                        "{family:?}, {threads} threads, sequence {i}"
+                    );
+                    assert!(all.slice(s![i, n.., ..]).iter().all(|&x| x == 0.0));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn sequence_groups_share_the_tokens_and_keep_small_batches_whole() {
+        assert_eq!(sequence_groups(&[40, 40, 40, 40], 2), vec![0..2, 2..4]);
+        assert_eq!(sequence_groups(&[100, 10, 10, 10], 2), vec![0..1, 1..4]);
+        // Too few tokens for two groups of GROUP_TOKENS, or one sequence.
+        assert_eq!(sequence_groups(&[30, 30, 30], 2), vec![0..3]);
+        assert_eq!(sequence_groups(&[500], 2), vec![0..1]);
+        assert_eq!(sequence_groups(&[0, 0], 2), vec![0..2]);
+        assert_eq!(sequence_groups(&[64, 64, 64], 4), vec![0..1, 1..2, 2..3]);
     }
 
     #[test]
