@@ -231,14 +231,25 @@ impl<'a> Tensor<'a> {
             )));
         }
         let ndim = usize::try_from(dl.ndim).unwrap_or(0);
-        // SAFETY: PyTorch points `shape` and `strides` at `ndim` sizes of the
-        // tensor, alive while the tensor is and the GIL held; they are copied here.
-        let (shape, strides) = unsafe {
-            (
-                std::slice::from_raw_parts(dl.shape, ndim),
-                std::slice::from_raw_parts(dl.strides, ndim),
-            )
-        };
+        let (shape, strides): (&[i64], &[i64]) =
+            if ndim == 0 || dl.shape.is_null() || dl.strides.is_null() {
+                // A scalar's pointers may be null, which a slice may not be.
+                (&[], &[])
+            } else {
+                // SAFETY: PyTorch points `shape` and `strides` at `ndim` sizes of the
+                // tensor, alive while the tensor is and the GIL held; they are copied here.
+                unsafe {
+                    (
+                        std::slice::from_raw_parts(dl.shape, ndim),
+                        std::slice::from_raw_parts(dl.strides, ndim),
+                    )
+                }
+            };
+        if shape.len() != ndim {
+            return Err(PyRuntimeError::new_err(format!(
+                "{name}: DLPack gave no shape"
+            )));
+        }
         let shape = shape
             .iter()
             .map(|&n| usize::try_from(n))
