@@ -10,6 +10,10 @@
 
 use super::{Init, NR};
 
+/// Most rows of one tile: two panels of 12 rows are 24 accumulators, as four
+/// panels of 6, on 32-register instruction sets.
+pub(super) const TALL_ROWS: usize = 2 * 6;
+
 /// Steps ahead of the sum at which a tile asks for its panels' next lines.
 const PREFETCH: usize = 16;
 use crate::isa::Simd;
@@ -95,7 +99,8 @@ impl<E: Step> Tile<E> {
     /// `a` must be readable for `rows` rows of `kc` elements `lda` apart, `b` for
     /// `kc` rows of 16 elements `ldb` apart in each of the `P` panels, and `c`
     /// readable and writable for `rows` rows of `16·P` floats `ldc` apart;
-    /// `rows ≤ 6`.
+    /// `rows ≤ 6`, or `rows ≤ TALL_ROWS` with `P = 2` on 32-register
+    /// instruction sets.
     #[inline(always)]
     pub unsafe fn run<I: Simd, const P: usize>(
         &self,
@@ -125,6 +130,19 @@ impl<E: Step> Tile<E> {
                         };
                         rest.fixed::<I, 1>(isa, rows - top, c.add(top * ldc), ldc, [init]);
                     }
+                }
+                return;
+            }
+            if rows > 6 {
+                debug_assert!(I::REGISTERS >= 32 && P == 2 && rows <= TALL_ROWS);
+                let init = [init[0], init[P - 1]];
+                match rows {
+                    12 => self.rows::<I, 12, 2>(isa, c, ldc, init),
+                    11 => self.rows::<I, 11, 2>(isa, c, ldc, init),
+                    10 => self.rows::<I, 10, 2>(isa, c, ldc, init),
+                    9 => self.rows::<I, 9, 2>(isa, c, ldc, init),
+                    8 => self.rows::<I, 8, 2>(isa, c, ldc, init),
+                    _ => self.rows::<I, 7, 2>(isa, c, ldc, init),
                 }
                 return;
             }
