@@ -5,7 +5,9 @@
 //! BLIS's structure, cut down to what encoder layers need: a register tile of 6
 //! rows × one 16-output panel on AVX2's 16 registers (12 accumulators), 6 rows ×
 //! four panels on AVX-512's 32 (24 accumulators, [`WIDE`]: each broadcast of `x`
-//! feeds four products, so loads stay well below the multiply-adds), `k` in blocks
+//! feeds four products, so loads stay well below the multiply-adds) or, for a
+//! block of 7 to 12 rows, all its rows × two panels (a short text's weights then
+//! read once, not by a 6-row tile and again by the rest), `k` in blocks
 //! of [`KC`], the weight read as 16-output panels (`[k][16]`). Inference layers
 //! pack their weight into panels once, at load ([`PackedWeight`], made by
 //! `Linear::for_inference`), so that each panel is one sequential stream: with one
@@ -456,7 +458,8 @@ impl<O: Operands> Problem<'_, O> {
                     // As many full panels at a time as the registers hold: a block
                     // of 7 to 12 rows takes two panels for all its rows at once
                     // (`TALL_ROWS`), which reads each weight once, not twice.
-                    if I::REGISTERS >= 32 && b.rows.len() > MR && full(p, 2) {
+                    let tall = (MR + 1..=tile::TALL_ROWS).contains(&b.rows.len());
+                    if I::REGISTERS >= 32 && tall && full(p, 2) {
                         self.panels::<I, 2>(isa, b, p, (s0, sc), out);
                         p += 2;
                     } else if I::REGISTERS >= 32 && full(p, WIDE) {
