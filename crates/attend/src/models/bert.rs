@@ -462,9 +462,11 @@ impl BertModel {
             return rayon::scope(|_| self.forward_timed(batch, timings));
         }
         self.check(batch)?;
+        // MPNet's bias for the batch's T, made once and shared by every group.
+        let bias = self.position_bias(batch.ids.ncols());
         let groups = sequence_groups(&batch.lengths, rayon::current_num_threads());
         if groups.len() < 2 {
-            return self.forward_rows(batch, timings);
+            return self.forward_rows(batch, bias.as_ref(), timings);
         }
         // Groups of whole sequences side by side, one per thread: each product
         // then runs on one core, where the whole batch's would make the threads
@@ -480,7 +482,7 @@ impl BertModel {
                     lengths: batch.lengths[range.clone()].to_vec(),
                 };
                 let mut spent = Timings::default();
-                let out = self.forward_rows(&group, &mut spent)?;
+                let out = self.forward_rows(&group, bias.as_ref(), &mut spent)?;
                 Ok((out, spent))
             })
             .collect::<Result<_>>()?;
@@ -496,9 +498,14 @@ impl BertModel {
         Ok(out)
     }
 
-    /// [`forward_timed`](Self::forward_timed) of a checked batch, every product
-    /// split over the thread pool.
-    fn forward_rows(&self, batch: &TokenBatch, timings: &mut Timings) -> Result<Array3<f32>> {
+    /// [`forward_timed`](Self::forward_timed) of a checked batch with its position
+    /// bias, every product split over the thread pool.
+    fn forward_rows(
+        &self,
+        batch: &TokenBatch,
+        bias: Option<&Array4<f32>>,
+        timings: &mut Timings,
+    ) -> Result<Array3<f32>> {
         let mut clock = Clock::new();
         let (b, t) = batch.ids.dim();
         let d = self.config.hidden_size;
@@ -508,14 +515,13 @@ impl BertModel {
         if rows.is_empty() {
             return Ok(Array3::zeros((b, t, d)));
         }
-        let bias = self.position_bias(t);
         let mut h = self.embed_rows(batch, &rows)?;
         clock.lap(&mut timings.other);
         for layer in &self.layers {
             let m = &layer.attention;
             let qkv = layer.qkv.forward(h.view())?;
             clock.lap(&mut timings.matmul);
-            let merged = self.attend_sequences(&qkv, &batch.lengths, bias.as_ref())?;
+            let merged = self.attend_sequences(&qkv, &batch.lengths, bias)?;
             clock.lap(&mut timings.attention);
             let out_proj = m.out_proj.as_ref().ok_or_else(no_out_proj)?;
             let a =

@@ -452,14 +452,14 @@ impl<O: Operands> Problem<'_, O> {
             for s0 in (0..depth).step_by(O::BLOCK) {
                 let sc = O::BLOCK.min(depth - s0);
                 let mut p = b.panels.start;
+                let tall = I::REGISTERS >= 32 && (MR + 1..=tile::TALL_ROWS).contains(&b.rows.len());
                 let full =
                     |p: usize, count: usize| p + count <= b.panels.end && (p + count) * NR <= n;
                 while p < b.panels.end {
                     // As many full panels at a time as the registers hold: a block
                     // of 7 to 12 rows takes two panels for all its rows at once
                     // (`TALL_ROWS`), which reads each weight once, not twice.
-                    let tall = (MR + 1..=tile::TALL_ROWS).contains(&b.rows.len());
-                    if I::REGISTERS >= 32 && tall && full(p, 2) {
+                    if tall && full(p, 2) {
                         self.panels::<I, 2>(isa, b, p, (s0, sc), out);
                         p += 2;
                     } else if I::REGISTERS >= 32 && full(p, WIDE) {
