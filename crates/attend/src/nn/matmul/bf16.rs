@@ -317,6 +317,7 @@ mod tests {
             (13, 769, 33),
             (50, 1000, 70),
             (97, 1536, 384),
+            (487, 130, 40),
         ] {
             let (x, w, bias) = operands(m, k, n);
             let want = exact(&x, &w, &bias);
@@ -380,7 +381,8 @@ mod tests {
 
     #[test]
     fn same_bits_whatever_the_thread_count() {
-        for m in [5, 200] {
+        // One row block, and three (`MC`).
+        for m in [5, 200, 3 * super::super::MC - 7] {
             let (x, w, bias) = operands(m, 1536, 384);
             let packed = PackedBf16::new(w.view(), true);
             let run = |threads: usize| {
