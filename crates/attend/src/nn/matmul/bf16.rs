@@ -141,21 +141,35 @@ impl PackedBf16 {
     pub(crate) fn new(w: ArrayView2<'_, f32>, parallel: bool) -> Self {
         let (n, k) = w.dim();
         let panel = pairs(k) * NR;
-        let mut data = vec![0u32; n.div_ceil(NR) * panel];
-        let fill = |(p, dst): (usize, &mut [u32])| {
-            for j in p * NR..((p + 1) * NR).min(n) {
+        let len = n.div_ceil(NR) * panel;
+        // Not zeroed first (as the f32 packing): each panel writes all of its part,
+        // zeros in the lanes past `n`.
+        let mut data = Vec::with_capacity(len);
+        let fill = |(p, dst): (usize, &mut [MaybeUninit<u32>])| {
+            for lane in 0..NR {
+                let j = p * NR + lane;
+                let slots = dst.iter_mut().skip(lane).step_by(NR);
+                if j >= n {
+                    slots.for_each(|slot| {
+                        slot.write(0);
+                    });
+                    continue;
+                }
                 let row = w.row(j);
-                for (q, slot) in dst.iter_mut().skip(j - p * NR).step_by(NR).enumerate() {
+                for (q, slot) in slots.enumerate() {
                     let high = if 2 * q + 1 < k { row[2 * q + 1] } else { 0.0 };
-                    *slot = pair(row[2 * q], high);
+                    slot.write(pair(row[2 * q], high));
                 }
             }
         };
+        let dst = &mut data.spare_capacity_mut()[..len];
         if panel > 0 && parallel {
-            data.par_chunks_mut(panel).enumerate().for_each(fill);
+            dst.par_chunks_mut(panel).enumerate().for_each(fill);
         } else if panel > 0 {
-            data.chunks_mut(panel).enumerate().for_each(fill);
+            dst.chunks_mut(panel).enumerate().for_each(fill);
         }
+        // SAFETY: every panel's lanes were all written above (or `len` is 0).
+        unsafe { data.set_len(len) };
         PackedBf16 { n, k, data }
     }
 
