@@ -193,3 +193,32 @@ proptest! {
         run_case(&c);
     }
 }
+
+/// A case the property test drew on 2026-11-25 (a random seed) that fails the rule
+/// on every instruction set, with the same error on each: 3.46e-6 against 2 × naive
+/// 2.38e-7 + floor 2.12e-6. Each query sees at most four of the 118 keys (the
+/// window and the mask), so a score's error reaches the output undiluted, and with
+/// `E = 128` at scale 1.31 the scores' own rounding in the sum of 128 products is
+/// larger than the floor's `ulp(s)` term; the naive implementation was far inside
+/// it on these inputs. Whether the kernel's summation or the floor is at fault is
+/// not settled: kept, ignored, until it is (`cargo test --release --test
+/// fused_props -- --ignored`).
+#[test]
+#[ignore = "open: beyond the error rule's floor, see the comment"]
+fn a_windowed_case_of_128_wide_heads_beyond_the_floor() {
+    run_case(&Case {
+        batch: 1,
+        kv_heads: 1,
+        group: 1,
+        l: 5,
+        s: 118,
+        e: 128,
+        ev: 64,
+        masks: 1,
+        causal: None,
+        window: Some((3, 0)),
+        layout: 0,
+        scale: Some(1.313_780_8),
+        seed: 17_375_462_556_892_961_967,
+    });
+}
