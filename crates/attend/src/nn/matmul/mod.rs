@@ -167,9 +167,10 @@ fn plan(m: usize, panels: usize, parallel: bool, whole_rows: bool) -> Vec<Block>
         let row_block = m.div_ceil(4 * ways).next_multiple_of(MR).min(MC);
         (row_block, panels)
     } else if m > FEW_ROWS {
-        // Row blocks of equal size up to MC rows, cut across at most 24 panels (a
-        // block's panels then stay in L2) and into at least four blocks per
-        // thread, so that neither thread waits on the other's one big block.
+        // Row blocks of equal size up to MC rows, cut across at most 24 panels
+        // (for k = 384 a block's slice of them is 590 KiB) and into at least four
+        // blocks per thread, so that neither thread waits on the other's one big
+        // block.
         let row_blocks = m.div_ceil(MC);
         let row_block = m.div_ceil(row_blocks).next_multiple_of(MR);
         let chunks = (4 * ways).div_ceil(row_blocks).max(panels.div_ceil(24));
