@@ -216,7 +216,9 @@ fn check_against(
         }
     }
     // The f32 rounding floor: output magnitude, plus how far the output moves when
-    // each scaled score is rounded to f32 (|∂out/∂s| · ulp(s), to first order).
+    // each scaled score is rounded to f32 (|∂out/∂s| · ulp(s), to first order) and
+    // when each product of its dot product carries one rounding (u · Σ|q·k|: where
+    // the products cancel, the score is small but its error is not).
     // Every f32 implementation pays this, so on small problems the naive
     // implementation's error alone is too noisy a yardstick.
     let vmax = want
@@ -225,6 +227,13 @@ fn check_against(
         .fold(0.0f64, |m, &x| m.max(x.abs() as f64));
     let eps = f32::EPSILON as f64;
     let group = d.heads / d.kv_heads;
+    // Σ_e |q·k| · |scale| of every score, for the products' roundings above.
+    let abs_dots = Array4::from_shape_fn(want.weights.raw_dim(), |(b, h, i, j)| {
+        (0..d.head_dim)
+            .map(|e| (p.q[[b, h, i, e]] as f64 * p.k[[b, h / group, j, e]] as f64).abs())
+            .sum::<f64>()
+            * (p.scale as f64).abs()
+    });
     let mut score_floor = 0.0f64;
     for ((b, h, i, c), &o) in want.output.indexed_iter() {
         let mut sens = 0.0f64;
@@ -235,7 +244,7 @@ fn check_against(
                 + p.bias_at(b, h, i, j).abs() as f64;
             if w > 0.0 {
                 let dv = p.v[[b, h / group, j, c]] as f64 - o as f64;
-                sens += w * dv.abs() * s * eps;
+                sens += w * dv.abs() * (s * eps + abs_dots[[b, h, i, j]] * eps / 2.0);
             }
         }
         score_floor = score_floor.max(sens);
