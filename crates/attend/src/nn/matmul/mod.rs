@@ -52,11 +52,10 @@ const KC: usize = 384;
 /// does not depend on the blocking).
 const SUM_BLOCK: usize = 64;
 /// Rows per block when there are many. Every block reads its panels of the weight
-/// (megabytes, from L3 or memory), so the more rows share them the less is read:
-/// on a Zen 4 (1 MiB L2), 240 rows instead of 48 made a 64-row product 5-19 %
-/// faster and a 256-row one 10-20 % (f32, 2 threads; the weight then read once),
-/// with a plateau up to 516. 240 rows of `x` are 360 KiB at `k = 384`, which leaves a
-/// 512 KiB L2 room for a tile's panels.
+/// (megabytes, from L3 or memory), so the more rows share them the less is read: a
+/// 64-row product reads the weight once (the commit that set 240 instead of 48
+/// gives its A/B; `scripts/bench-dense` shows the shares). 240 rows of `x` are
+/// 360 KiB at `k = 384`, which leaves a 512 KiB L2 room for a tile's panels.
 const MC: usize = 40 * MR;
 /// Up to this many rows, the weight is read where it lies instead of being packed.
 const FEW_ROWS: usize = 2 * MR;
@@ -472,10 +471,10 @@ impl<O: Operands> Problem<'_, O> {
         // SAFETY: the caller upholds this function's contract (see # Safety).
         unsafe {
             let (depth, n) = (self.operands.depth(), self.n);
+            let tall = b.rows.len() > MR && tile::tall::<I>(b.rows.len());
             for s0 in (0..depth).step_by(O::BLOCK) {
                 let sc = O::BLOCK.min(depth - s0);
                 let mut p = b.panels.start;
-                let tall = I::REGISTERS >= 32 && (MR + 1..=tile::TALL_ROWS).contains(&b.rows.len());
                 let full =
                     |p: usize, count: usize| p + count <= b.panels.end && (p + count) * NR <= n;
                 while p < b.panels.end {
@@ -537,8 +536,11 @@ impl<O: Operands> Problem<'_, O> {
                 }
             }
             let width = P * NR;
-            let tall = I::REGISTERS >= 32 && P == 2 && b.rows.len() <= tile::TALL_ROWS;
-            let step = if tall { b.rows.len() } else { MR };
+            let step = if P == 2 && tile::tall::<I>(b.rows.len()) {
+                b.rows.len()
+            } else {
+                MR
+            };
             let mut r = b.rows.start;
             while r < b.rows.end {
                 let rows = step.min(b.rows.end - r);

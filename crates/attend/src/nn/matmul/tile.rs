@@ -8,11 +8,16 @@
 //! runs over the same steps in the same order whatever the tile's shape, so the bits
 //! do not depend on it.
 
-use super::{Init, NR};
+use super::{Init, MR, NR};
 
 /// Most rows of one tile: two panels of 12 rows are 24 accumulators, as four
 /// panels of 6, on 32-register instruction sets.
-pub(super) const TALL_ROWS: usize = 2 * 6;
+pub(super) const TALL_ROWS: usize = 2 * MR;
+
+/// Whether `rows` rows fit one tile of two panels on `I` (see [`TALL_ROWS`]).
+pub(super) fn tall<I: Simd>(rows: usize) -> bool {
+    I::REGISTERS >= 32 && rows <= TALL_ROWS
+}
 
 /// Steps ahead of the sum at which a tile asks for its panels' next lines.
 const PREFETCH: usize = 16;
@@ -133,8 +138,8 @@ impl<E: Step> Tile<E> {
                 }
                 return;
             }
-            if rows > 6 {
-                debug_assert!(I::REGISTERS >= 32 && P == 2 && rows <= TALL_ROWS);
+            if rows > MR {
+                debug_assert!(P == 2 && tall::<I>(rows));
                 let init = [init[0], init[P - 1]];
                 match rows {
                     12 => self.rows::<I, 12, 2>(isa, c, ldc, init),
