@@ -24,6 +24,7 @@ use rayon::prelude::*;
 
 use super::{bias_only, Epilogue, Init, Operands, Problem, Tile, KC, NR, PARALLEL_MIN};
 use crate::isa::{bf16_bits, dispatch, IsaToken, Scalar, Simd};
+use crate::memory::LargePageArray;
 
 /// Pairs in a row of `k` numbers.
 fn pairs(k: usize) -> usize {
@@ -122,12 +123,11 @@ fn pair(low: f32, high: f32) -> u32 {
 /// A weight `w [n, k]` rounded to bf16 in the product's layout: 16-output panels,
 /// each `[k/2][16]` pairs (row `q`, lane `j`: `w[16p + j][2q]` low,
 /// `w[16p + j][2q + 1]` high), zero past `n` and past `k`. Half the bytes of the
-/// f32 packing.
-#[derive(Clone)]
+/// f32 packing, and on huge pages as it is ([`LargePageArray`]).
 pub(crate) struct PackedBf16 {
     n: usize,
     k: usize,
-    data: Vec<u32>,
+    data: LargePageArray<u32>,
 }
 
 impl std::fmt::Debug for PackedBf16 {
@@ -144,7 +144,6 @@ impl PackedBf16 {
         let len = n.div_ceil(NR) * panel;
         // Not zeroed first (as the f32 packing): each panel writes all of its part,
         // zeros in the lanes past `n`.
-        let mut data = Vec::with_capacity(len);
         let fill = |(p, dst): (usize, &mut [MaybeUninit<u32>])| {
             for lane in 0..NR {
                 let j = p * NR + lane;
@@ -162,14 +161,16 @@ impl PackedBf16 {
                 }
             }
         };
-        let dst = &mut data.spare_capacity_mut()[..len];
-        if panel > 0 && parallel {
-            dst.par_chunks_mut(panel).enumerate().for_each(fill);
-        } else if panel > 0 {
-            dst.chunks_mut(panel).enumerate().for_each(fill);
-        }
-        // SAFETY: every panel's lanes were all written above (or `len` is 0).
-        unsafe { data.set_len(len) };
+        // SAFETY: every panel's lanes are all written (or `len` is 0).
+        let data = unsafe {
+            LargePageArray::filled(len, |dst| {
+                if panel > 0 && parallel {
+                    dst.par_chunks_mut(panel).enumerate().for_each(fill);
+                } else if panel > 0 {
+                    dst.chunks_mut(panel).enumerate().for_each(fill);
+                }
+            })
+        };
         PackedBf16 { n, k, data }
     }
 

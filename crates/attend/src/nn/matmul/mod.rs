@@ -29,6 +29,7 @@ use ndarray::{Array2, ArrayView2};
 use rayon::prelude::*;
 
 use crate::isa::{dispatch, Isa, IsaToken, Simd, SimdJob};
+use crate::memory::LargePageArray;
 
 mod bf16;
 mod epilogue;
@@ -118,7 +119,10 @@ fn linear_on<'a>(
             let tail = (!n.is_multiple_of(NR)).then(|| pack_panels(w, panels - 1..panels, false));
             Panels::InPlace { w, tail }
         }
-        None => Panels::Owned(PackedWeight::new(w, parallel)),
+        None => Panels::Owned {
+            data: pack_panels(w, 0..panels, parallel),
+            k,
+        },
     };
     let operands = F32Operands {
         x: x.as_ptr(),
@@ -230,12 +234,12 @@ unsafe impl Sync for Out {}
 
 /// A weight `w [n, k]` in the product's layout: 16-output panels, each `[k][16]`
 /// contiguous (zero-padded past `n`), so that reading a panel is one sequential
-/// stream. `Linear::for_inference` makes one at load; other layers pack per call.
-#[derive(Clone)]
+/// stream. `Linear::for_inference` makes one at load, on huge pages
+/// ([`LargePageArray`]); other layers pack per call.
 pub(crate) struct PackedWeight {
     n: usize,
     k: usize,
-    data: Vec<f32>,
+    data: LargePageArray<f32>,
 }
 
 impl std::fmt::Debug for PackedWeight {
@@ -248,7 +252,13 @@ impl PackedWeight {
     /// Packs `w [n, k]` (any strides), in parallel if `parallel`.
     pub(crate) fn new(w: ArrayView2<'_, f32>, parallel: bool) -> Self {
         let (n, k) = w.dim();
-        let data = pack_panels(w, 0..n.div_ceil(NR), parallel);
+        let panels = 0..n.div_ceil(NR);
+        // SAFETY: `write_panels` writes every element.
+        let data = unsafe {
+            LargePageArray::filled(panels.len() * k * NR, |dst| {
+                write_panels(w, panels, parallel, dst)
+            })
+        };
         PackedWeight { n, k, data }
     }
 
@@ -278,14 +288,27 @@ impl PackedWeight {
 
 /// Panels `panels` of `w [n, k]`, one after the other, each `[k][16]`, on all
 /// threads if `parallel`.
+fn pack_panels(w: ArrayView2<'_, f32>, panels: std::ops::Range<usize>, parallel: bool) -> Vec<f32> {
+    let len = panels.len() * w.ncols() * NR;
+    let mut data = Vec::with_capacity(len);
+    write_panels(w, panels, parallel, &mut data.spare_capacity_mut()[..len]);
+    // SAFETY: `write_panels` wrote each of the `len` elements.
+    unsafe { data.set_len(len) };
+    data
+}
+
+/// Writes panels `panels` of `w [n, k]` into `dst`, every element of it, one
+/// panel after the other, each `[k][16]`, on all threads if `parallel`.
 ///
 /// The buffer is not zeroed first: every panel writes all of its part (a weight's
 /// zero fill was a sixth of mpnet's f32 load, in a profile of it).
-fn pack_panels(w: ArrayView2<'_, f32>, panels: std::ops::Range<usize>, parallel: bool) -> Vec<f32> {
+fn write_panels(
+    w: ArrayView2<'_, f32>,
+    panels: std::ops::Range<usize>,
+    parallel: bool,
+    dst: &mut [MaybeUninit<f32>],
+) {
     let k = w.ncols();
-    let len = panels.len() * k * NR;
-    let mut data = Vec::with_capacity(len);
-    let dst = &mut data.spare_capacity_mut()[..len];
     let first = panels.start;
     if k > 0 && parallel {
         dst.par_chunks_mut(k * NR)
@@ -296,9 +319,6 @@ fn pack_panels(w: ArrayView2<'_, f32>, panels: std::ops::Range<usize>, parallel:
             .enumerate()
             .for_each(|(p, dst)| copy_panel(w, first + p, dst));
     }
-    // SAFETY: `copy_panel` wrote each of the `len` elements (or `len` is 0).
-    unsafe { data.set_len(len) };
-    data
 }
 
 /// Writes panel `p` of `w [n, k]` (outputs `16p ..`) into `dst [k][16]`, every
@@ -332,8 +352,9 @@ fn copy_panel(w: ArrayView2<'_, f32>, p: usize, dst: &mut [MaybeUninit<f32>]) {
 enum Panels<'a> {
     /// Packed at load.
     Packed(&'a PackedWeight),
-    /// Packed for this call.
-    Owned(PackedWeight),
+    /// Packed for this call (on the heap, reused call after call, where a
+    /// long-lived [`PackedWeight`] has its own huge pages).
+    Owned { data: Vec<f32>, k: usize },
     /// A column-major weight read where it lies, with a packed copy of a last
     /// partial panel so that no read goes past the weight.
     InPlace {
@@ -347,7 +368,7 @@ impl Panels<'_> {
     fn at(&self, p: usize, kk: usize) -> (*const f32, usize) {
         match self {
             Panels::Packed(w) => (w.data[(p * w.k + kk) * NR..].as_ptr(), NR),
-            Panels::Owned(w) => (w.data[(p * w.k + kk) * NR..].as_ptr(), NR),
+            Panels::Owned { data, k } => (data[(p * k + kk) * NR..].as_ptr(), NR),
             Panels::InPlace { w, tail } => {
                 if (p + 1) * NR > w.nrows() {
                     let t = tail.as_ref().expect("a partial panel has its copy");
