@@ -13,9 +13,10 @@
 //! sums (a product of bf16 numbers is exact in f32). An odd `k` ends with a pair
 //! whose high half is zero in both operands.
 //!
-//! The blocking, the partial sums of `SUM_BLOCK` terms, the bias, the fused
-//! activation and the split into blocks are the f32 product's, so a row's result
-//! depends neither on the batch nor on the thread count.
+//! The blocking, the bias, the fused activation and the split into blocks are the
+//! f32 product's, so a row's result depends neither on the batch nor on the thread
+//! count; the partial sums run over a whole block of the sum (the f32 sum's error
+//! is far below the bf16 operands' rounding).
 
 use std::mem::MaybeUninit;
 

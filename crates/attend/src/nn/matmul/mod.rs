@@ -49,8 +49,9 @@ const NR: usize = crate::isa::LANES;
 const WIDE: usize = 4;
 /// Depth of a block of `k`: a `KC × NR` weight panel is 24 KiB, within L1.
 const KC: usize = 384;
-/// Terms per partial sum (a divisor of [`KC`], so that the order of operations
-/// does not depend on the blocking).
+/// Terms per partial sum of the f32 product (a divisor of [`KC`], so that the
+/// order of operations does not depend on the blocking); the bf16 product sums a
+/// whole block (`tile::Step::PARTIAL`).
 const SUM_BLOCK: usize = 64;
 /// Rows per block when there are many. Every block reads its panels of the weight
 /// (megabytes, from L3 or memory), so the more rows share them the less is read: a
