@@ -10,9 +10,10 @@
 //! read once, not by a 6-row tile and again by the rest), `k` in blocks
 //! of [`KC`], the weight read as 16-output panels (`[k][16]`). Inference layers
 //! pack their weight into panels once, at load ([`PackedWeight`], made by
-//! `Linear::for_inference`), so that each panel is one sequential stream: with one
-//! short sentence the product is bound by reading the weights from memory, and a
-//! sequential stream reads fastest. Other layers pack per call, or, with few rows
+//! `Linear::for_inference`, on huge pages where the system gives them), so that
+//! each panel is one sequential stream: with one short sentence the product is
+//! bound by reading the weights from memory, and a sequential stream reads
+//! fastest. Other layers pack per call, or, with few rows
 //! and a column-major weight, read it where it lies. The bias is the accumulators'
 //! starting point, and an [`Epilogue`] (an activation, or the residual and a
 //! LayerNorm) is applied to each block while it is still in cache.
