@@ -495,8 +495,16 @@ impl<O: Operands> Problem<'_, O> {
         unsafe {
             let (depth, n) = (self.operands.depth(), self.n);
             let tall = b.rows.len() > MR && tile::tall::<I>(b.rows.len());
-            for s0 in (0..depth).step_by(O::BLOCK) {
-                let sc = O::BLOCK.min(depth - s0);
+            // A block of a few rows (a short text) reads each weight once, from
+            // memory: its tiles run the whole depth, so that each panel is one
+            // sequential stream rather than KC steps of it and then the next
+            // panel's. The partial sums are added in the same order either way.
+            let block = match b.rows.len() <= tile::TALL_ROWS {
+                true => depth.max(1),
+                false => O::BLOCK,
+            };
+            for s0 in (0..depth).step_by(block) {
+                let sc = block.min(depth - s0);
                 let mut p = b.panels.start;
                 let full =
                     |p: usize, count: usize| p + count <= b.panels.end && (p + count) * NR <= n;
