@@ -13,6 +13,7 @@
 
 use std::time::Instant;
 
+use attend::memory::LargePageArray;
 use attend::models::SentenceEncoder;
 use attend::problem::Precision;
 use rayon::prelude::*;
@@ -50,27 +51,6 @@ fn read_all(data: &[f32]) -> f32 {
         .sum()
 }
 
-/// A buffer holding `len` numbers from index `start` on, which lies on a 2 MiB
-/// boundary advised to use huge pages, as the packed weights do
-/// (`attend::memory`): the reference stream then reads the same kind of pages.
-fn on_large_pages(len: usize) -> (Vec<f32>, usize) {
-    const LARGE_PAGE: usize = 2 << 20;
-    let mut storage: Vec<f32> = Vec::with_capacity(len + LARGE_PAGE / 4);
-    let base = storage.as_ptr() as usize;
-    let start = (base.next_multiple_of(LARGE_PAGE) - base) / 4;
-    #[cfg(target_os = "linux")]
-    // SAFETY: advice on memory this vector owns, before it is first written.
-    unsafe {
-        libc::madvise(
-            (base + start * 4) as *mut libc::c_void,
-            len * 4 / LARGE_PAGE * LARGE_PAGE,
-            libc::MADV_HUGEPAGE,
-        );
-    }
-    storage.extend((0..start + len).map(|i| (i % 7) as f32));
-    (storage, start)
-}
-
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // As the attend command runs the encoders.
     attend::memory::keep_freed_memory();
@@ -105,11 +85,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 std::hint::black_box(encoder.model.forward(&batch).expect("a valid batch"));
             })
         });
-        let (storage, start) = on_large_pages(bytes / 4);
-        let buffer = &storage[start..start + bytes / 4];
+        // On huge pages as the packed weights are, so that both streams read the
+        // same kind of pages.
+        let buffer = LargePageArray::from_fn(bytes / 4, |i| (i % 7) as f32);
         let read = rayon::scope(|_| {
             time(reps, || {
-                std::hint::black_box(read_all(buffer));
+                std::hint::black_box(read_all(&buffer));
             })
         });
         let gbs = |s: f64| bytes as f64 / s / 1e9;

@@ -1,6 +1,6 @@
 //! Where the encoder's large buffers get their memory: the allocator's treatment
 //! of short-lived activations ([`keep_freed_memory`]) and huge pages for the
-//! packed weights (`LargePageArray`).
+//! packed weights ([`LargePageArray`]).
 //!
 //! A forward pass allocates each layer's activations afresh (megabytes each for a
 //! batch of sentences) and frees them a layer later. glibc's allocator serves
@@ -52,9 +52,17 @@ const LARGE_PAGE: usize = 2 << 20;
 /// huge pages (`MADV_HUGEPAGE`, which the default `madvise` setting honours), so
 /// that a stream through it crosses no 4 KiB page boundary, where the hardware
 /// prefetcher stops, and needs a 512th of the TLB entries. One short sentence
-/// through an encoder is bound by that stream (docs/encoder-speed.md gives the
-/// A/B). Smaller arrays, and other systems, use the ordinary allocator.
-pub(crate) struct LargePageArray<T: Copy> {
+/// through an encoder is bound by that stream (the commit that made this gives
+/// the A/B). Smaller arrays, and other systems, use the ordinary allocator.
+///
+/// Public for benchmarks that compare a stream with the weights' own (the
+/// `stream_bench` example's reference read):
+///
+/// ```
+/// let ramp = attend::memory::LargePageArray::from_fn(1 << 20, |i| i as f32);
+/// assert_eq!(ramp[1000], 1000.0);
+/// ```
+pub struct LargePageArray<T: Copy> {
     ptr: std::ptr::NonNull<T>,
     len: usize,
 }
@@ -84,6 +92,18 @@ impl<T: Copy> LargePageArray<T> {
         let slots = unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr().cast(), len) };
         fill(slots);
         array
+    }
+
+    /// An array of `len` elements, element `i` being `f(i)`.
+    pub fn from_fn(len: usize, f: impl Fn(usize) -> T) -> Self {
+        // SAFETY: the loop writes every slot.
+        unsafe {
+            Self::filled(len, |slots| {
+                for (i, slot) in slots.iter_mut().enumerate() {
+                    slot.write(f(i));
+                }
+            })
+        }
     }
 
     fn bytes(len: usize) -> usize {
@@ -201,14 +221,7 @@ mod tests {
 
     /// An array of `len` numbers `0, 1, 2, …`.
     fn counting(len: usize) -> LargePageArray<u32> {
-        // SAFETY: the loop writes every slot.
-        unsafe {
-            LargePageArray::filled(len, |slots| {
-                for (i, slot) in slots.iter_mut().enumerate() {
-                    slot.write(i as u32);
-                }
-            })
-        }
+        LargePageArray::from_fn(len, |i| i as u32)
     }
 
     #[test]

@@ -499,9 +499,10 @@ impl<O: Operands> Problem<'_, O> {
             // memory: its tiles run the whole depth, so that each panel is one
             // sequential stream rather than KC steps of it and then the next
             // panel's. The partial sums are added in the same order either way.
-            let block = match b.rows.len() <= tile::TALL_ROWS {
-                true => depth.max(1),
-                false => O::BLOCK,
+            let block = if b.rows.len() <= tile::TALL_ROWS {
+                depth.max(1)
+            } else {
+                O::BLOCK
             };
             for s0 in (0..depth).step_by(block) {
                 let sc = block.min(depth - s0);

@@ -69,9 +69,8 @@ impl Step for u32 {
     /// A whole block of the sum (384 pairs). Rounding each operand to bf16 moves
     /// it by up to 2⁻⁹ of itself, so a product by about 2⁻⁸; the f32 sum adds at
     /// most `k · 2⁻²⁴` of the sum of the products' sizes (4.7 % of 2⁻⁸ at
-    /// `k = 3072`). Shorter partial sums would buy nothing that shows, while a
-    /// join every 32 pairs cost 4-8 % of an mpnet corpus in bf16 (the commit
-    /// gives its A/B).
+    /// `k = 3072`). Shorter partial sums would buy nothing that shows, while each
+    /// join costs the tile time (the commit that set this gives the A/B).
     const PARTIAL: usize = super::KC;
     /// Six rows' accumulators, the panel's pairs widened to f32 and a row's pair do
     /// not fit in 16 registers: four rows, then the rest.
