@@ -240,6 +240,10 @@ unsafe impl Simd for Avx2 {
         halves!(_mm256_mul_ps, a, b)
     }
     #[inline(always)]
+    fn div(self, a: V2, b: V2) -> V2 {
+        halves!(_mm256_div_ps, a, b)
+    }
+    #[inline(always)]
     fn max(self, a: V2, b: V2) -> V2 {
         // vmaxps returns its second operand when either is NaN.
         halves!(_mm256_max_ps, a, b)

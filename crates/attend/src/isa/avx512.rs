@@ -108,6 +108,11 @@ unsafe impl<const BF16: bool> Simd for Avx512Of<BF16> {
         unsafe { _mm512_mul_ps(a, b) }
     }
     #[inline(always)]
+    fn div(self, a: __m512, b: __m512) -> __m512 {
+        // SAFETY: the token proves AVX-512F.
+        unsafe { _mm512_div_ps(a, b) }
+    }
+    #[inline(always)]
     fn max(self, a: __m512, b: __m512) -> __m512 {
         // SAFETY: the token proves AVX-512F. vmaxps returns its second operand when
         // either is NaN.

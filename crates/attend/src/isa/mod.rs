@@ -316,6 +316,8 @@ pub(crate) unsafe trait Simd: Copy + Send + Sync {
     fn sub(self, a: Self::V, b: Self::V) -> Self::V;
     /// `a · b`.
     fn mul(self, a: Self::V, b: Self::V) -> Self::V;
+    /// `a / b`, correctly rounded (as the scalar division).
+    fn div(self, a: Self::V, b: Self::V) -> Self::V;
     /// Lane-wise maximum; a NaN in `b` is returned as is, so NaN scores propagate.
     fn max(self, a: Self::V, b: Self::V) -> Self::V;
     /// `y`, but −∞ in the lanes where `mask` is −∞: a masked score stays masked

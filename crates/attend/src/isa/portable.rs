@@ -71,6 +71,10 @@ unsafe impl Simd for Portable {
         map2(a, b, |x, y| x * y)
     }
     #[inline(always)]
+    fn div(self, a: V, b: V) -> V {
+        map2(a, b, |x, y| x / y)
+    }
+    #[inline(always)]
     fn max(self, a: V, b: V) -> V {
         // Like x86 `maxps`: returns b unless a > b, so a NaN in b survives.
         map2(a, b, |x, y| if x > y { x } else { y })

@@ -8,10 +8,12 @@ use crate::isa::{Simd, LANES};
 
 /// `dst[c, r] = src[r, c]` for an `R × C` `src` and a `C × R` `dst`, any strides.
 ///
-/// Whole 16 × 16 blocks go through [`Simd::transpose16`] when both sides have unit
-/// column strides: element by element, packing and writing out took about 5 % of
-/// the fused forward's time at B1 H8 N512 d64 (docs/fused-forward.md). The edges,
-/// and views with other strides, are copied one element at a time.
+/// When both sides have unit column strides, every block of up to 16 × 16 goes
+/// through [`Simd::transpose16`], the edge blocks with partial loads and stores:
+/// element by element, packing and writing out took about 5 % of the fused
+/// forward's time at B1 H8 N512 d64 (docs/fused-forward.md), and the edges alone as
+/// much at the 22-token sequences of a sentence encoder. Views with other strides
+/// are copied one element at a time.
 ///
 /// # Panics
 /// If `dst`'s shape is not `src`'s reversed.
@@ -23,34 +25,43 @@ pub(crate) fn transpose<I: Simd>(
 ) {
     let (rows, cols) = src.dim();
     assert_eq!(dst.dim(), (cols, rows), "a transpose's shapes must match");
-    let (full_r, full_c) = if src.strides()[1] == 1 && dst.strides()[1] == 1 {
-        (rows / LANES * LANES, cols / LANES * LANES)
-    } else {
-        (0, 0)
-    };
+    if src.strides()[1] != 1 || dst.strides()[1] != 1 {
+        for ((r, c), &x) in src.indexed_iter() {
+            dst[[c, r]] = x;
+        }
+        return;
+    }
     let (srs, drs) = (src.strides()[0], dst.strides()[0]);
-    for r0 in (0..full_r).step_by(LANES) {
-        for c0 in (0..full_c).step_by(LANES) {
-            // SAFETY: rows `r0..r0 + 16` and columns `c0..c0 + 16` are inside `src`,
-            // and rows `c0..c0 + 16`, columns `r0..r0 + 16` inside `dst` (`full_r`
-            // and `full_c` are whole blocks); both have unit column strides, so each
-            // block row is 16 contiguous floats.
+    let zero = isa.splat(0.0);
+    for r0 in (0..rows).step_by(LANES) {
+        let nr = LANES.min(rows - r0);
+        for c0 in (0..cols).step_by(LANES) {
+            let nc = LANES.min(cols - c0);
+            // SAFETY: rows `r0..r0 + nr` and columns `c0..c0 + nc` are inside `src`,
+            // and rows `c0..c0 + nc`, columns `r0..r0 + nr` inside `dst`; both have
+            // unit column strides, so each block row is `nc` (or `nr`) contiguous
+            // floats, and only those are read or written.
             unsafe {
                 let sp = src.as_ptr().offset(r0 as isize * srs + c0 as isize);
-                let mut block: [I::V; LANES] =
-                    std::array::from_fn(|i| isa.load(sp.offset(i as isize * srs)));
+                let mut block: [I::V; LANES] = std::array::from_fn(|i| {
+                    let row = sp.offset(i as isize * srs);
+                    match (i < nr, nc == LANES) {
+                        (false, _) => zero,
+                        (true, true) => isa.load(row),
+                        (true, false) => isa.load_part(row, nc),
+                    }
+                });
                 isa.transpose16(&mut block);
                 let dp = dst.as_mut_ptr().offset(c0 as isize * drs + r0 as isize);
-                for (i, &v) in block.iter().enumerate() {
-                    isa.store(dp.offset(i as isize * drs), v);
+                for (i, &v) in block.iter().enumerate().take(nc) {
+                    let row = dp.offset(i as isize * drs);
+                    if nr == LANES {
+                        isa.store(row, v);
+                    } else {
+                        isa.store_part(row, v, nr);
+                    }
                 }
             }
-        }
-    }
-    for r in 0..rows {
-        let from = if r < full_r { full_c } else { 0 };
-        for c in from..cols {
-            dst[[c, r]] = src[[r, c]];
         }
     }
 }

@@ -445,16 +445,23 @@ fn unit<I: Simd, const NQ: usize>(
 /// Normalises a unit's `Oᵀ` (`[Ev][w]`) by the running sums `l` and writes it out
 /// `[rows, Ev]`, with the (natural) log-sum-exp from the base-2 running maxima `m`.
 ///
-/// The divisions run down the rows of `Oᵀ` in place first, where the compiler
-/// vectorises them; divided while transposing, one at a time, they took 3.5 % of
-/// the samples of `perf record` at B1 H8 N512 d64.
+/// The divisions run down the rows of `Oᵀ` in place first, a vector at a time;
+/// divided while transposing, one at a time, they took 3.5 % of the samples of
+/// `perf record` at B1 H8 N512 d64. Each row is divided whole, the lanes past the
+/// last query too (their sums are set, and their results never leave the scratch):
+/// cut at the last query, a row of 22 left a scalar tail that took a tenth of a
+/// 22-token unit's time.
 #[inline(always)]
 fn write_out<I: Simd>(isa: I, ot: &mut [f32], m: &[f32], l: &[f32], w: usize, u: Unit<'_>) {
     let rows = u.lse.len();
     let ev = u.out.len() / rows.max(1);
     for orow in ot.chunks_exact_mut(w).take(ev) {
-        for (o, &l) in orow[..rows].iter_mut().zip(&l[..rows]) {
-            *o /= l;
+        for (o, l) in orow.chunks_exact_mut(LANES).zip(l.chunks_exact(LANES)) {
+            // SAFETY: `o` and `l` are whole vectors (`w` is a multiple of 16).
+            unsafe {
+                let x = isa.div(isa.load(o.as_ptr()), isa.load(l.as_ptr()));
+                isa.store(o.as_mut_ptr(), x);
+            }
         }
     }
     let ot = ArrayView2::from_shape((ev, w), &ot[..ev * w]).expect("ev·w floats");
