@@ -44,7 +44,10 @@ ones for the peers, divided by the time and by the f32 FMA peak (--peak), or in 
 by twice it on a CPU with AVX512-BF16 (scripts/bf16-peak measures the ratio).
 
     bench_openvino.py MODEL_DIR... --attend BIN --corpus FILE --peak GFLOPS
-                      [--rounds N] [--quick] [--threads N]
+                      [--rounds N] [--quick] [--threads N] [--f32-only]
+
+--f32-only leaves out both bf16 sides (scripts/bench-openvino --max-isa avx2 passes
+it: OpenVINO's default then still picks bf16, which its capped primitives cannot run).
 """
 
 from __future__ import annotations
@@ -211,13 +214,17 @@ def alternate(sides, rounds):
     return times
 
 
-def make_peers(model_dir, config, tok, names, max_length, normalize, threads, tmp):
-    """OpenVINO f32, OpenVINO default and ONNX Runtime as Peers, and each one's precision."""
+def make_peers(model_dir, config, tok, names, max_length, normalize, threads, tmp, f32_only):
+    """OpenVINO f32, OpenVINO default (unless `f32_only`) and ONNX Runtime as Peers, and
+    each one's precision."""
     t = time.perf_counter()
     model = openvino_model(model_dir, tok, names)
     core = ov.Core()
     peers, precision = {}, {}
-    for side, hint in (("OpenVINO f32", {"INFERENCE_PRECISION_HINT": "f32"}), ("OpenVINO default", {})):
+    hints = {"OpenVINO f32": {"INFERENCE_PRECISION_HINT": "f32"}, "OpenVINO default": {}}
+    if f32_only:
+        del hints["OpenVINO default"]
+    for side, hint in hints.items():
         compiled = core.compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": threads, **hint})
         request = compiled.create_infer_request()
         peers[side] = Peer(lambda feed, r=request: r.infer(feed)[0], tok, names, max_length, normalize)
@@ -226,8 +233,9 @@ def make_peers(model_dir, config, tok, names, max_length, normalize, threads, tm
             sys.exit(f"error: {side} compiled for {compiled.get_property('INFERENCE_NUM_THREADS')} threads")
     if precision["OpenVINO f32"] != "f32":
         sys.exit(f"error: OpenVINO compiled the f32 hint as {precision['OpenVINO f32']}")
+    default = precision.get("OpenVINO default", "not compiled (--f32-only)")
     print(f"OpenVINO: converted and compiled in {time.perf_counter() - t:.1f} s; "
-          f"its default precision on this CPU: {precision['OpenVINO default']}")
+          f"its default precision on this CPU: {default}")
     t = time.perf_counter()
     name = os.path.basename(os.path.normpath(model_dir))
     raw, opt = os.path.join(tmp, f"{name}.onnx"), os.path.join(tmp, f"{name}-opt.onnx")
@@ -259,18 +267,22 @@ def accuracy(st, sides, precision, texts):
         want = st.encode(texts, batch_size=BATCH, convert_to_tensor=True).numpy()
     got.update((side, encode(texts)) for side, encode in sides.items())
     err = {side: float(np.abs(v.astype(np.float64) - want).max()) for side, v in got.items()}
-    cos = {side: float(cosines(got[side], got[f32]).min())
-           for side, f32 in (("attend bf16", "attend"), ("OpenVINO default", "OpenVINO f32"))}
-    ov16 = f"OpenVINO default ({precision['OpenVINO default']})"
 
     def verdict(ok):
         return "pass" if ok else "FAIL"
 
-    return [
+    f32_lines = [
         f"max abs error against sentence-transformers in float64 (model.double()), the {len(texts)} sentences:",
         "  f32: " + ", ".join(f"{side} {err[side]:.2e}" for side in ("attend", "PyTorch f32", "OpenVINO f32", "ONNX Runtime")),
         f"  check attend f32 error <= 2x PyTorch f32's: {err['attend']:.2e} <= {2 * err['PyTorch f32']:.2e}: "
         f"{verdict(err['attend'] <= 2 * err['PyTorch f32'])}",
+    ]
+    if "attend bf16" not in sides:
+        return f32_lines
+    cos = {side: float(cosines(got[side], got[f32]).min())
+           for side, f32 in (("attend bf16", "attend"), ("OpenVINO default", "OpenVINO f32"))}
+    ov16 = f"OpenVINO default ({precision['OpenVINO default']})"
+    return f32_lines + [
         f"  bf16: attend bf16 max abs error {err['attend bf16']:.2e}, min cosine against attend f32 "
         f"{cos['attend bf16']:.6f}; {ov16} max abs error {err['OpenVINO default']:.2e}, min cosine against "
         f"OpenVINO f32 {cos['OpenVINO default']:.6f}",
@@ -297,7 +309,10 @@ def corpus_sides(args, model_dir, corpus_path, corpus, peers, outputs, tmp):
 
         return run
 
-    return {"attend": cli("attend", "f32"), "attend bf16": cli("attend bf16", "bf16"), **{s: python(s) for s in peers}}
+    ours = {"attend": cli("attend", "f32")}
+    if not args.f32_only:
+        ours["attend bf16"] = cli("attend bf16", "bf16")
+    return {**ours, **{s: python(s) for s in peers}}
 
 
 def call_sides(sides, texts, reps):
@@ -331,15 +346,15 @@ def bench_model(model_dir, args, corpus, tmp):
     print(f"\n## {name}: {config.model_type}, {config.num_hidden_layers} layers, d {config.hidden_size}, "
           f"ff {config.intermediate_size}, max_seq_length {max_length}, Normalize {normalize}")
 
-    peers, precision = make_peers(model_dir, config, tok, names, max_length, normalize, args.threads, tmp)
+    peers, precision = make_peers(model_dir, config, tok, names, max_length, normalize, args.threads, tmp,
+                                  args.f32_only)
     precision.update({"attend": "f32", "attend bf16": "bf16"})
     quick = int(args.quick)
     cases = {"batch32": SENTENCES, "short": [SHORT]}
-    in_process = {
-        "attend": lambda texts: enc.encode(texts, batch_size=BATCH),
-        "attend bf16": lambda texts: enc16.encode(texts, batch_size=BATCH),
-        **{side: peer.encode for side, peer in peers.items()},
-    }
+    ours = {"attend": lambda texts: enc.encode(texts, batch_size=BATCH)}
+    if not args.f32_only:
+        ours["attend bf16"] = lambda texts: enc16.encode(texts, batch_size=BATCH)
+    in_process = {**ours, **{side: peer.encode for side, peer in peers.items()}}
     check_sides(st, in_process, precision, cases)
     accuracy_lines = accuracy(st, in_process, precision, SENTENCES)
     del st
@@ -375,6 +390,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="fewer calls per round")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--f32-only", action="store_true",
+                    help="attend f32 against OpenVINO f32 and ONNX Runtime only (no bf16 sides)")
     args = ap.parse_args()
     if args.rounds < 1:
         sys.exit("error: --rounds must be at least 1")
@@ -391,6 +408,9 @@ def main():
     print(f"openvino {ov.__version__}, onnxruntime {ort.__version__}, torch {torch.__version__}, "
           f"transformers {transformers.__version__}, sentence-transformers {sentence_transformers.__version__}, "
           f"attend {attend.__version__} ({attend.isa()})")
+    caps = [f"{v}={os.environ[v]}" for v in ("ATTEND_MAX_ISA", "ONEDNN_MAX_CPU_ISA") if v in os.environ]
+    if caps:
+        print(f"instruction sets capped: {', '.join(caps)} (ONNX Runtime has no cap and runs its best path)")
     print(f"{args.threads} threads each (OpenVINO INFERENCE_NUM_THREADS, ORT intra_op, attend "
           f"set_num_threads and RAYON_NUM_THREADS); {args.rounds} rounds; load average before: {os.getloadavg()}")
     others = OtherLoad()
@@ -409,10 +429,10 @@ def main():
     for model_dir, lines in accuracies.items():
         print(f"\n## accuracy, {os.path.basename(os.path.normpath(model_dir))}")
         print("\n".join(lines))
-    print_table(rows, peaks)
+    print_table(rows, peaks, args.f32_only)
 
 
-def print_table(rows, peaks):
+def print_table(rows, peaks, f32_only):
     def fmt(ms):
         return f"{ms / 1e3:.2f} s" if ms >= 1e3 else f"{ms:.2f} ms"
 
@@ -431,7 +451,8 @@ def print_table(rows, peaks):
         def share(side):
             return f"{100 * flops[side] / (med[side] * 1e-3) / (peaks[kind(precision[side])] * 1e9):.0f} %"
 
-        for ours, ov_side, ort_side in (("attend", "OpenVINO f32", "ONNX Runtime"), ("attend bf16", "OpenVINO default", None)):
+        pairs = [("attend", "OpenVINO f32", "ONNX Runtime"), ("attend bf16", "OpenVINO default", None)]
+        for ours, ov_side, ort_side in pairs[:1] if f32_only else pairs:
             cells = [
                 f"{precision[ours]} (OpenVINO {precision[ov_side]})",
                 fmt(med[ours]),

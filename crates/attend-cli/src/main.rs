@@ -89,6 +89,11 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
     };
+    // An instruction-set cap the kernels would ignore is refused up front.
+    if let Err(err) = attend::kernels::Isa::env_cap() {
+        eprintln!("error: {err}");
+        return ExitCode::from(2);
+    }
     let result = match cli.command {
         Command::Explain(args) => explain::run(args),
         Command::View(args) => view::run(args),

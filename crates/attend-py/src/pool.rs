@@ -37,9 +37,10 @@ pub fn run<R: Send>(
     }
 }
 
-/// The instruction set the kernels run on this CPU (`"avx512"`, `"avx2"`,
-/// `"portable"`), so benchmarks can say which path ran.
+/// The instruction set the kernels run on this CPU (`"avx512bf16"`, `"avx512"`,
+/// `"avx2"`, `"portable"`; at most the one `ATTEND_MAX_ISA` names), so benchmarks
+/// can say which path ran.
 #[pyfunction]
 pub fn isa() -> String {
-    format!("{:?}", attend::kernels::Isa::detect()).to_lowercase()
+    attend::kernels::Isa::detect().name().to_owned()
 }

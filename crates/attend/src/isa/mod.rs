@@ -34,6 +34,11 @@ pub(crate) use portable::Portable;
 
 use crate::{Error, Result};
 
+/// The environment variable that caps the instruction set [`Isa::detect`] picks
+/// (`portable`, `avx2`, `avx512` or `avx512bf16`), for measuring a lesser path on
+/// a CPU that has a better one.
+pub const MAX_ISA_VAR: &str = "ATTEND_MAX_ISA";
+
 /// An instruction set the kernels can run on, by name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Isa {
@@ -53,10 +58,45 @@ impl Isa {
     /// Every instruction set, worst first.
     pub const ALL: [Isa; 4] = [Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16];
 
-    /// The best instruction set this CPU supports.
+    /// The best instruction set this CPU supports, at most the one named by
+    /// [`MAX_ISA_VAR`] when that is set (a valid name; see [`Isa::env_cap`]).
+    ///
+    /// ```
+    /// let isa = attend::kernels::Isa::detect();
+    /// assert!(isa.is_available());
+    /// ```
     pub fn detect() -> Isa {
-        let best = Isa::ALL.into_iter().rev().find(|isa| isa.is_available());
+        let cap = Isa::env_cap().ok().flatten().unwrap_or(Isa::Avx512Bf16);
+        let best = Isa::ALL
+            .into_iter()
+            .rev()
+            .find(|&isa| isa.rank() <= cap.rank() && isa.is_available());
         best.unwrap_or(Isa::Portable)
+    }
+
+    /// The cap [`MAX_ISA_VAR`] puts on [`Isa::detect`] (as oneDNN's
+    /// `ONEDNN_MAX_CPU_ISA`: run a CPU's AVX2 path where it has AVX-512), `None`
+    /// when unset; an error naming the variable when its value names no
+    /// instruction set. [`Isa::detect`] ignores an invalid value, so front ends
+    /// call this at start and refuse to run with one.
+    pub fn env_cap() -> Result<Option<Isa>> {
+        match std::env::var(MAX_ISA_VAR) {
+            Err(std::env::VarError::NotPresent) => Ok(None),
+            Err(std::env::VarError::NotUnicode(_)) => {
+                Err(Error::Value(format!("{MAX_ISA_VAR} is not valid Unicode")))
+            }
+            Ok(name) => Isa::from_name(&name)
+                .map(Some)
+                .map_err(|err| Error::Value(format!("{MAX_ISA_VAR}: {err}"))),
+        }
+    }
+
+    /// Position in [`Isa::ALL`] (worst first).
+    fn rank(self) -> usize {
+        Isa::ALL
+            .iter()
+            .position(|&isa| isa == self)
+            .expect("ALL lists every instruction set")
     }
 
     /// The requested instruction set, or the best this CPU has; an error if the CPU
