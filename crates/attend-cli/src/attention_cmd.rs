@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use attend::models::SentenceEncoder;
+use attend::viz::AttentionMaps;
 
 use crate::model_dir::{self, Format};
 use crate::outputs::Outputs;
@@ -49,11 +50,11 @@ pub fn run(args: Args) -> Result<(), attend::Error> {
     let weights = trace.weights(layer, head)?;
     let title = format!("{} — {}", attend::models::model_name(&dir), args.sentence);
     outputs.write("--heatmap", |path| {
-        attend::viz::write_heatmap(&trace.attention_maps(&title)?, layer, path)
+        attend::viz::write_heatmap(&AttentionMaps::of_trace(&trace, &title)?, layer, path)
     })?;
     outputs.commit()?;
     if args.all {
-        println!("{}", trace.attention_maps(&title)?.to_json());
+        println!("{}", AttentionMaps::of_trace(&trace, &title)?.to_json());
         return Ok(());
     }
     match args.format {

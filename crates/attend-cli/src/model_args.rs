@@ -55,7 +55,7 @@ impl ModelArgs {
 impl ModelRun {
     /// Every layer and head, for the pictures and the HTML view.
     pub fn maps(&self) -> Result<AttentionMaps, Error> {
-        self.trace.attention_maps(&self.title)
+        AttentionMaps::of_trace(&self.trace, &self.title)
     }
 }
 

@@ -284,7 +284,7 @@ pub fn explain_model(
         let encoder = SentenceEncoder::load(&model)?;
         let trace = encoder.trace(&text)?;
         let title = format!("{} — {text}", attend::models::model_name(&model));
-        let maps = trace.attention_maps(&title)?;
+        let maps = attend::viz::AttentionMaps::of_trace(&trace, &title)?;
         let steps = walkthrough::head_steps(
             trace.head(layer, head)?,
             &encoder.model.layers[layer].attention,

@@ -122,7 +122,7 @@ pub fn round_to_bf16<D: Dimension>(a: ArrayView<'_, f32, D>) -> Array<f32, D> {
 pub(crate) mod sealed {
     use ndarray::{Array3, Array4};
 
-    use crate::attention::Config;
+    use crate::config::Config;
     use crate::problem::Problem;
     use crate::Result;
 

@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 
-use crate::isa::Isa;
+use crate::isa::{Isa, IsaError};
 
 /// What went wrong, with a one-line message naming the culprit.
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +56,15 @@ pub enum Error {
 
 /// `Result` with the crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<IsaError> for Error {
+    fn from(err: IsaError) -> Self {
+        match err {
+            IsaError::Unavailable(isa) => Error::IsaUnavailable(isa),
+            IsaError::Name(message) => Error::Value(message),
+        }
+    }
+}
 
 impl Error {
     /// Shapes that do not fit together; `msg` names the arguments and their shapes.

@@ -5,6 +5,7 @@
 #![warn(missing_docs)]
 
 pub mod attention;
+mod config;
 pub mod corpus;
 pub mod decode;
 pub mod element;
@@ -13,7 +14,8 @@ pub mod experiment;
 pub mod grad;
 pub mod init;
 pub mod io;
-pub(crate) mod isa;
+// The instruction sets live in their own crate, the lowest layer.
+pub(crate) use attend_simd as isa;
 pub mod kernels;
 pub mod kv_cache;
 pub mod limits;

@@ -68,25 +68,6 @@ impl std::ops::Deref for Bytes {
     }
 }
 
-/// An IEEE half-precision value, widened exactly.
-fn f16_to_f32(h: u16) -> f32 {
-    let sign = ((h >> 15) as u32) << 31;
-    let exp = ((h >> 10) & 0x1f) as u32;
-    let man = (h & 0x3ff) as u32;
-    let bits = match (exp, man) {
-        (0, 0) => sign,
-        // Subnormal: man · 2^−24, normal in f32; shift the leading one into place.
-        (0, m) => {
-            let shift = m.leading_zeros() - 21; // to bring bit 10 to the top
-            sign | ((113 - shift) << 23) | (((m << shift) & 0x3ff) << 13)
-        }
-        (0x1f, 0) => sign | 0x7f80_0000,
-        (0x1f, m) => sign | 0x7fc0_0000 | (m << 13),
-        (e, m) => sign | ((e + 112) << 23) | (m << 13),
-    };
-    f32::from_bits(bits)
-}
-
 /// Bytes per element of the dtypes the format defines.
 fn dtype_size(dtype: &str) -> Option<usize> {
     Some(match dtype {
@@ -216,7 +197,10 @@ impl SafeTensors {
                 .chunks_exact(4)
                 .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
                 .collect(),
-            "F16" => raw.chunks_exact(2).map(|c| f16_to_f32(half(c))).collect(),
+            "F16" => raw
+                .chunks_exact(2)
+                .map(|c| half::f16::from_bits(half(c)).to_f32())
+                .collect(),
             "BF16" => raw
                 .chunks_exact(2)
                 .map(|c| f32::from_bits((half(c) as u32) << 16))

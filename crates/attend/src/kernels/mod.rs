@@ -14,7 +14,7 @@ pub mod reference;
 mod scratch;
 mod stream;
 
-pub use crate::isa::{Isa, MAX_ISA_VAR};
+pub use crate::isa::{Isa, IsaError, MAX_ISA_VAR};
 pub use stream::stream_sum;
 
 /// The larger of `a` and `b`, NaN if either is: a row's running maximum must carry

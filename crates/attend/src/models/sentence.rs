@@ -119,19 +119,6 @@ impl SentenceTrace {
         })
     }
 
-    /// Every layer's and head's weights as [`AttentionMaps`](crate::viz::AttentionMaps)
-    /// (what the heatmaps and the HTML view draw; `attend view --input-json` reads
-    /// its JSON form).
-    pub fn attention_maps(&self, title: &str) -> Result<crate::viz::AttentionMaps> {
-        let layers = self
-            .trace
-            .attention
-            .iter()
-            .map(|m| m.attention.weights.slice(s![0, .., .., ..]).to_owned())
-            .collect();
-        crate::viz::AttentionMaps::new(self.tokens.clone(), self.tokens.clone(), layers, title)
-    }
-
     /// Number of layers.
     pub fn layers(&self) -> usize {
         self.trace.attention.len()

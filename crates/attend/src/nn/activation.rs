@@ -2,7 +2,7 @@
 
 use rayon::prelude::*;
 
-use super::simd::{erf, exp, multiversion};
+use crate::isa::{erf, exp, multiversion};
 
 /// The activations of BERT-family feed-forward layers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 use ndarray::{Array1, ArrayViewMut2, Axis};
 use rayon::prelude::*;
 
-use super::simd::multiversion;
+use crate::isa::multiversion;
 use crate::{Error, Result};
 
 /// Layer normalisation over the last axis: `(x − mean) / √(var + eps) · weight + bias`,

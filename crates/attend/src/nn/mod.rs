@@ -13,7 +13,6 @@ pub mod initialisers;
 mod layer_norm;
 mod linear;
 mod matmul;
-pub(crate) mod simd;
 pub mod state_dict;
 
 pub use activation::Activation;

@@ -153,7 +153,7 @@ pub fn write_html(maps: &AttentionMaps, path: &Path) -> Result<()> {
 }
 
 /// `s` as HTML text or attribute value.
-pub(super) fn html_escape(s: &str) -> String {
+pub(crate) fn html_escape(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
@@ -164,7 +164,7 @@ pub(super) fn html_escape(s: &str) -> String {
 /// inside JSON strings, where `\u003c` and `\/` mean the same, cannot close the
 /// element, and keep text such as a URL in a title from appearing as `http://`
 /// in a page that promises to reference nothing outside itself.
-pub(super) fn script_json(data: &impl Serialize, what: &str) -> Result<String> {
+pub(crate) fn script_json(data: &impl Serialize, what: &str) -> Result<String> {
     Ok(serde_json::to_string(data)
         .map_err(|e| Error::format(format!("{what}: {e}")))?
         .replace('<', "\\u003c")

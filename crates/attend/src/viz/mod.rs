@@ -8,30 +8,27 @@
 //! - [`terminal_heatmap`] colours a `[Tq, Tk]` matrix for a terminal
 //!   ([`ColorMode::detect`] picks truecolor, 256 colours or plain numbers);
 //! - [`write_heatmap`] draws one layer as a grid of per-head panels to `.svg` or `.png`;
-//! - [`html_view`] builds one offline HTML page with a head view and a model view;
-//! - [`walkthrough_page`] builds one offline HTML page of `explain`'s steps, every
-//!   cell linked to the cells it is computed from.
+//! - [`html_view`] builds one offline HTML page with a head view and a model view
+//!   (the page of `explain`'s steps is the walkthrough's own,
+//!   [`walkthrough_page`](crate::walkthrough::walkthrough_page)).
 
 mod colormap;
-mod html;
+pub(crate) mod html;
 mod picture;
 mod terminal;
-mod walkthrough_page;
 
 use std::path::Path;
 
 use ndarray::{Array3, ArrayView4, Axis};
 use serde::{Deserialize, Serialize};
 
+use crate::models::SentenceTrace;
 use crate::{Error, Result};
 
 pub use colormap::viridis;
 pub use html::{html_view, write_html, HEATMAP_ABOVE};
 pub use picture::{render_png, render_svg, write_heatmap};
 pub use terminal::{terminal_heatmap, ColorMode};
-pub use walkthrough_page::{
-    walkthrough_page, PageContext, MASK_CAUSAL, MASK_PADDING, MASK_WINDOW, TABLE_TOKENS,
-};
 
 /// Attention weights of one input, for every layer and head, with the tokens on
 /// both sides.
@@ -62,6 +59,24 @@ struct MapsJson {
 }
 
 impl AttentionMaps {
+    /// Every layer's and head's weights of a real encoder's run on one text (what
+    /// the heatmaps and the HTML view draw; `attend view --input-json` reads its JSON
+    /// form).
+    pub fn of_trace(trace: &SentenceTrace, title: &str) -> Result<AttentionMaps> {
+        let layers = trace
+            .trace
+            .attention
+            .iter()
+            .map(|m| {
+                m.attention
+                    .weights
+                    .slice(ndarray::s![0, .., .., ..])
+                    .to_owned()
+            })
+            .collect();
+        AttentionMaps::new(trace.tokens.clone(), trace.tokens.clone(), layers, title)
+    }
+
     /// Builds and [validates](Self::validate) maps from per-layer `[heads, Tq, Tk]` arrays.
     pub fn new(
         query_tokens: Vec<String>,

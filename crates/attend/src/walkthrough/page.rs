@@ -10,10 +10,10 @@
 use ndarray::Array3;
 use serde::Serialize;
 
-use super::html::{html_escape, script_json};
+use super::Step;
 use crate::attention::SoftmaxAxis;
 use crate::print::format_tensor;
-use crate::walkthrough::Step;
+use crate::viz::html::{html_escape, script_json};
 use crate::{Error, Result};
 
 /// Mask reason bit: the key is a padding token.
@@ -26,7 +26,7 @@ pub const MASK_WINDOW: u8 = 4;
 /// Above this many tokens the panels are heatmaps instead of tables of numbers.
 pub const TABLE_TOKENS: usize = 32;
 
-const TEMPLATE: &str = include_str!("walkthrough_page.html");
+const TEMPLATE: &str = include_str!("page.html");
 
 /// What the page shows besides the steps' values.
 #[derive(Clone, Debug)]

@@ -3,6 +3,8 @@
 //! writes it as a page, [`experiment_page`] and [`head_page`]); the Python package
 //! returns its steps as arrays, its text as `str()` and the same page.
 
+mod page;
+
 use ndarray::{s, Array3, ArrayD};
 
 use crate::attention::SoftmaxAxis;
@@ -11,11 +13,12 @@ use crate::models::HeadTrace;
 use crate::nn::initialisers::{AttentionSpec, WeightInit};
 use crate::nn::MultiHeadAttention;
 use crate::print::format_tensor;
-use crate::viz::{
-    terminal_heatmap, walkthrough_page, AttentionMaps, ColorMode, PageContext, MASK_CAUSAL,
-    MASK_PADDING, MASK_WINDOW,
-};
+use crate::viz::{terminal_heatmap, AttentionMaps, ColorMode};
 use crate::Result;
+
+pub use page::{
+    walkthrough_page, PageContext, MASK_CAUSAL, MASK_PADDING, MASK_WINDOW, TABLE_TOKENS,
+};
 
 /// One intermediate of a walkthrough.
 #[derive(Clone, Debug)]

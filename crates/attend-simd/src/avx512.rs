@@ -9,24 +9,24 @@ use super::{Simd, EXP2_POLY, LANES};
 /// `BF16` also AVX512-BF16: only [`Avx512::new`] and [`Avx512Bf16::new`] make one.
 /// Both share every operation but [`Simd::dot2`].
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Avx512Of<const BF16: bool>(());
+pub struct Avx512Of<const BF16: bool>(());
 
 /// AVX-512 without AVX512-BF16.
-pub(crate) type Avx512 = Avx512Of<false>;
+pub type Avx512 = Avx512Of<false>;
 
 /// AVX-512 with AVX512-BF16.
-pub(crate) type Avx512Bf16 = Avx512Of<true>;
+pub type Avx512Bf16 = Avx512Of<true>;
 
 impl Avx512 {
     /// The token, if this CPU has the features.
-    pub(crate) fn new() -> Option<Self> {
+    pub fn new() -> Option<Self> {
         super::has_avx512().then_some(Avx512Of(()))
     }
 }
 
 impl Avx512Bf16 {
     /// The token, if this CPU has the features.
-    pub(crate) fn new() -> Option<Self> {
+    pub fn new() -> Option<Self> {
         super::has_avx512bf16().then_some(Avx512Of(()))
     }
 }

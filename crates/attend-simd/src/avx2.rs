@@ -6,22 +6,22 @@ use super::{Simd, EXP2_POLY, LANES};
 
 /// Proof that the CPU has AVX2 and FMA: only [`Avx2::new`] makes one.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Avx2(());
+pub struct Avx2(());
 
 impl Avx2 {
     /// The token, if this CPU has AVX2 and FMA.
-    pub(crate) fn new() -> Option<Self> {
+    pub fn new() -> Option<Self> {
         super::has_avx2().then_some(Avx2(()))
     }
 }
 
 /// Sixteen lanes as two halves.
 #[derive(Clone, Copy)]
-pub(crate) struct V2(__m256, __m256);
+pub struct V2(__m256, __m256);
 
 /// Sixteen bf16 pairs as two halves.
 #[derive(Clone, Copy)]
-pub(crate) struct P2(__m256i, __m256i);
+pub struct P2(__m256i, __m256i);
 
 /// `acc + a.high · b.high + a.low · b.low` for eight pairs (see [`Simd::dot2`]).
 ///

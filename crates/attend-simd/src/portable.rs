@@ -5,7 +5,7 @@ use super::{bf16_bits, bf16_to_f32, exp2_scalar, Simd, LANES};
 
 /// Sixteen f32 lanes as a plain array; needs no CPU feature.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Portable;
+pub struct Portable;
 
 type V = [f32; LANES];
 type P = [u32; LANES];

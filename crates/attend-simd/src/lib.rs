@@ -1,5 +1,7 @@
 //! Instruction sets: the one place that detects CPU features and the one place
-//! that enters code compiled for them (docs/design.md, "Instruction sets").
+//! that enters code compiled for them (docs/design.md, "Instruction sets"). The
+//! lowest layer of `attend`: it depends on no other part of it, and the kernels of
+//! every layer above are written in its [`Simd`] vectors.
 //!
 //! Each instruction set is a *token* type ([`Portable`], `Avx2`, `Avx512`,
 //! `Avx512Bf16`) that implements [`Simd`], sixteen-lane f32 vectors and sixteen-lane
@@ -17,22 +19,64 @@
 //! an arm in [`dispatch`]; no kernel names an instruction set.
 //!
 //! [`transpose`] builds matrix transposes on [`Simd::transpose16`], for the kernels'
-//! packing and for the mask tiles of [`crate::problem`].
+//! packing and for their mask tiles.
+//!
+//! ```
+//! use attend_simd::{dispatch, Isa, Simd, SimdJob, LANES};
+//!
+//! /// The sum of 16 floats, on whichever instruction set runs it.
+//! struct Sum<'a>(&'a [f32; LANES]);
+//!
+//! impl SimdJob for Sum<'_> {
+//!     type Output = f32;
+//!     #[inline(always)]
+//!     fn run<I: Simd>(self, isa: I) -> f32 {
+//!         // SAFETY: the array holds 16 floats.
+//!         isa.sum(unsafe { isa.load(self.0.as_ptr()) })
+//!     }
+//! }
+//!
+//! let token = Isa::detect().token()?;
+//! assert_eq!(dispatch(token, Sum(&[1.0; LANES])), 16.0);
+//! # Ok::<(), attend_simd::IsaError>(())
+//! ```
+
+#![warn(missing_docs)]
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod bf16;
+mod erf;
+mod exp;
+mod multiversion;
 mod portable;
-pub(crate) mod transpose;
+pub mod transpose;
+
+pub use bf16::{bf16_bits, bf16_to_f32};
+pub use erf::erf;
+pub use exp::{exp, exp2_scalar, EXP2_POLY};
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use avx2::Avx2;
+pub use avx2::Avx2;
 #[cfg(target_arch = "x86_64")]
-pub(crate) use avx512::{Avx512, Avx512Bf16};
-pub(crate) use portable::Portable;
+pub use avx512::{Avx512, Avx512Bf16, Avx512Of};
+pub use portable::Portable;
 
-use crate::{Error, Result};
+/// What can go wrong choosing an instruction set.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum IsaError {
+    /// An instruction set was asked for that this CPU does not have.
+    #[error("isa {0} is not available on this CPU")]
+    Unavailable(Isa),
+    /// A name (an argument, [`MAX_ISA_VAR`]'s value) that names no instruction set.
+    #[error("{0}")]
+    Name(String),
+}
+
+/// A result with an [`IsaError`].
+pub type Result<T> = std::result::Result<T, IsaError>;
 
 /// The environment variable that caps the instruction set [`Isa::detect`] picks
 /// (`portable`, `avx2`, `avx512` or `avx512bf16`), for measuring a lesser path on
@@ -62,7 +106,7 @@ impl Isa {
     /// [`MAX_ISA_VAR`] when that is set (a valid name; see [`Isa::env_cap`]).
     ///
     /// ```
-    /// let isa = attend::kernels::Isa::detect();
+    /// let isa = attend_simd::Isa::detect();
     /// assert!(isa.is_available());
     /// ```
     pub fn detect() -> Isa {
@@ -82,12 +126,12 @@ impl Isa {
     pub fn env_cap() -> Result<Option<Isa>> {
         match std::env::var(MAX_ISA_VAR) {
             Err(std::env::VarError::NotPresent) => Ok(None),
-            Err(std::env::VarError::NotUnicode(_)) => {
-                Err(Error::Value(format!("{MAX_ISA_VAR} is not valid Unicode")))
-            }
+            Err(std::env::VarError::NotUnicode(_)) => Err(IsaError::Name(format!(
+                "{MAX_ISA_VAR} is not valid Unicode"
+            ))),
             Ok(name) => Isa::from_name(&name)
                 .map(Some)
-                .map_err(|err| Error::Value(format!("{MAX_ISA_VAR}: {err}"))),
+                .map_err(|err| IsaError::Name(format!("{MAX_ISA_VAR}: {err}"))),
         }
     }
 
@@ -137,7 +181,7 @@ impl Isa {
             .find(|isa| isa.name() == name)
             .ok_or_else(|| {
                 let names: Vec<&str> = Isa::ALL.iter().map(|isa| isa.name()).collect();
-                Error::Value(format!(
+                IsaError::Name(format!(
                     "unknown instruction set {name:?}; expected one of {}",
                     names.join(", ")
                 ))
@@ -146,7 +190,7 @@ impl Isa {
 
     /// The token that lets kernels run on `self`; an error naming the instruction
     /// set if this CPU does not have it.
-    pub(crate) fn token(self) -> Result<IsaToken> {
+    pub fn token(self) -> Result<IsaToken> {
         let token = match self {
             Isa::Portable => Some(IsaToken::Portable(Portable)),
             #[cfg(target_arch = "x86_64")]
@@ -158,7 +202,7 @@ impl Isa {
             #[cfg(not(target_arch = "x86_64"))]
             Isa::Avx2 | Isa::Avx512 | Isa::Avx512Bf16 => None,
         };
-        token.ok_or(Error::IsaUnavailable(self))
+        token.ok_or(IsaError::Unavailable(self))
     }
 }
 
@@ -194,19 +238,23 @@ fn has_avx512bf16() -> bool {
 /// A detected instruction set: one of the token types, which exist only when the
 /// CPU has their features.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum IsaToken {
+pub enum IsaToken {
+    /// Plain Rust, on any CPU.
     Portable(Portable),
     #[cfg(target_arch = "x86_64")]
+    /// AVX2 with FMA.
     Avx2(Avx2),
     #[cfg(target_arch = "x86_64")]
+    /// AVX-512 F, VL, BW and DQ.
     Avx512(Avx512),
     #[cfg(target_arch = "x86_64")]
+    /// AVX-512 with AVX512-BF16.
     Avx512Bf16(Avx512Bf16),
 }
 
 impl IsaToken {
     /// The instruction set this token stands for.
-    pub(crate) fn isa(self) -> Isa {
+    pub fn isa(self) -> Isa {
         match self {
             IsaToken::Portable(_) => Isa::Portable,
             #[cfg(target_arch = "x86_64")]
@@ -219,7 +267,7 @@ impl IsaToken {
     }
 
     /// Vector registers of 16 lanes ([`Simd::REGISTERS`]) of this instruction set.
-    pub(crate) fn registers(self) -> usize {
+    pub fn registers(self) -> usize {
         match self {
             IsaToken::Portable(_) => Portable::REGISTERS,
             #[cfg(target_arch = "x86_64")]
@@ -232,7 +280,7 @@ impl IsaToken {
     }
 
     /// The best instruction set of this CPU, detected once.
-    pub(crate) fn best() -> IsaToken {
+    pub fn best() -> IsaToken {
         static BEST: std::sync::OnceLock<IsaToken> = std::sync::OnceLock::new();
         *BEST.get_or_init(|| {
             let best = Isa::detect().token();
@@ -242,7 +290,7 @@ impl IsaToken {
 }
 
 /// A computation written once for every instruction set.
-pub(crate) trait SimdJob {
+pub trait SimdJob {
     /// What the job returns.
     type Output;
     /// Runs the job with the vectors of `isa`. Implementations are
@@ -254,7 +302,7 @@ pub(crate) trait SimdJob {
 /// A job of plain scalar code (a closure): [`dispatch`] compiles it for the
 /// instruction set's features, so that the compiler vectorises its loops with
 /// them.
-pub(crate) struct Scalar<F>(pub F);
+pub struct Scalar<F>(pub F);
 
 impl<R, F: FnOnce() -> R> SimdJob for Scalar<F> {
     type Output = R;
@@ -266,7 +314,7 @@ impl<R, F: FnOnce() -> R> SimdJob for Scalar<F> {
 
 /// Runs `job` with `token`'s vectors, compiled for its features.
 #[inline]
-pub(crate) fn dispatch<J: SimdJob>(token: IsaToken, job: J) -> J::Output {
+pub fn dispatch<J: SimdJob>(token: IsaToken, job: J) -> J::Output {
     match token {
         IsaToken::Portable(t) => job.run(t),
         // SAFETY: a token exists only on a CPU with its features (`Isa::token`).
@@ -307,7 +355,7 @@ unsafe fn run_avx512bf16<J: SimdJob>(token: Avx512Bf16, job: J) -> J::Output {
 }
 
 /// Lanes in every [`Simd`] vector.
-pub(crate) const LANES: usize = 16;
+pub const LANES: usize = 16;
 
 /// Sixteen-lane f32 vectors and their operations, on one instruction set.
 ///
@@ -318,7 +366,7 @@ pub(crate) const LANES: usize = 16;
 /// # Safety
 /// An implementing type must be constructible only on CPUs that support every
 /// instruction its methods use.
-pub(crate) unsafe trait Simd: Copy + Send + Sync {
+pub unsafe trait Simd: Copy + Send + Sync {
     /// The vector.
     type V: Copy;
     /// Sixteen lanes of bf16 *pairs* (32 bf16 numbers): lane `i` holds elements
@@ -406,72 +454,6 @@ pub(crate) unsafe trait Simd: Copy + Send + Sync {
     /// # Safety
     /// `p` must be valid for reading 16 `u16`.
     unsafe fn load_bf16(self, p: *const u16) -> Self::V;
-}
-
-/// The bits of `x` rounded to bf16: to nearest, ties to even, overflowing to ±∞; a
-/// NaN stays a (quiet) NaN. The same as `half::bf16::from_f32` and PyTorch's
-/// `tensor.to(torch.bfloat16)`, and what every [`Simd::pack_bf16`] computes lane by
-/// lane.
-#[inline(always)]
-pub(crate) fn bf16_bits(x: f32) -> u16 {
-    let bits = x.to_bits();
-    if x.is_nan() {
-        return ((bits >> 16) | 0x40) as u16;
-    }
-    let lsb = (bits >> 16) & 1;
-    (bits.wrapping_add(0x7FFF + lsb) >> 16) as u16
-}
-
-/// `x`'s bits widened from bf16 to f32 (exact).
-#[inline(always)]
-pub(crate) fn bf16_to_f32(bits: u16) -> f32 {
-    f32::from_bits((bits as u32) << 16)
-}
-
-/// `2^f` on `f ∈ [−½, ½]` to degree 6, highest last: `1 + f·g(f)` with `g` a
-/// relative-error-weighted Chebyshev fit of `(2^f − 1)/f`, rounded to f32. Evaluated
-/// by Horner's rule in f32 fused multiply-adds, its worst relative error over the
-/// interval is 8.0e−8 (0.67 ulp), against 7.2e−8 (0.60 ulp) for the degree-7 Taylor
-/// polynomial it replaced: one multiply-add fewer in every softmax weight.
-pub(crate) const EXP2_POLY: [f32; 7] = [
-    1.0,
-    std::f32::consts::LN_2,
-    0.240_226_49,
-    0.055_503_424,
-    0.009_618_365,
-    0.001_339_469,
-    0.000_153_633_71,
-];
-
-/// The scalar `2^x` every implementation follows lane by lane: the same reduction
-/// `x = n + f`, the same polynomial, then an exact scaling by `2^n`.
-#[inline(always)]
-pub(crate) fn exp2_scalar(x: f32) -> f32 {
-    // NaN fails the comparison and stays NaN; −∞ and tiny values clamp to −150.
-    let x = if x < -150.0 { -150.0 } else { x };
-    // Round to nearest with the 1.5·2^23 trick (exact for |x| < 2^22).
-    const MAGIC: f32 = 12_582_912.0;
-    let n = (x + MAGIC) - MAGIC;
-    let f = x - n;
-    let c = EXP2_POLY;
-    let mut p = c[6];
-    p = p.mul_add(f, c[5]);
-    p = p.mul_add(f, c[4]);
-    p = p.mul_add(f, c[3]);
-    p = p.mul_add(f, c[2]);
-    p = p.mul_add(f, c[1]);
-    p = p.mul_add(f, c[0]);
-    // Scale by 2^n in two exact steps so that n down to −150 underflows gracefully.
-    let n = n as i32; // NaN becomes 0: p is NaN anyway.
-    let n1 = n / 2;
-    let n2 = n - n1;
-    p * pow2i(n1) * pow2i(n2)
-}
-
-/// `2^n` for `−126 ≤ n ≤ 127`, built from its bits.
-#[inline(always)]
-fn pow2i(n: i32) -> f32 {
-    f32::from_bits(((n + 127) as u32) << 23)
 }
 
 #[cfg(test)]

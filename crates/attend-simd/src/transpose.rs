@@ -4,7 +4,7 @@
 
 use ndarray::{ArrayView2, ArrayViewMut2};
 
-use crate::isa::{Simd, LANES};
+use crate::{Simd, LANES};
 
 /// `dst[c, r] = src[r, c]` for an `R × C` `src` and a `C × R` `dst`, any strides.
 ///
@@ -18,11 +18,7 @@ use crate::isa::{Simd, LANES};
 /// # Panics
 /// If `dst`'s shape is not `src`'s reversed.
 #[inline(always)]
-pub(crate) fn transpose<I: Simd>(
-    isa: I,
-    src: ArrayView2<'_, f32>,
-    mut dst: ArrayViewMut2<'_, f32>,
-) {
+pub fn transpose<I: Simd>(isa: I, src: ArrayView2<'_, f32>, mut dst: ArrayViewMut2<'_, f32>) {
     let (rows, cols) = src.dim();
     assert_eq!(dst.dim(), (cols, rows), "a transpose's shapes must match");
     if src.strides()[1] != 1 || dst.strides()[1] != 1 {
@@ -71,7 +67,7 @@ mod tests {
     use ndarray::{s, Array2};
 
     use super::*;
-    use crate::isa::{dispatch, Isa, SimdJob};
+    use crate::{dispatch, Isa, SimdJob};
 
     /// Transposes `src` into a `dst` whose columns are `step` apart.
     struct Transpose<'a> {
