@@ -1,35 +1,17 @@
 //! `attend`: self-attention that is faithful to PyTorch and fast on CPU.
 //!
+//! This crate is the one API over the layers, each its own crate (docs/design.md,
+//! "The crates and their layers"): the instruction sets (`attend-simd`), the
+//! numerical core (`attend-core`), the real encoders (`attend-models`) and the
+//! explanations (`attend-explain`); every module is re-exported here under its name.
+//!
 //! The README follows; its examples run as doctests.
 #![doc = include_str!("../../../README.md")]
 #![warn(missing_docs)]
 
-pub mod attention;
-mod config;
-pub mod corpus;
-pub mod decode;
-pub mod element;
-pub mod error;
-pub mod experiment;
-pub mod grad;
-pub mod init;
-pub mod io;
-// The instruction sets live in their own crate, the lowest layer.
-pub(crate) use attend_simd as isa;
-pub mod kernels;
-pub mod kv_cache;
-pub mod limits;
-pub mod memory;
-pub mod models;
-pub mod nn;
-pub mod optim;
-pub mod print;
-pub mod problem;
-pub mod rng;
-pub mod text;
-pub mod threads;
-pub mod train;
-pub mod viz;
-pub mod walkthrough;
-
-pub use error::{Error, Result};
+pub use attend_core::{
+    attention, decode, element, error, grad, init, io, kernels, kv_cache, limits, memory, nn,
+    optim, problem, rng, threads, Error, Result,
+};
+pub use attend_explain::{experiment, print, text, train, viz, walkthrough};
+pub use attend_models::{corpus, models};

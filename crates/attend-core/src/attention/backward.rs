@@ -1,0 +1,158 @@
+//! The backward dispatch: validation of the saved forward results, then the choice
+//! of the fused or the reference kernel; and the training forward (attention with
+//! dropout on the weights).
+//!
+//! ```
+//! use attend_core::attention::{attention_backward, attention_with_lse, AttentionOptions, Causal};
+//! use ndarray::Array4;
+//!
+//! let q = Array4::<f32>::from_shape_fn((1, 2, 3, 4), |(_, h, i, e)| (h + i * e) as f32 * 0.1);
+//! let k = q.clone();
+//! let v = q.clone();
+//! let opts = AttentionOptions { causal: Some(Causal::TopLeft), ..Default::default() };
+//! let (out, lse) = attention_with_lse(q.view(), k.view(), v.view(), &opts)?;
+//! let dout = Array4::<f32>::ones(out.raw_dim());
+//! let g = attention_backward(q.view(), k.view(), v.view(), out.view(), lse.view(), dout.view(), &opts)?;
+//! assert_eq!(g.dk.shape(), k.shape());
+//! # Ok::<(), attend_core::Error>(())
+//! ```
+
+use ndarray::{Array3, Array4, ArrayView3, ArrayView4};
+
+use crate::isa::Isa;
+use crate::kernels::backward::{fused, reference, AttentionGrads};
+use crate::problem::{AttentionOptions, Dropout, Problem};
+use crate::{Error, Result};
+
+/// Which kernel computes a backward pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BackwardKernel {
+    /// The fused kernel when it supports the problem (softmax over keys, `E > 0`),
+    /// else the reference.
+    #[default]
+    Auto,
+    /// The f64 reference.
+    Reference,
+    /// The fused kernel; an error if it does not support the problem.
+    Fused,
+}
+
+/// How to run a backward pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct BackwardConfig {
+    /// Which kernel.
+    pub kernel: BackwardKernel,
+    /// Worker threads; `None` uses the current rayon pool. The result has the same
+    /// bits whatever this is.
+    pub threads: Option<usize>,
+    /// Dropout applied in the forward pass, if any.
+    pub dropout: Option<Dropout>,
+    /// Instruction set for the fused kernel; `None` picks the best this CPU has.
+    pub isa: Option<Isa>,
+}
+
+/// Gradients of `sum(attention(q, k, v) ∘ dout)` with respect to `q`, `k` and `v`.
+///
+/// `out` and `lse` are what [`attention_with_lse`](crate::attention::attention_with_lse)
+/// returned for the same inputs and options. Fully masked rows give zero gradients.
+pub fn attention_backward(
+    q: ArrayView4<'_, f32>,
+    k: ArrayView4<'_, f32>,
+    v: ArrayView4<'_, f32>,
+    out: ArrayView4<'_, f32>,
+    lse: ArrayView3<'_, f32>,
+    dout: ArrayView4<'_, f32>,
+    opts: &AttentionOptions<'_>,
+) -> Result<AttentionGrads> {
+    attention_backward_with(q, k, v, out, lse, dout, opts, &BackwardConfig::default())
+}
+
+/// [`attention_backward`] with an explicit kernel, thread count and dropout.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward_with(
+    q: ArrayView4<'_, f32>,
+    k: ArrayView4<'_, f32>,
+    v: ArrayView4<'_, f32>,
+    out: ArrayView4<'_, f32>,
+    lse: ArrayView3<'_, f32>,
+    dout: ArrayView4<'_, f32>,
+    opts: &AttentionOptions<'_>,
+    config: &BackwardConfig,
+) -> Result<AttentionGrads> {
+    let p = Problem::new(q, k, v, opts)?;
+    let d = p.dims();
+    let out_shape = [d.batch, d.heads, d.q_len, d.value_dim];
+    let shape_error = |arg: &str, got: &[usize], want: String| Error::Shape {
+        arg: arg.into(),
+        got: got.to_vec(),
+        want,
+    };
+    if dout.shape() != out_shape {
+        let want = format!("the output's shape {out_shape:?}");
+        return Err(shape_error("dout", dout.shape(), want));
+    }
+    if out.shape() != out_shape {
+        let want = format!("the forward output's shape {out_shape:?}");
+        return Err(shape_error("out", out.shape(), want));
+    }
+    let lse_shape = [d.batch, d.heads, d.q_len];
+    if lse.shape() != lse_shape {
+        let want = format!("[B, Hq, L] = {lse_shape:?}");
+        return Err(shape_error("lse", lse.shape(), want));
+    }
+    let isa = Isa::resolve(config.isa)?.token()?;
+    let supported = fused::supports(&p);
+    let use_fused = match config.kernel {
+        BackwardKernel::Reference => false,
+        BackwardKernel::Auto => supported,
+        BackwardKernel::Fused if supported => true,
+        BackwardKernel::Fused => {
+            return Err(Error::Unsupported {
+                kernel: "fused backward",
+                reason: "supports only softmax over keys and head width > 0",
+            })
+        }
+    };
+    if use_fused {
+        let run = || fused::run(&p, out, lse, dout, config.dropout.as_ref(), isa);
+        return crate::threads::install(config.threads, run);
+    }
+    let (q, k, v) = (q.mapv(f64::from), k.mapv(f64::from), v.mapv(f64::from));
+    let exact = Problem::new(q.view(), k.view(), v.view(), opts)?;
+    let dout = dout.mapv(f64::from);
+    let run = || reference::backward(&exact, dout.view(), config.dropout.as_ref());
+    let g = crate::threads::install(config.threads, run)?;
+    Ok(AttentionGrads {
+        dq: g.dq.mapv(|x| x as f32),
+        dk: g.dk.mapv(|x| x as f32),
+        dv: g.dv.mapv(|x| x as f32),
+    })
+}
+
+/// Attention as training computes it: [`attention_with_lse`](crate::attention::attention_with_lse)
+/// with dropout on the weights. Without dropout it is exactly that function; with
+/// it, the fused forward applies each tile's dropout factors before the values are
+/// summed (the log-sum-exp is that of the weights before dropout).
+pub fn attention_train(
+    q: ArrayView4<'_, f32>,
+    k: ArrayView4<'_, f32>,
+    v: ArrayView4<'_, f32>,
+    opts: &AttentionOptions<'_>,
+    dropout: Option<&Dropout>,
+) -> Result<(Array4<f32>, Array3<f32>)> {
+    match dropout {
+        Some(dr) if dr.p() > 0.0 => {
+            let p = Problem::new(q, k, v, opts)?;
+            if crate::kernels::fused::supports(&p) {
+                let isa = Isa::resolve(None)?.token()?;
+                let run = || crate::kernels::fused::run(&p, isa, Some(dr));
+                return crate::threads::install(None, run);
+            }
+            let (q, k, v) = (q.mapv(f64::from), k.mapv(f64::from), v.mapv(f64::from));
+            let exact = Problem::new(q.view(), k.view(), v.view(), opts)?;
+            let f = reference::forward(&exact, Some(dr));
+            Ok((f.out.mapv(|x| x as f32), f.lse.mapv(|x| x as f32)))
+        }
+        _ => crate::attention::attention_with_lse(q, k, v, opts),
+    }
+}

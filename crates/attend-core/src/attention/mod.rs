@@ -1,0 +1,122 @@
+//! The attention functions, forward and backward: validation, then the choice of
+//! kernel, instruction set and threads, side by side above the kernels
+//! (docs/design.md, "Layers").
+//!
+//! Inputs follow PyTorch's `scaled_dot_product_attention`: `q [B, Hq, L, E]`,
+//! `k [B, Hkv, S, E]`, `v [B, Hkv, S, Ev]`, with `Hq` a multiple of `Hkv`
+//! (grouped-query attention). Views may have any strides, so a `[B, T, H, D]` buffer
+//! is passed as `view.permuted_axes([0, 2, 1, 3])` without a copy.
+//!
+//! ```
+//! use attend_core::attention::{attention, AttentionOptions, Causal};
+//! use ndarray::Array4;
+//!
+//! let q = Array4::<f32>::ones((1, 2, 3, 4));
+//! let k = Array4::<f32>::ones((1, 2, 5, 4));
+//! let v = Array4::<f32>::ones((1, 2, 5, 6));
+//! let opts = AttentionOptions { causal: Some(Causal::BottomRight), ..Default::default() };
+//! let out = attention(q.view(), k.view(), v.view(), &opts)?;
+//! assert_eq!(out.shape(), &[1, 2, 3, 6]);
+//! # Ok::<(), attend_core::Error>(())
+//! ```
+
+mod backward;
+mod bf16;
+
+pub use crate::config::{Config, Kernel, DECODE_MAX_QUERIES};
+pub use crate::element::Element;
+pub use crate::kernels::backward::AttentionGrads;
+pub use crate::problem::{
+    AttentionOptions, Causal, Dims, Dropout, Precision, Problem, SoftmaxAxis,
+};
+pub use backward::{
+    attention_backward, attention_backward_with, attention_train, BackwardConfig, BackwardKernel,
+};
+
+use ndarray::{Array3, Array4, ArrayView4};
+
+use crate::kernels::{decode, fused, reference, Isa};
+use crate::{Error, Result};
+
+/// Scaled dot-product attention: `softmax(scale · q kᵀ + masks) v`.
+///
+/// Rows whose keys are all masked give zeros. Returns `[B, Hq, L, Ev]` in the
+/// inputs' element type.
+pub fn attention<T: Element>(
+    q: ArrayView4<'_, T>,
+    k: ArrayView4<'_, T>,
+    v: ArrayView4<'_, T>,
+    opts: &AttentionOptions<'_>,
+) -> Result<Array4<T>> {
+    attention_with_lse(q, k, v, opts).map(|(out, _)| out)
+}
+
+/// [`attention`] that also returns the natural log-sum-exp of each query's
+/// scaled, masked scores, `[B, Hq, L]` (−∞ for fully masked rows).
+pub fn attention_with_lse<T: Element>(
+    q: ArrayView4<'_, T>,
+    k: ArrayView4<'_, T>,
+    v: ArrayView4<'_, T>,
+    opts: &AttentionOptions<'_>,
+) -> Result<(Array4<T>, Array3<f32>)> {
+    attention_with(q, k, v, opts, &Config::default())
+}
+
+/// [`attention_with_lse`] with an explicit [`Config`].
+pub fn attention_with<T: Element>(
+    q: ArrayView4<'_, T>,
+    k: ArrayView4<'_, T>,
+    v: ArrayView4<'_, T>,
+    opts: &AttentionOptions<'_>,
+    config: &Config,
+) -> Result<(Array4<T>, Array3<f32>)> {
+    let problem = Problem::new(q, k, v, opts)?;
+    T::compute(&problem, config)
+}
+
+/// The kernel `config` asks for, checked against what the kernels support.
+fn choose_kernel<T>(problem: &Problem<'_, T>, kernel: Kernel) -> Result<Kernel> {
+    let short = problem.dims().q_len <= DECODE_MAX_QUERIES;
+    Ok(match kernel {
+        Kernel::Reference => Kernel::Reference,
+        Kernel::Auto if short && decode::supports(problem) => Kernel::Decode,
+        Kernel::Auto if fused::supports(problem) => Kernel::Fused,
+        Kernel::Auto => Kernel::Reference,
+        Kernel::Fused if fused::supports(problem) => Kernel::Fused,
+        Kernel::Fused => {
+            return Err(Error::Unsupported {
+                kernel: "fused",
+                reason: "supports only softmax over keys and value width > 0",
+            })
+        }
+        Kernel::Decode if decode::supports(problem) => Kernel::Decode,
+        Kernel::Decode => {
+            return Err(Error::Unsupported {
+                kernel: "decode",
+                reason: "supports only softmax over keys",
+            })
+        }
+    })
+}
+
+impl crate::element::sealed::Sealed for f32 {
+    fn compute(problem: &Problem<'_>, config: &Config) -> Result<(Array4<f32>, Array3<f32>)> {
+        if problem.precision == Precision::Bf16 {
+            return bf16::compute_rounded(problem, config);
+        }
+        let isa = Isa::resolve(config.isa)?.token()?;
+        let which = choose_kernel(problem, config.kernel)?;
+        let run = || match which {
+            Kernel::Fused => fused::run(problem, isa, None),
+            Kernel::Decode => {
+                let kv_len = problem.dims().kv_len;
+                decode::run(problem, decode::KeySpan::whole(kv_len), isa)
+            }
+            Kernel::Reference | Kernel::Auto => {
+                let trace = reference::run(problem);
+                (trace.output, trace.lse)
+            }
+        };
+        crate::threads::install(config.threads, run)
+    }
+}

@@ -1,0 +1,1204 @@
+//! The BERT-family encoder: embeddings, then layers of self-attention and
+//! feed-forward, each followed by a residual connection and LayerNorm (post-norm).
+//! BERT, DistilBERT, RoBERTa, XLM-RoBERTa and MPNet all have this shape; what
+//! differs between them is in [`Family`] (names, positions, token types) and, for
+//! MPNet, a relative-position bias added to every layer's scores.
+
+use std::path::Path;
+
+use rayon::prelude::*;
+
+use ndarray::{s, Array2, Array3, Array4, ArrayView2, ArrayView4, Axis, ShapeBuilder};
+
+use super::family::{self, Family};
+use super::positions::{mpnet_bias, position_ids, sinusoidal_table, MPNET_BUCKETS};
+use super::BertConfig;
+use attend_core::attention::{attention, AttentionOptions, Precision};
+use attend_core::io::safetensors::SafeTensors;
+use attend_core::nn::state_dict::load_linear;
+use attend_core::nn::{LayerNorm, Linear, ModuleTrace, MultiHeadAttention};
+use attend_core::{Error, Result};
+
+/// Token ids of a batch of sequences, right-padded to a common length `T`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenBatch {
+    /// `[B, T]` token ids; positions at or past a sequence's length are padding.
+    pub ids: Array2<u32>,
+    /// `[B, T]` token-type (segment) ids.
+    pub type_ids: Array2<u32>,
+    /// Number of real tokens of each sequence, each ≤ `T`.
+    pub lengths: Vec<usize>,
+}
+
+impl TokenBatch {
+    /// Pads `sequences` of `(ids, type_ids)` on the right with `pad_id` (type 0).
+    pub fn from_sequences(sequences: &[(Vec<u32>, Vec<u32>)], pad_id: u32) -> Result<Self> {
+        let t = sequences
+            .iter()
+            .map(|(ids, _)| ids.len())
+            .max()
+            .unwrap_or(0);
+        let mut ids = Array2::from_elem((sequences.len(), t), pad_id);
+        let mut type_ids = Array2::zeros((sequences.len(), t));
+        let mut lengths = Vec::with_capacity(sequences.len());
+        for (b, (i, ty)) in sequences.iter().enumerate() {
+            if i.len() != ty.len() {
+                return Err(Error::shape(format!(
+                    "sequence {b} has {} ids but {} type ids",
+                    i.len(),
+                    ty.len()
+                )));
+            }
+            ids.slice_mut(s![b, ..i.len()]).assign(&ndarray::aview1(i));
+            type_ids
+                .slice_mut(s![b, ..i.len()])
+                .assign(&ndarray::aview1(ty));
+            lengths.push(i.len());
+        }
+        Ok(TokenBatch {
+            ids,
+            type_ids,
+            lengths,
+        })
+    }
+
+    /// `[B, T]`, `true` at padding positions (the attention API's `key_padding`).
+    pub fn padding_mask(&self) -> Array2<bool> {
+        let (b, t) = self.ids.dim();
+        Array2::from_shape_fn((b, t), |(bi, ti)| ti >= self.lengths[bi])
+    }
+}
+
+/// Word, position and token-type embeddings, summed and normalised.
+#[derive(Clone, Debug)]
+pub struct BertEmbeddings {
+    /// `[vocab_size, d]`.
+    pub word: Array2<f32>,
+    /// `[max_position_embeddings, d]`, read at the rows
+    /// [`BertConfig::position_padding_idx`] says.
+    pub position: Array2<f32>,
+    /// `[type_vocab_size, d]`; `None` for families without token types
+    /// (DistilBERT, MPNet).
+    pub token_type: Option<Array2<f32>>,
+    /// LayerNorm over the sum.
+    pub norm: LayerNorm,
+}
+
+/// One encoder layer.
+#[derive(Clone, Debug)]
+pub struct BertLayer {
+    /// Self-attention: `attention.self.{query,key,value}` are `q_proj`, `k_proj`,
+    /// `v_proj` and `attention.output.dense` is `out_proj`.
+    pub attention: MultiHeadAttention,
+    /// The query, key and value projections stacked as one product
+    /// ([`Linear::stacked`], `[3d, d]`), made at load: the fast forward computes
+    /// all three with it; the traced forward and the walkthrough read the three
+    /// in `attention`. Change those and this must be made again.
+    pub qkv: Linear,
+    /// `attention.output.LayerNorm`, after the residual.
+    pub attention_norm: LayerNorm,
+    /// `intermediate.dense`, `d → intermediate_size`.
+    pub intermediate: Linear,
+    /// `output.dense`, `intermediate_size → d`.
+    pub output: Linear,
+    /// `output.LayerNorm`, after the residual.
+    pub output_norm: LayerNorm,
+}
+
+/// A BERT-family encoder (`transformers.BertModel`, `DistilBertModel`,
+/// `RobertaModel`, `XLMRobertaModel` or `MPNetModel`, without the pooler).
+#[derive(Clone, Debug)]
+pub struct BertModel {
+    /// The hyper-parameters.
+    pub config: BertConfig,
+    /// The embedding block.
+    pub embeddings: BertEmbeddings,
+    /// The encoder layers.
+    pub layers: Vec<BertLayer>,
+    /// MPNet's relative-position bias table `[buckets, H]`
+    /// (`encoder.relative_attention_bias`), shared by every layer; `None` for the
+    /// other families.
+    pub relative_attention_bias: Option<Array2<f32>>,
+    /// Precision of the encoder layers' dense products
+    /// ([`Linear::for_inference_with`]); the embeddings, LayerNorms, activations
+    /// and attention stay f32.
+    pub precision: Precision,
+}
+
+/// Every intermediate of a [`BertModel::trace`] run.
+#[derive(Clone, Debug)]
+pub struct BertTrace {
+    /// Input of each layer, `[B, T, d]` (entry 0 is the embedding output).
+    pub inputs: Vec<Array3<f32>>,
+    /// Each layer's self-attention: `q`, `k`, `v` (`[B, H, T, head_dim]`), raw scores,
+    /// scaled-and-masked scores and softmax weights (`[B, H, T, T]`), context and
+    /// output projection.
+    pub attention: Vec<ModuleTrace>,
+    /// Last hidden state, `[B, T, d]`, padding positions included (as transformers
+    /// computes them).
+    pub hidden: Array3<f32>,
+    /// MPNet's relative-position bias `[1, H, T, T]`, added to every layer's scaled
+    /// scores; `None` for the other families.
+    pub position_bias: Option<Array4<f32>>,
+}
+
+impl BertModel {
+    /// Loads `config.json` and `model.safetensors` from a checkpoint directory.
+    pub fn load(dir: impl AsRef<Path>) -> Result<Self> {
+        Self::load_with(dir, Precision::F32)
+    }
+
+    /// [`load`](Self::load) with the encoder layers' dense products in
+    /// `precision` (see [`from_safetensors_with`](Self::from_safetensors_with)).
+    pub fn load_with(dir: impl AsRef<Path>, precision: Precision) -> Result<Self> {
+        let dir = dir.as_ref();
+        if !dir.is_dir() {
+            return Err(Error::io(
+                dir,
+                "model directory not found (scripts/fetch-model fetches all-MiniLM-L6-v2)",
+            ));
+        }
+        let config = BertConfig::from_file(dir.join("config.json"))?;
+        let weights = SafeTensors::open(dir.join("model.safetensors"))?;
+        // Some checks (a LayerNorm's, the attention module's) know the tensor but
+        // not the file: every error of the model file names it.
+        Self::from_safetensors_with(config, &weights, precision).map_err(|e| {
+            let message = e.to_string();
+            if message.starts_with(weights.origin()) {
+                e
+            } else {
+                Error::format(format!("{}: {message}", weights.origin()))
+            }
+        })
+    }
+
+    /// Builds the model from Hugging Face tensor names of `config.family` (with or
+    /// without a task model's prefix, `bert.`, `roberta.`, …), checking every shape
+    /// against `config`.
+    pub fn from_safetensors(config: BertConfig, file: &SafeTensors) -> Result<Self> {
+        Self::from_safetensors_with(config, file, Precision::F32)
+    }
+
+    /// [`from_safetensors`](Self::from_safetensors) with the encoder layers' dense
+    /// products in `precision`: with [`Precision::Bf16`] their weights are rounded
+    /// to bf16 and kept packed as bf16 for a product with bf16 inputs and f32 sums
+    /// (PyTorch's autocast to bf16), in 2 bytes a weight (the f32 layers take 8
+    /// where the CPU runs `nn::matmul`'s AVX2 product, the weight and its packing,
+    /// and 4 elsewhere).
+    pub fn from_safetensors_with(
+        config: BertConfig,
+        file: &SafeTensors,
+        precision: Precision,
+    ) -> Result<Self> {
+        let family = config.family;
+        let names = family.names();
+        let root = if file.contains(family::WORD_EMBEDDINGS) {
+            ""
+        } else if file.contains(&format!("{}{}", family.prefix(), family::WORD_EMBEDDINGS)) {
+            family.prefix()
+        } else {
+            return Err(Error::format(format!(
+                "{}: no tensor {}: not a {} checkpoint",
+                file.origin(),
+                family::WORD_EMBEDDINGS,
+                family.model_type()
+            )));
+        };
+        // NaN or infinite weights would give NaN embeddings that look like results.
+        let layers_root = names.layers.split('.').next().unwrap_or_default();
+        let used = [
+            format!("{root}embeddings."),
+            format!("{root}{layers_root}."),
+        ];
+        for name in file.names() {
+            if used.iter().any(|p| name.starts_with(p.as_str())) {
+                file.check_finite(name)?;
+            }
+        }
+        let d = config.hidden_size;
+        let eps = config.layer_norm_eps;
+        let matrix = |name: &str, rows: usize, cols: usize| -> Result<Array2<f32>> {
+            let full = format!("{root}{name}");
+            file.tensor_shaped(&full, &[rows, cols])?
+                .into_dimensionality()
+                .map_err(|_| Error::shape(format!("{}: {full}: expected two axes", file.origin())))
+        };
+        let norm = |prefix: &str| -> Result<LayerNorm> {
+            // Old checkpoints call the LayerNorm parameters gamma and beta.
+            let pick = |a: &str, b: &str| {
+                let first = format!("{root}{prefix}.{a}");
+                if file.contains(&first) {
+                    first
+                } else {
+                    format!("{root}{prefix}.{b}")
+                }
+            };
+            let w = file.tensor_shaped(&pick("weight", "gamma"), &[d])?;
+            let b = file.tensor_shaped(&pick("bias", "beta"), &[d])?;
+            LayerNorm::new(
+                w.into_dimensionality().expect("checked"),
+                b.into_dimensionality().expect("checked"),
+                eps,
+            )
+        };
+        let loaded = |prefix: &str, out: usize, inp: usize| -> Result<Linear> {
+            let l = load_linear(file, &format!("{root}{prefix}."))?;
+            if l.weight.dim() != (out, inp) || l.bias.is_none() {
+                return Err(Error::shape(format!(
+                    "{}: {root}{prefix}.weight has shape {:?}, expected [{out}, {inp}] with a bias",
+                    file.origin(),
+                    l.weight.shape()
+                )));
+            }
+            Ok(l)
+        };
+        let linear = |prefix: &str, out: usize, inp: usize| -> Result<Linear> {
+            Ok(loaded(prefix, out, inp)?.for_inference_with(precision))
+        };
+        let position = if config.sinusoidal_positions
+            && !file.contains(&format!("{root}{}", family::POSITION_EMBEDDINGS))
+        {
+            // The only table sized by config.json alone, not by a tensor in the file.
+            let rows = config.max_position_embeddings;
+            attend_core::limits::check_memory(
+                "config.json's max_position_embeddings (the sinusoidal position table)",
+                attend_core::limits::array_bytes(&[rows, d], 4),
+            )?;
+            sinusoidal_table(rows, d)
+        } else {
+            matrix(
+                family::POSITION_EMBEDDINGS,
+                config.max_position_embeddings,
+                d,
+            )?
+        };
+        let embeddings = BertEmbeddings {
+            word: matrix(family::WORD_EMBEDDINGS, config.vocab_size, d)?,
+            position,
+            token_type: if family.has_token_types() {
+                Some(matrix(
+                    family::TOKEN_TYPE_EMBEDDINGS,
+                    config.type_vocab_size,
+                    d,
+                )?)
+            } else {
+                None
+            },
+            norm: norm(family::EMBEDDINGS_NORM)?,
+        };
+        let relative_attention_bias = if family == Family::MpNet {
+            if config.relative_attention_buckets < MPNET_BUCKETS {
+                return Err(Error::format(format!(
+                    "relative_attention_num_buckets is {}, fewer than the {MPNET_BUCKETS} buckets MPNet's relative positions use",
+                    config.relative_attention_buckets
+                )));
+            }
+            Some(matrix(
+                family::RELATIVE_ATTENTION_BIAS,
+                config.relative_attention_buckets,
+                config.num_attention_heads,
+            )?)
+        } else {
+            None
+        };
+        // Grown layer by layer: the count comes from config.json, and reserving it up
+        // front would let a wrong count claim memory before a missing tensor is found.
+        let mut layers = Vec::new();
+        for i in 0..config.num_hidden_layers {
+            let p = format!("{}.{i}", names.layers);
+            let heads = config.num_attention_heads;
+            // The attention's weights and the feed-forward's are read and packed
+            // on both threads at once (start-up).
+            let (attention, feed_forward) = rayon::join(
+                || -> Result<_> {
+                    let [q, k, v] = [names.query, names.key, names.value]
+                        .map(|name| loaded(&format!("{p}.{name}"), d, d));
+                    let (q, k, v) = (q?, k?, v?);
+                    let qkv = Linear::stacked(&[&q, &k, &v])?.for_inference_with(precision);
+                    // The three alone serve the traced forward, so in bf16 they are
+                    // rounded as the stacked product is; in f32 they stay unpacked
+                    // (the fast forward does not read them).
+                    let alone = |l: Linear| match precision {
+                        Precision::Bf16 => l.for_inference_with(precision),
+                        Precision::F32 => l,
+                    };
+                    let attention = MultiHeadAttention::new(
+                        alone(q),
+                        alone(k),
+                        alone(v),
+                        Some(linear(&format!("{p}.{}", names.attention_output), d, d)?),
+                        heads,
+                        heads,
+                    )?;
+                    Ok((attention, qkv))
+                },
+                || -> Result<_> {
+                    let intermediate = linear(
+                        &format!("{p}.{}", names.intermediate),
+                        config.intermediate_size,
+                        d,
+                    )?;
+                    let output = linear(
+                        &format!("{p}.{}", names.output),
+                        d,
+                        config.intermediate_size,
+                    )?;
+                    Ok((intermediate, output))
+                },
+            );
+            let (attention, qkv) = attention?;
+            let (intermediate, output) = feed_forward?;
+            layers.push(BertLayer {
+                attention,
+                qkv,
+                attention_norm: norm(&format!("{p}.{}", names.attention_norm))?,
+                intermediate,
+                output,
+                output_norm: norm(&format!("{p}.{}", names.output_norm))?,
+            });
+        }
+        Ok(BertModel {
+            config,
+            embeddings,
+            layers,
+            relative_attention_bias,
+            precision,
+        })
+    }
+
+    fn check(&self, batch: &TokenBatch) -> Result<()> {
+        let (b, t) = batch.ids.dim();
+        if batch.type_ids.dim() != (b, t) || batch.lengths.len() != b {
+            return Err(Error::shape(format!(
+                "token batch: ids {:?}, type_ids {:?} and {} lengths do not fit together",
+                batch.ids.shape(),
+                batch.type_ids.shape(),
+                batch.lengths.len()
+            )));
+        }
+        if t > self.config.max_tokens() {
+            return Err(Error::value(format!(
+                "sequences of {t} tokens are longer than the model's maximum of {}",
+                self.config.max_tokens()
+            )));
+        }
+        let types = self
+            .embeddings
+            .token_type
+            .as_ref()
+            .map_or(0, |table| table.nrows());
+        for (bi, &len) in batch.lengths.iter().enumerate() {
+            if len > t {
+                return Err(Error::value(format!(
+                    "length {len} of sequence {bi} exceeds the padded length {t}"
+                )));
+            }
+            for ti in 0..len {
+                let (id, ty) = (batch.ids[[bi, ti]], batch.type_ids[[bi, ti]]);
+                if id as usize >= self.config.vocab_size {
+                    return Err(Error::value(format!(
+                        "token id {id} at [{bi}, {ti}] is out of range for a vocabulary of {}",
+                        self.config.vocab_size
+                    )));
+                }
+                // Families without token types ignore them, as transformers does.
+                if types > 0 && ty as usize >= types {
+                    return Err(Error::value(format!(
+                        "token type {ty} at [{bi}, {ti}] is out of range for {types} types"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Embedding-block output for the given `(batch, position)` pairs, one row each.
+    fn embed_rows(&self, batch: &TokenBatch, rows: &[(usize, usize)]) -> Result<Array2<f32>> {
+        let e = &self.embeddings;
+        let padding_idx = self.config.position_padding_idx();
+        let positions: Vec<Vec<usize>> = batch
+            .ids
+            .rows()
+            .into_iter()
+            .map(|ids| position_ids(ids.iter().copied(), padding_idx))
+            .collect();
+        let mut x = Array2::zeros((rows.len(), self.config.hidden_size));
+        for (r, &(bi, ti)) in rows.iter().enumerate() {
+            let id = (batch.ids[[bi, ti]] as usize).min(self.config.vocab_size - 1);
+            let mut row = x.row_mut(r);
+            row.assign(&e.word.row(id));
+            // `check` bounds the length by the rows the numbering can reach.
+            row += &e
+                .position
+                .row(positions[bi][ti].min(e.position.nrows() - 1));
+            if let Some(table) = &e.token_type {
+                let ty = (batch.type_ids[[bi, ti]] as usize).min(table.nrows() - 1);
+                row += &table.row(ty);
+            }
+        }
+        e.norm.forward_inplace(x.view_mut(), None)?;
+        Ok(x)
+    }
+
+    /// The last hidden state `[B, T, d]`; padding positions are zero.
+    ///
+    /// Only real tokens are computed: the rows of all sequences are packed
+    /// together through the dense layers, and attention runs on each sequence's
+    /// rows of the stacked projections where they lie (no padded copy, no padding
+    /// keys or queries). A sequence's result therefore does not depend on what
+    /// else is in the batch, and padding costs nothing until the output is laid
+    /// out as `[B, T, d]`.
+    pub fn forward(&self, batch: &TokenBatch) -> Result<Array3<f32>> {
+        self.forward_timed(batch, &mut Timings::default())
+    }
+
+    /// [`forward`](Self::forward), adding the time spent in each kind of work to
+    /// `timings` (for benchmarks: where does the time go?).
+    pub fn forward_timed(&self, batch: &TokenBatch, timings: &mut Timings) -> Result<Array3<f32>> {
+        if rayon::current_thread_index().is_none() {
+            // Run on a worker of the thread pool: each parallel step is then a join
+            // the worker completes itself if the other thread is late, where a call
+            // from outside the pool would hand each step over and wait for it.
+            return rayon::scope(|_| self.forward_timed(batch, timings));
+        }
+        self.check(batch)?;
+        // MPNet's bias for the batch's T, made once and shared by every group.
+        let bias = self.position_bias(batch.ids.ncols());
+        let groups = sequence_groups(&batch.lengths, rayon::current_num_threads());
+        if groups.len() < 2 {
+            return self.forward_rows(batch, bias.as_ref(), timings);
+        }
+        // Groups of whole sequences side by side, one per thread: each product
+        // then runs on one core, where the whole batch's would make the threads
+        // meet at every product. A sequence's result does not depend on its
+        // group, so the output is the same.
+        let parts: Vec<(Array3<f32>, Timings)> = groups
+            .par_iter()
+            .with_max_len(1)
+            .map(|range| {
+                let group = TokenBatch {
+                    ids: batch.ids.slice(s![range.clone(), ..]).to_owned(),
+                    type_ids: batch.type_ids.slice(s![range.clone(), ..]).to_owned(),
+                    lengths: batch.lengths[range.clone()].to_vec(),
+                };
+                let mut spent = Timings::default();
+                let out = self.forward_rows(&group, bias.as_ref(), &mut spent)?;
+                Ok((out, spent))
+            })
+            .collect::<Result<_>>()?;
+        let views: Vec<_> = parts.iter().map(|(out, _)| out.view()).collect();
+        let out = ndarray::concatenate(Axis(0), &views).expect("groups share T and d");
+        // The threads' mean, so that the kinds still add up to the forward's time.
+        let ways = parts.len() as u32;
+        for (_, spent) in &parts {
+            timings.matmul += spent.matmul / ways;
+            timings.attention += spent.attention / ways;
+            timings.other += spent.other / ways;
+        }
+        Ok(out)
+    }
+
+    /// [`forward_timed`](Self::forward_timed) of a checked batch with its position
+    /// bias, every product split over the thread pool.
+    fn forward_rows(
+        &self,
+        batch: &TokenBatch,
+        bias: Option<&Array4<f32>>,
+        timings: &mut Timings,
+    ) -> Result<Array3<f32>> {
+        let mut clock = Clock::new();
+        let (b, t) = batch.ids.dim();
+        let d = self.config.hidden_size;
+        let rows: Vec<(usize, usize)> = (0..b)
+            .flat_map(|bi| (0..batch.lengths[bi]).map(move |ti| (bi, ti)))
+            .collect();
+        if rows.is_empty() {
+            return Ok(Array3::zeros((b, t, d)));
+        }
+        let mut h = self.embed_rows(batch, &rows)?;
+        clock.lap(&mut timings.other);
+        for layer in &self.layers {
+            let m = &layer.attention;
+            let qkv = layer.qkv.forward(h.view())?;
+            clock.lap(&mut timings.matmul);
+            let merged = self.attend_sequences(&qkv, &batch.lengths, bias)?;
+            clock.lap(&mut timings.attention);
+            let out_proj = m.out_proj.as_ref().ok_or_else(no_out_proj)?;
+            let a =
+                out_proj.forward_residual_norm(merged.view(), h.view(), &layer.attention_norm)?;
+            clock.lap(&mut timings.matmul);
+            // The activation is applied to each block of the product while in cache.
+            let inter = layer
+                .intermediate
+                .forward_activated(a.view(), self.config.hidden_act)?;
+            clock.lap(&mut timings.matmul);
+            h = layer
+                .output
+                .forward_residual_norm(inter.view(), a.view(), &layer.output_norm)?;
+            clock.lap(&mut timings.matmul);
+        }
+        // Each sequence's rows, then zeros for its padding.
+        let src = h.as_slice().expect("Linear returns row-major arrays");
+        let mut out = Vec::with_capacity(b * t * d);
+        let mut r = 0;
+        for &len in &batch.lengths {
+            out.extend_from_slice(&src[r * d..(r + len) * d]);
+            out.resize(out.len() + (t - len) * d, 0.0);
+            r += len;
+        }
+        clock.lap(&mut timings.other);
+        Ok(Array3::from_shape_vec((b, t, d), out).expect("B·T rows of d"))
+    }
+
+    /// One layer's attention over the packed rows of the stacked projections
+    /// `qkv [n, 3d]` (sequences of `lengths`, one after another), as packed rows
+    /// `[n, d]` of the heads side by side. Each sequence is its own call on views
+    /// of its rows, the sequences in parallel.
+    fn attend_sequences(
+        &self,
+        qkv: &Array2<f32>,
+        lengths: &[usize],
+        bias: Option<&Array4<f32>>,
+    ) -> Result<Array2<f32>> {
+        let (n, width) = qkv.dim();
+        let d = width / 3;
+        let heads = self.config.num_attention_heads;
+        let dh = self.config.head_dim();
+        let all = qkv.as_slice().expect("Linear returns row-major arrays");
+        let starts: Vec<usize> = lengths
+            .iter()
+            .scan(0, |r, &len| {
+                let start = *r;
+                *r += len;
+                Some(start)
+            })
+            .collect();
+        let contexts: Vec<Array4<f32>> = starts
+            .par_iter()
+            .zip(lengths)
+            .filter(|(_, &len)| len > 0)
+            .map(|(&start, &len)| {
+                let rows = &all[start * width..(start + len) * width];
+                let bias = bias.map(|a| a.slice(s![.., .., ..len, ..len]).into_dyn());
+                let opts = AttentionOptions {
+                    bias,
+                    ..Default::default()
+                };
+                attention(
+                    projection_heads(rows, len, 0, heads),
+                    projection_heads(rows, len, 1, heads),
+                    projection_heads(rows, len, 2, heads),
+                    &opts,
+                )
+            })
+            .collect::<Result<_>>()?;
+        // [1, H, len, dh] per sequence → packed rows [n, H·dh].
+        let mut merged = Vec::with_capacity(n * d);
+        for ctx in &contexts {
+            let ctx = ctx.as_standard_layout();
+            let src = ctx.as_slice().expect("standard layout");
+            let len = ctx.dim().2;
+            for ti in 0..len {
+                for hi in 0..heads {
+                    let from = (hi * len + ti) * dh;
+                    merged.extend_from_slice(&src[from..from + dh]);
+                }
+            }
+        }
+        Ok(Array2::from_shape_vec((n, d), merged).expect("n rows of d"))
+    }
+
+    /// MPNet's relative-position bias `[1, H, t, t]` for sequences padded to `t`
+    /// tokens: made once per call, shared by every layer, and broadcast over the
+    /// batch by the attention call (no `[B, H, t, t]` copy). `None` for the other
+    /// families.
+    fn position_bias(&self, t: usize) -> Option<Array4<f32>> {
+        self.relative_attention_bias
+            .as_ref()
+            .map(|table| mpnet_bias(table.view(), t))
+    }
+
+    /// `LayerNorm(a + output(act(intermediate(a))))` on rows `[n, d]`.
+    fn feed_forward(&self, layer: &BertLayer, a: Array2<f32>) -> Result<Array2<f32>> {
+        let mut inter = layer.intermediate.forward(a.view())?;
+        self.config
+            .hidden_act
+            .apply(inter.as_slice_mut().expect("fresh arrays are contiguous"));
+        let mut out = layer.output.forward(inter.view())?;
+        layer
+            .output_norm
+            .forward_inplace(out.view_mut(), Some(a.view()))?;
+        Ok(out)
+    }
+
+    /// [`forward`](Self::forward) on the padded batch through the reference attention,
+    /// keeping every intermediate: the per-layer, per-head Q, K, V, scores and
+    /// attention weights that `attend explain` and the HTML viewer show.
+    pub fn trace(&self, batch: &TokenBatch) -> Result<BertTrace> {
+        self.check(batch)?;
+        let (b, t) = batch.ids.dim();
+        let d = self.config.hidden_size;
+        let rows: Vec<(usize, usize)> = (0..b)
+            .flat_map(|bi| (0..t).map(move |ti| (bi, ti)))
+            .collect();
+        let padding = batch.padding_mask();
+        let bias = self.position_bias(t);
+        let opts = AttentionOptions {
+            key_padding: Some(padding.view()),
+            bias: bias.as_ref().map(|a| a.view().into_dyn()),
+            ..Default::default()
+        };
+        let mut h = self
+            .embed_rows(batch, &rows)?
+            .into_shape_with_order((b, t, d))
+            .expect("B·T rows");
+        let mut inputs = Vec::with_capacity(self.layers.len());
+        let mut traces = Vec::with_capacity(self.layers.len());
+        for layer in &self.layers {
+            let tr = layer.attention.trace(h.view(), &opts)?;
+            let mut a = tr
+                .output
+                .clone()
+                .ok_or_else(no_out_proj)?
+                .into_shape_with_order((b * t, d))
+                .expect("standard layout");
+            let flat_h = h
+                .view()
+                .into_shape_with_order((b * t, d))
+                .expect("standard layout");
+            layer
+                .attention_norm
+                .forward_inplace(a.view_mut(), Some(flat_h))?;
+            let out = self.feed_forward(layer, a)?;
+            inputs.push(std::mem::replace(
+                &mut h,
+                out.into_shape_with_order((b, t, d)).expect("B·T rows"),
+            ));
+            traces.push(tr);
+        }
+        Ok(BertTrace {
+            inputs,
+            attention: traces,
+            hidden: h,
+            position_bias: bias,
+        })
+    }
+}
+
+/// Fewest tokens for which a group of sequences gets a thread of its own: from
+/// about 64 rows a product runs near its single-thread peak (examples/dense_bench).
+const GROUP_TOKENS: usize = 64;
+
+/// Splits the sequences of `lengths` into at most `threads` contiguous groups of
+/// about equal tokens, each of at least [`GROUP_TOKENS`] tokens (one group when
+/// the batch is too small to share).
+fn sequence_groups(lengths: &[usize], threads: usize) -> Vec<std::ops::Range<usize>> {
+    let tokens: usize = lengths.iter().sum();
+    let ways = threads.min(tokens / GROUP_TOKENS).min(lengths.len()).max(1);
+    let mut groups = Vec::with_capacity(ways);
+    let (mut start, mut seen) = (0, 0);
+    for (i, &len) in lengths.iter().enumerate() {
+        seen += len;
+        // Cut once this group has its share of the tokens.
+        if seen * ways >= tokens * (groups.len() + 1) && groups.len() + 1 < ways {
+            groups.push(start..i + 1);
+            start = i + 1;
+        }
+    }
+    groups.push(start..lengths.len());
+    groups
+}
+
+/// Projection `which` (0 queries, 1 keys, 2 values) of one sequence's stacked
+/// projections (`len` rows of `3d`) as `[1, H, len, d/H]`: a view, no copy.
+fn projection_heads(rows: &[f32], len: usize, which: usize, heads: usize) -> ArrayView4<'_, f32> {
+    let width = rows.len() / len;
+    let d = width / 3;
+    let dh = d / heads;
+    ArrayView4::from_shape(
+        (1, heads, len, dh).strides((len * width, dh, width, 1)),
+        &rows[which * d..],
+    )
+    .expect("the heads of one projection lie inside the stacked rows")
+}
+
+fn no_out_proj() -> Error {
+    Error::value("an encoder layer's attention needs an output projection (out_proj is None)")
+}
+
+/// Time spent in each kind of work by [`BertModel::forward_timed`], accumulated.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Timings {
+    /// Dense layers (`Linear`): Q/K/V, output projection, feed-forward (its
+    /// activation included: it is applied inside the product).
+    pub matmul: std::time::Duration,
+    /// The `attention` call (scores, softmax, weighted sum).
+    pub attention: std::time::Duration,
+    /// Everything else: embeddings, LayerNorms, residuals, packing and unpacking.
+    pub other: std::time::Duration,
+}
+
+struct Clock(std::time::Instant);
+
+impl Clock {
+    fn new() -> Self {
+        Clock(std::time::Instant::now())
+    }
+
+    fn lap(&mut self, into: &mut std::time::Duration) {
+        let now = std::time::Instant::now();
+        *into += now - self.0;
+        self.0 = now;
+    }
+}
+
+/// How a sentence embedding is made from the token vectors
+/// (sentence-transformers' `Pooling` module).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pooling {
+    /// Mean over the real tokens.
+    Mean,
+    /// The first token (`[CLS]`).
+    Cls,
+    /// Element-wise maximum over the real tokens.
+    Max,
+    /// Sum over the real tokens divided by √(count).
+    MeanSqrtLen,
+    /// Mean over the real tokens weighted by position, 1 for the first token.
+    WeightedMean,
+    /// The last real token (decoder-style embedding models).
+    LastToken,
+}
+
+impl Pooling {
+    /// The mode of a sentence-transformers `pooling_mode` name.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Some(match name {
+            "cls" => Pooling::Cls,
+            "max" => Pooling::Max,
+            "mean" => Pooling::Mean,
+            "mean_sqrt_len_tokens" => Pooling::MeanSqrtLen,
+            "weightedmean" => Pooling::WeightedMean,
+            "lasttoken" => Pooling::LastToken,
+            _ => return None,
+        })
+    }
+}
+
+/// Pools `hidden [B, T, d]` over the first `lengths[b]` tokens of each sequence,
+/// then L2-normalises each row if `normalize` (as `torch.nn.functional.normalize`,
+/// dividing by `max(‖x‖, 1e-12)`).
+pub fn pool(
+    hidden: ndarray::ArrayView3<'_, f32>,
+    lengths: &[usize],
+    pooling: Pooling,
+    normalize: bool,
+) -> Result<Array2<f32>> {
+    let (b, t, d) = hidden.dim();
+    if lengths.len() != b || lengths.iter().any(|&l| l > t) {
+        return Err(Error::shape(format!(
+            "lengths {lengths:?} do not fit hidden states {:?}",
+            hidden.shape()
+        )));
+    }
+    let mut out = Array2::zeros((b, d));
+    for (bi, &len) in lengths.iter().enumerate() {
+        let tokens: ArrayView2<'_, f32> = hidden.slice(s![bi, ..len, ..]);
+        let mut row = out.row_mut(bi);
+        match pooling {
+            Pooling::Cls => {
+                if len > 0 {
+                    row.assign(&tokens.row(0));
+                }
+            }
+            Pooling::LastToken => {
+                if len > 0 {
+                    row.assign(&tokens.row(len - 1));
+                }
+            }
+            Pooling::WeightedMean => {
+                for (i, token) in tokens.rows().into_iter().enumerate() {
+                    row.scaled_add((i + 1) as f32, &token);
+                }
+                let total = (len * (len + 1) / 2) as f32;
+                row /= total.max(1e-9);
+            }
+            Pooling::Max => {
+                if len > 0 {
+                    row.assign(&tokens.fold_axis(Axis(0), f32::NEG_INFINITY, |a, &x| a.max(x)));
+                }
+            }
+            Pooling::Mean | Pooling::MeanSqrtLen => {
+                let sum = tokens.sum_axis(Axis(0));
+                let n = (len as f32).max(1e-9);
+                let div = if pooling == Pooling::Mean {
+                    n
+                } else {
+                    n.sqrt()
+                };
+                row.assign(&(sum / div));
+            }
+        }
+        if normalize {
+            let norm = row.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+            row /= norm;
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use attend_core::io::safetensors::serialize;
+    use ndarray::{ArrayD, IxDyn};
+
+    /// A two-layer BERT of width 8 with arbitrary weights, in memory.
+    fn tiny() -> BertModel {
+        tiny_of(Family::Bert)
+    }
+
+    /// A two-layer model of `family`, width 8, with arbitrary weights, in memory.
+    fn tiny_of(family: Family) -> BertModel {
+        let (config, tensors) = tiny_family_weights(family, |x| x);
+        let views: Vec<_> = tensors
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.view()))
+            .collect();
+        let file = SafeTensors::from_bytes(serialize(&views, None).unwrap(), "tiny").unwrap();
+        BertModel::from_safetensors(config, &file).unwrap()
+    }
+
+    /// The configuration and named weights of [`tiny`], each value passed through `f`.
+    fn tiny_weights(f: impl Fn(f32) -> f32) -> (BertConfig, Vec<(String, ArrayD<f32>)>) {
+        tiny_family_weights(Family::Bert, f)
+    }
+
+    /// The configuration and named weights of [`tiny_of`], each value passed through
+    /// `f`, under the family's own tensor names.
+    fn tiny_family_weights(
+        family: Family,
+        f: impl Fn(f32) -> f32,
+    ) -> (BertConfig, Vec<(String, ArrayD<f32>)>) {
+        let config = BertConfig::from_json(&if family == Family::DistilBert {
+            r#"{"model_type": "distilbert", "vocab_size": 11, "dim": 8, "n_layers": 2,
+                "n_heads": 2, "hidden_dim": 12, "activation": "relu",
+                "max_position_embeddings": 16, "sinusoidal_pos_embds": true}"#
+                .to_string()
+        } else {
+            format!(
+                r#"{{"model_type": "{}", "vocab_size": 11, "hidden_size": 8,
+                    "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 12,
+                    "hidden_act": "gelu", "max_position_embeddings": 16, "type_vocab_size": 2}}"#,
+                family.model_type()
+            )
+        })
+        .unwrap();
+        let mut tensors: Vec<(String, ArrayD<f32>)> = Vec::new();
+        let mut seed = 1u32;
+        let mut add = |name: &str, shape: &[usize]| {
+            let n: usize = shape.iter().product();
+            let v: Vec<f32> = (0..n)
+                .map(|_| {
+                    seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                    f(((seed >> 8) % 1000) as f32 / 1000.0 - 0.5)
+                })
+                .collect();
+            tensors.push((
+                name.to_string(),
+                ArrayD::from_shape_vec(IxDyn(shape), v).unwrap(),
+            ));
+        };
+        add(family::WORD_EMBEDDINGS, &[11, 8]);
+        // DistilBERT's sinusoidal table is computed when the file lacks it.
+        if family != Family::DistilBert {
+            add(family::POSITION_EMBEDDINGS, &[16, 8]);
+        }
+        if family.has_token_types() {
+            add(family::TOKEN_TYPE_EMBEDDINGS, &[2, 8]);
+        }
+        add(&format!("{}.weight", family::EMBEDDINGS_NORM), &[8]);
+        add(&format!("{}.bias", family::EMBEDDINGS_NORM), &[8]);
+        if family == Family::MpNet {
+            add(family::RELATIVE_ATTENTION_BIAS, &[32, 2]);
+        }
+        let names = family.names();
+        for l in 0..2 {
+            let p = format!("{}.{l}", names.layers);
+            for (name, shape) in [
+                (names.query, [8, 8]),
+                (names.key, [8, 8]),
+                (names.value, [8, 8]),
+                (names.attention_output, [8, 8]),
+                (names.intermediate, [12, 8]),
+                (names.output, [8, 12]),
+            ] {
+                add(&format!("{p}.{name}.weight"), &shape);
+                add(&format!("{p}.{name}.bias"), &shape[..1]);
+            }
+            for ln in [names.attention_norm, names.output_norm] {
+                add(&format!("{p}.{ln}.weight"), &[8]);
+                add(&format!("{p}.{ln}.bias"), &[8]);
+            }
+        }
+        (config, tensors)
+    }
+
+    #[test]
+    fn a_bf16_checkpoint_gives_the_same_model_as_its_f32_values() {
+        // Weights rounded to BF16's precision, stored once as F32 and once as BF16.
+        let to_bf16 = |x: f32| f32::from_bits(x.to_bits() & 0xffff_0000);
+        let (config, tensors) = tiny_weights(to_bf16);
+        let views: Vec<_> = tensors
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.view()))
+            .collect();
+        let f32_file = SafeTensors::from_bytes(serialize(&views, None).unwrap(), "f32").unwrap();
+        let (mut header, mut data) = (serde_json::Map::new(), Vec::new());
+        for (name, t) in &tensors {
+            let begin = data.len();
+            for x in t.iter() {
+                data.extend_from_slice(&((x.to_bits() >> 16) as u16).to_le_bytes());
+            }
+            header.insert(
+                name.clone(),
+                serde_json::json!({"dtype": "BF16", "shape": t.shape(), "data_offsets": [begin, data.len()]}),
+            );
+        }
+        let json = serde_json::Value::Object(header).to_string();
+        let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(json.as_bytes());
+        bytes.extend_from_slice(&data);
+        let bf16_file = SafeTensors::from_bytes(bytes, "bf16").unwrap();
+        let a = BertModel::from_safetensors(config.clone(), &f32_file).unwrap();
+        let b = BertModel::from_safetensors(config, &bf16_file).unwrap();
+        let batch = TokenBatch::from_sequences(&[(vec![1, 5, 7, 2], vec![0, 0, 1, 1])], 0).unwrap();
+        assert_eq!(a.forward(&batch).unwrap(), b.forward(&batch).unwrap());
+    }
+
+    #[test]
+    fn batches_equal_single_sequences_and_the_traced_path() {
+        for family in [
+            Family::Bert,
+            Family::DistilBert,
+            Family::Roberta,
+            Family::XlmRoberta,
+            Family::MpNet,
+        ] {
+            batches_equal_single_sequences(&tiny_of(family), family);
+        }
+    }
+
+    /// The batched forward (fused attention, padding keys masked, MPNet's bias
+    /// broadcast over the batch) equals each sequence alone and the traced path
+    /// (reference attention) on the padded batch.
+    fn batches_equal_single_sequences(m: &BertModel, family: Family) {
+        let seqs = vec![
+            (vec![1, 5, 7, 2], vec![0, 0, 1, 1]),
+            (vec![1, 2], vec![0, 0]),
+            (vec![1, 3, 4, 9, 10, 2], vec![0; 6]),
+        ];
+        let batch = TokenBatch::from_sequences(&seqs, 0).unwrap();
+        let all = m.forward(&batch).unwrap();
+        let traced = m.trace(&batch).unwrap();
+        for (i, s) in seqs.iter().enumerate() {
+            let one = m
+                .forward(&TokenBatch::from_sequences(std::slice::from_ref(s), 0).unwrap())
+                .unwrap();
+            let n = s.0.len();
+            let a = all.slice(s![i, ..n, ..]);
+            let err = (&a - &one.slice(s![0, .., ..]))
+                .mapv(f32::abs)
+                .fold(0.0f32, |x, &y| x.max(y));
+            assert!(err < 1e-5, "{family:?} sequence {i}: {err}");
+            let err = (&a - &traced.hidden.slice(s![i, ..n, ..]))
+                .mapv(f32::abs)
+                .fold(0.0f32, |x, &y| x.max(y));
+            assert!(err < 1e-5, "{family:?} traced {i}: {err}");
+            assert!(all.slice(s![i, n.., ..]).iter().all(|&x| x == 0.0));
+        }
+        assert_eq!(traced.attention.len(), 2);
+        assert_eq!(traced.attention[0].attention.weights.dim(), (3, 2, 6, 6));
+    }
+
+    #[test]
+    fn a_batch_shared_out_over_threads_gives_each_sequence_its_own_bits() {
+        // 16 sequences, 147 tokens: two groups of at least GROUP_TOKENS on two
+        // threads, one group on one thread.
+        let seqs: Vec<(Vec<u32>, Vec<u32>)> = (0..16)
+            .map(|i| {
+                let len = 4 + (i * 5) % 11;
+                let ids = (0..len).map(|j| 1 + ((i * 7 + j * 3) % 9) as u32).collect();
+                (ids, vec![0; len])
+            })
+            .collect();
+        let tokens: usize = seqs.iter().map(|s| s.0.len()).sum();
+        assert_eq!(sequence_groups(&vec![1; tokens], 2).len(), 2);
+        let batch = TokenBatch::from_sequences(&seqs, 0).unwrap();
+        for family in [Family::Bert, Family::MpNet] {
+            let m = tiny_of(family);
+            for threads in [1, 2] {
+                let all = attend_core::threads::install(Some(threads), || m.forward(&batch))
+                    .unwrap()
+                    .unwrap();
+                for (i, s) in seqs.iter().enumerate() {
+                    let one = m
+                        .forward(&TokenBatch::from_sequences(std::slice::from_ref(s), 0).unwrap())
+                        .unwrap();
+                    let n = s.0.len();
+                    assert_eq!(
+                        all.slice(s![i, ..n, ..]),
+                        one.slice(s![0, .., ..]),
+                        "{family:?}, {threads} threads, sequence {i}"
+                    );
+                    assert!(all.slice(s![i, n.., ..]).iter().all(|&x| x == 0.0));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn sequence_groups_share_the_tokens_and_keep_small_batches_whole() {
+        assert_eq!(sequence_groups(&[40, 40, 40, 40], 2), vec![0..2, 2..4]);
+        assert_eq!(sequence_groups(&[100, 10, 10, 10], 2), vec![0..1, 1..4]);
+        // Too few tokens for two groups of GROUP_TOKENS, or one sequence.
+        assert_eq!(sequence_groups(&[30, 30, 30], 2), vec![0..3]);
+        assert_eq!(sequence_groups(&[500], 2), vec![0..1]);
+        assert_eq!(sequence_groups(&[0, 0], 2), vec![0..2]);
+        assert_eq!(sequence_groups(&[64, 64, 64], 4), vec![0..1, 1..2, 2..3]);
+    }
+
+    #[test]
+    fn each_family_reads_its_own_positions_and_bias() {
+        let one = TokenBatch::from_sequences(&[(vec![3, 4, 5], vec![0; 3])], 0).unwrap();
+        // DistilBERT without a stored table uses the sinusoids.
+        let m = tiny_of(Family::DistilBert);
+        assert_eq!(m.embeddings.position, sinusoidal_table(16, 8));
+        assert!(m.embeddings.token_type.is_none());
+        // RoBERTa numbers positions from padding_idx + 1 (here 2), so the table's
+        // last two rows are out of reach: 14 tokens fit, 15 do not.
+        let m = tiny_of(Family::Roberta);
+        assert_eq!(m.config.max_tokens(), 14);
+        let long = TokenBatch::from_sequences(&[(vec![3; 15], vec![0; 15])], 1).unwrap();
+        assert!(m
+            .forward(&long)
+            .unwrap_err()
+            .to_string()
+            .contains("maximum of 14"));
+        // MPNet's scaled scores are the scaled dot products plus its bias.
+        let m = tiny_of(Family::MpNet);
+        let traced = m.trace(&one).unwrap();
+        let bias = m.position_bias(3).unwrap();
+        let a = &traced.attention[1].attention;
+        let scale = 1.0 / 2f32;
+        let err = (&a.scaled - &(&a.scores * scale + &bias))
+            .mapv(f32::abs)
+            .fold(0.0f32, |x, &y| x.max(y));
+        assert!(err < 1e-6, "{err}");
+        assert!(bias.iter().any(|&x| x != 0.0));
+    }
+
+    #[test]
+    fn an_absurd_sinusoidal_table_is_refused_before_it_is_made() {
+        let (mut config, tensors) = tiny_family_weights(Family::DistilBert, |x| x);
+        config.max_position_embeddings = 1 << 40;
+        let views: Vec<_> = tensors
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.view()))
+            .collect();
+        let file = SafeTensors::from_bytes(serialize(&views, None).unwrap(), "tiny").unwrap();
+        let err = BertModel::from_safetensors(config, &file)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with(
+                "config.json's max_position_embeddings (the sinusoidal position table) would need"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_checkpoint_of_another_family_is_a_clear_error() {
+        let (_, tensors) = tiny_family_weights(Family::Bert, |x| x);
+        let views: Vec<_> = tensors
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.view()))
+            .collect();
+        let file = SafeTensors::from_bytes(serialize(&views, None).unwrap(), "bert.st").unwrap();
+        let (distil, _) = tiny_family_weights(Family::DistilBert, |x| x);
+        let err = BertModel::from_safetensors(distil, &file)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(
+                "bert.st: has no tensor named \"transformer.layer.0.attention.q_lin.weight\""
+            ),
+            "{err}"
+        );
+        let (mpnet, _) = tiny_family_weights(Family::MpNet, |x| x);
+        let err = BertModel::from_safetensors(mpnet, &file)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("encoder.relative_attention_bias.weight"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn empty_batches_and_bad_ids() {
+        let m = tiny();
+        let empty = TokenBatch::from_sequences(&[], 0).unwrap();
+        assert_eq!(m.forward(&empty).unwrap().dim(), (0, 0, 8));
+        let zero_len = TokenBatch::from_sequences(&[(vec![], vec![])], 0).unwrap();
+        assert_eq!(m.forward(&zero_len).unwrap().dim(), (1, 0, 8));
+        let bad = TokenBatch::from_sequences(&[(vec![1, 11], vec![0, 0])], 0).unwrap();
+        let err = m.forward(&bad).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "token id 11 at [0, 1] is out of range for a vocabulary of 11"
+        );
+        let bad = TokenBatch::from_sequences(&[(vec![1, 2], vec![0, 2])], 0).unwrap();
+        assert!(m
+            .trace(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("token type 2"));
+        let long = TokenBatch::from_sequences(&[(vec![1; 17], vec![0; 17])], 0).unwrap();
+        assert!(m
+            .forward(&long)
+            .unwrap_err()
+            .to_string()
+            .contains("maximum of 16"));
+        assert!(TokenBatch::from_sequences(&[(vec![1], vec![])], 0).is_err());
+        let mut no_out = m.clone();
+        no_out.layers[0].attention.out_proj = None;
+        let one = TokenBatch::from_sequences(&[(vec![1, 2], vec![0, 0])], 0).unwrap();
+        assert!(no_out
+            .forward(&one)
+            .unwrap_err()
+            .to_string()
+            .contains("output projection"));
+    }
+
+    #[test]
+    fn pooling_modes() {
+        let h = Array3::from_shape_fn((2, 3, 2), |(b, t, d)| (b * 6 + t * 2 + d) as f32);
+        let mean = pool(h.view(), &[2, 3], Pooling::Mean, false).unwrap();
+        assert_eq!(mean.row(0).to_vec(), [1.0, 2.0]);
+        let cls = pool(h.view(), &[2, 3], Pooling::Cls, false).unwrap();
+        assert_eq!(cls.row(1).to_vec(), [6.0, 7.0]);
+        let max = pool(h.view(), &[2, 3], Pooling::Max, false).unwrap();
+        assert_eq!(max.row(0).to_vec(), [2.0, 3.0]);
+        let last = pool(h.view(), &[2, 3], Pooling::LastToken, false).unwrap();
+        assert_eq!(last.row(0).to_vec(), [2.0, 3.0]);
+        assert_eq!(last.row(1).to_vec(), [10.0, 11.0]);
+        // Tokens [0, 1], [2, 3] weighted 1 and 2: (0 + 4) / 3, (1 + 6) / 3.
+        let weighted = pool(h.view(), &[2, 3], Pooling::WeightedMean, false).unwrap();
+        assert_eq!(weighted.row(0).to_vec(), [4.0 / 3.0, 7.0 / 3.0]);
+        let norm = pool(h.view(), &[2, 3], Pooling::Mean, true).unwrap();
+        assert!((norm.row(1).dot(&norm.row(1)) - 1.0).abs() < 1e-6);
+        assert!(pool(h.view(), &[4, 1], Pooling::Mean, false).is_err());
+    }
+}
