@@ -38,6 +38,7 @@ use ndarray::{Array3, Array4, ArrayView4};
 use crate::attention::{AttentionOptions, Problem, SoftmaxAxis};
 use crate::element::Element;
 use crate::kernels::decode::{self as kernel, KeySpan};
+use crate::kernels::merge::{merge_softmax_parts, SoftmaxPart};
 use crate::{Error, Result};
 
 pub use crate::kernels::Isa;
@@ -200,37 +201,13 @@ pub fn merge_partials(parts: &[Partial]) -> Result<Partial> {
     let mut lse = Array3::from_elem((b, h, l), f32::NEG_INFINITY);
     let mut acc = vec![0.0f64; ev];
     for ((bi, hi, i), out_lse) in lse.indexed_iter_mut() {
-        let m = parts
-            .iter()
-            .map(|p| p.lse[[bi, hi, i]])
-            .fold(f32::NEG_INFINITY, crate::kernels::nan_max) as f64;
-        if m == f64::NEG_INFINITY {
-            continue;
-        }
-        acc.fill(0.0);
-        let mut sum = 0.0f64;
-        for p in parts {
-            let x = p.lse[[bi, hi, i]];
-            if x == f32::NEG_INFINITY {
-                continue;
-            }
-            let w = (x as f64 - m).exp();
-            sum += w;
-            for (a, &o) in acc
-                .iter_mut()
-                .zip(p.output.slice(ndarray::s![bi, hi, i, ..]))
-            {
-                *a += w * o as f64;
-            }
-        }
-        for (y, a) in output
-            .slice_mut(ndarray::s![bi, hi, i, ..])
-            .iter_mut()
-            .zip(&acc)
-        {
-            *y = (a / sum) as f32;
-        }
-        *out_lse = (m + sum.ln()) as f32;
+        let row = parts.iter().map(|p| SoftmaxPart {
+            lse: p.lse[[bi, hi, i]] as f64,
+            scale: 1.0,
+            output: p.output.slice(ndarray::s![bi, hi, i, ..]),
+        });
+        let out = output.slice_mut(ndarray::s![bi, hi, i, ..]);
+        *out_lse = merge_softmax_parts(row, &mut acc, out) as f32;
     }
     Ok(Partial { output, lse })
 }

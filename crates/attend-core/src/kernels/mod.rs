@@ -10,6 +10,7 @@
 pub mod backward;
 pub mod decode;
 pub mod fused;
+pub(crate) mod merge;
 pub mod reference;
 mod scratch;
 mod stream;

@@ -21,11 +21,12 @@ mod rows;
 
 pub use crate::kernels::Isa;
 
-use ndarray::{Array3, Array4, ArrayView4};
+use ndarray::{Array3, Array4, ArrayView1, ArrayView4};
 use rayon::prelude::*;
 
 use crate::element::Element;
 use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
+use crate::kernels::merge::{merge_softmax_parts, SoftmaxPart};
 use crate::kernels::scratch::with_scratch;
 use crate::problem::{Problem, SoftmaxAxis};
 
@@ -217,7 +218,9 @@ pub(crate) fn run_with_queries<Q: Element, T: Element>(
             });
         });
 
-    // Merge the chunks of each row in key order.
+    // Merge the chunks of each row in key order. A chunk holds its base-2 running
+    // max `m`, its sum `s` of `2^(score − m)` and its unnormalised output: its
+    // natural log-sum-exp is `(m + log₂ s) · ln 2`, and `1 / s` normalises it.
     let ln2 = std::f64::consts::LN_2;
     let mut acc = vec![0.0f64; ev];
     for b in 0..d.batch {
@@ -226,32 +229,23 @@ pub(crate) fn run_with_queries<Q: Element, T: Element>(
             for r in 0..rows {
                 let (g, i) = (r / l, r % l);
                 let h = kvh * group + g;
-                let parts = (0..chunks).map(|c| &partials[(base + c) * stride..][..stride]);
-                let mmax = parts
-                    .clone()
-                    .map(|pt| pt[r])
-                    .fold(f32::NEG_INFINITY, crate::kernels::nan_max);
-                if mmax == f32::NEG_INFINITY {
-                    continue; // fully masked: zeros and −∞, as initialised
-                }
-                acc.fill(0.0);
-                let mut sum = 0.0f64;
-                for pt in parts {
-                    let m = pt[r];
-                    if m == f32::NEG_INFINITY {
-                        continue;
+                let parts = (0..chunks).map(|c| {
+                    let pt = &partials[(base + c) * stride..][..stride];
+                    let (m, s) = (pt[r] as f64, pt[rows + r] as f64);
+                    SoftmaxPart {
+                        // A chunk that saw no key keeps m = −∞ (and s = 0).
+                        lse: if m == f64::NEG_INFINITY {
+                            m
+                        } else {
+                            (m + s.log2()) * ln2
+                        },
+                        scale: 1.0 / s,
+                        output: ArrayView1::from(&pt[2 * rows + r * ev..][..ev]),
                     }
-                    let w = ((m - mmax) as f64).exp2();
-                    sum += w * pt[rows + r] as f64;
-                    let o = &pt[2 * rows + r * ev..][..ev];
-                    for (a, &x) in acc.iter_mut().zip(o) {
-                        *a += w * x as f64;
-                    }
-                }
-                for (y, a) in out.slice_mut(ndarray::s![b, h, i, ..]).iter_mut().zip(&acc) {
-                    *y = (a / sum) as f32;
-                }
-                lse[[b, h, i]] = ((mmax as f64 + sum.log2()) * ln2) as f32;
+                });
+                let row = out.slice_mut(ndarray::s![b, h, i, ..]);
+                // Fully masked rows keep the zeros and −∞ they were initialised with.
+                lse[[b, h, i]] = merge_softmax_parts(parts, &mut acc, row) as f32;
             }
         }
     }

@@ -1,0 +1,119 @@
+//! The one merge of a softmax split over disjoint sets of keys: the decode kernel's
+//! chunks and `decode::merge_partials`'s shards both end here.
+
+use ndarray::ArrayView1;
+
+/// One part of a query's softmax over some of its keys.
+#[derive(Clone, Copy)]
+pub(crate) struct SoftmaxPart<'a> {
+    /// The natural log-sum-exp of the part's scores; −∞ when it saw no key.
+    pub lse: f64,
+    /// What `output` is multiplied by to be the part's normalised output (1 when it
+    /// is normalised already; `1 / sum` for a sum of unnormalised weights).
+    pub scale: f64,
+    /// The part's output row.
+    pub output: ArrayView1<'a, f32>,
+}
+
+/// Merges `parts` in their order into the softmax over all their keys: writes
+/// `Σ exp(lse_i − lse) · scale_i · output_i` into `out` and returns
+/// `lse = log Σ exp(lse_i)`, summing in f64 in `acc` (`out.len()` long). Parts that
+/// saw no key weigh nothing; when none saw one, `out` is left as it is and the lse is
+/// −∞. A NaN lse makes the result NaN.
+pub(crate) fn merge_softmax_parts<'a, 'o>(
+    parts: impl Iterator<Item = SoftmaxPart<'a>> + Clone,
+    acc: &mut [f64],
+    out: impl IntoIterator<Item = &'o mut f32>,
+) -> f64 {
+    let m = parts
+        .clone()
+        .map(|p| p.lse)
+        .fold(f64::NEG_INFINITY, super::nan_max);
+    if m == f64::NEG_INFINITY {
+        return m;
+    }
+    acc.fill(0.0);
+    let mut sum = 0.0f64;
+    for p in parts.filter(|p| p.lse != f64::NEG_INFINITY) {
+        let w = (p.lse - m).exp();
+        sum += w;
+        let w = w * p.scale;
+        for (a, &x) in acc.iter_mut().zip(p.output) {
+            *a += w * x as f64;
+        }
+    }
+    for (y, a) in out.into_iter().zip(acc.iter()) {
+        *y = (a / sum) as f32;
+    }
+    m + sum.ln()
+}
+
+#[cfg(test)]
+mod tests {
+    use ndarray::arr1;
+
+    use super::*;
+
+    /// Two halves of a softmax over four scores merge into the softmax over all
+    /// four, computed directly in f64.
+    #[test]
+    fn halves_merge_into_the_whole() {
+        let scores = [0.3f64, -1.2, 2.0, 0.7];
+        let values = [1.0f32, -2.0, 0.5, 4.0];
+        let whole_lse = scores.iter().map(|s| s.exp()).sum::<f64>().ln();
+        let whole: f64 = scores
+            .iter()
+            .zip(values)
+            .map(|(s, v)| (s - whole_lse).exp() * v as f64)
+            .sum();
+        let half = |r: std::ops::Range<usize>| {
+            let lse = scores[r.clone()].iter().map(|s| s.exp()).sum::<f64>().ln();
+            let out: f64 = r.map(|j| (scores[j] - lse).exp() * values[j] as f64).sum();
+            (lse, arr1(&[out as f32]))
+        };
+        let ((l0, o0), (l1, o1)) = (half(0..2), half(2..4));
+        // The second half unnormalised, carrying its sum as a scale instead.
+        let sum1 = l1.exp();
+        let o1_raw = o1.mapv(|x| (x as f64 * sum1) as f32);
+        let parts = [
+            SoftmaxPart {
+                lse: l0,
+                scale: 1.0,
+                output: o0.view(),
+            },
+            SoftmaxPart {
+                lse: l1,
+                scale: 1.0 / sum1,
+                output: o1_raw.view(),
+            },
+        ];
+        let mut out = [0.0f32];
+        let lse = merge_softmax_parts(parts.iter().copied(), &mut [0.0], out.iter_mut());
+        assert!((lse - whole_lse).abs() < 1e-12, "{lse} vs {whole_lse}");
+        assert!(
+            (out[0] as f64 - whole).abs() < 1e-6,
+            "{} vs {whole}",
+            out[0]
+        );
+    }
+
+    #[test]
+    fn parts_without_keys_weigh_nothing() {
+        let o = arr1(&[5.0f32]);
+        let none = SoftmaxPart {
+            lse: f64::NEG_INFINITY,
+            scale: 1.0,
+            output: o.view(),
+        };
+        let mut out = [7.0f32];
+        let lse = merge_softmax_parts([none, none].into_iter(), &mut [0.0], out.iter_mut());
+        assert_eq!((lse, out[0]), (f64::NEG_INFINITY, 7.0));
+        let some = SoftmaxPart {
+            lse: 0.5,
+            scale: 1.0,
+            output: o.view(),
+        };
+        let lse = merge_softmax_parts([none, some].into_iter(), &mut [0.0], out.iter_mut());
+        assert_eq!((lse, out[0]), (0.5, 5.0));
+    }
+}
