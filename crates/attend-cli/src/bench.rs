@@ -9,7 +9,7 @@
 
 use std::time::Instant;
 
-use attend::attention::{attention_backward_with, BackwardConfig, BackwardKernel};
+use attend::attention::{attention_backward_with, BackwardConfig, BackwardKernel, Exec};
 use attend::attention::{attention_with, AttentionOptions, Causal, Config, Kernel};
 use attend::element::{bf16, from_f32, Dtype};
 use attend::kernels::Isa;
@@ -238,8 +238,10 @@ pub fn run(args: Args) -> Result<(), Error> {
         } else {
             Kernel::Fused
         },
-        isa: Some(isa),
-        threads: None,
+        exec: Exec {
+            isa: Some(isa),
+            threads: None,
+        },
     };
     let pool = attend::threads::pool(args.threads)?;
     let dout = if args.backward {

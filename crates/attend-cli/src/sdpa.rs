@@ -9,7 +9,7 @@
 
 use std::path::PathBuf;
 
-use attend::attention::{attention_backward_with, BackwardConfig};
+use attend::attention::{attention_backward_with, BackwardConfig, Exec};
 use attend::attention::{attention_with, AttentionOptions, Causal, Config};
 use attend::element::{bf16, from_f32, round_to_bf16, to_f32, Dtype};
 use attend::io::npy::{self, NpyArray};
@@ -142,7 +142,10 @@ pub fn run(args: Args) -> Result<(), Error> {
         None => {}
     }
     let config = Config {
-        threads: args.threads,
+        exec: Exec {
+            threads: args.threads,
+            ..Default::default()
+        },
         ..Default::default()
     };
     let dout = args
@@ -160,7 +163,10 @@ pub fn run(args: Args) -> Result<(), Error> {
             )));
         }
         let bconfig = BackwardConfig {
-            threads: args.threads,
+            exec: Exec {
+                threads: args.threads,
+                ..Default::default()
+            },
             ..Default::default()
         };
         let g = attention_backward_with(

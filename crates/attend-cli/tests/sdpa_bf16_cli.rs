@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use attend::attention::{
-    attention_backward_with, attention_with, AttentionOptions, BackwardConfig, Causal, Config,
+    attention_backward_with, attention_with, AttentionOptions, BackwardConfig, Causal, Config, Exec,
 };
 use attend::element::{bf16, from_f32, round_to_bf16, to_f32};
 use attend::io::npy;
@@ -125,7 +125,10 @@ fn sdpa_bf16_is_the_library_on_the_rounded_inputs() {
     };
     let [qb, kb, vb] = [&q, &k, &v].map(|a| from_f32::<bf16, _>(rank4(a.clone()).view()));
     let one = Config {
-        threads: Some(1),
+        exec: Exec {
+            threads: Some(1),
+            ..Default::default()
+        },
         ..Default::default()
     };
     let (want, lse) = attention_with(qb.view(), kb.view(), vb.view(), &opts, &one).unwrap();

@@ -503,8 +503,7 @@ impl<T: Element> LayerCache<T> {
             // fused one does not support the problem).
             let config = Config {
                 kernel: Kernel::Auto,
-                isa: config.isa,
-                threads: config.threads,
+                exec: *config,
             };
             return attention_with(q, k.view(), v.view(), &opts, &config);
         }

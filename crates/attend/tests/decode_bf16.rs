@@ -14,7 +14,7 @@
 
 mod kernel_support;
 
-use attend::attention::{attention_with, AttentionOptions, Causal, Config, Kernel, Problem};
+use attend::attention::{attention_with, AttentionOptions, Causal, Config, Exec, Kernel, Problem};
 use attend::decode::{
     attention_partial_at, decode_attention, merge_partials, DecodeConfig, Isa, Partial,
 };
@@ -86,8 +86,10 @@ fn decode_bf16(
 ) -> (Array4<f32>, Array3<f32>) {
     let config = Config {
         kernel: Kernel::Decode,
-        isa: Some(isa),
-        threads: Some(threads),
+        exec: Exec {
+            isa: Some(isa),
+            threads: Some(threads),
+        },
     };
     let (out, lse) = attention_with(x.q.view(), x.k.view(), x.v.view(), opts, &config).unwrap();
     (out.mapv(bf16::to_f32), lse)

@@ -12,7 +12,7 @@
 
 use attend::attention::{
     attention_backward_with, attention_with_lse, AttentionGrads, AttentionOptions, BackwardConfig,
-    BackwardKernel, Causal, Dropout, Problem,
+    BackwardKernel, Causal, Dropout, Exec, Problem,
 };
 use attend::kernels::Isa;
 use attend::rng::TorchGenerator;
@@ -155,9 +155,11 @@ fn run(
     let (out, lse) = forward_f32(&p, dropout.as_ref());
     let config = BackwardConfig {
         kernel,
-        threads: Some(threads),
+        exec: Exec {
+            isa: Some(isa),
+            threads: Some(threads),
+        },
         dropout,
-        isa: Some(isa),
     };
     attention_backward_with(
         q.view(),

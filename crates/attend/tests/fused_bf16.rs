@@ -5,7 +5,9 @@
 
 mod kernel_support;
 
-use attend::attention::{attention_with, AttentionOptions, Causal, Config, Kernel, Precision};
+use attend::attention::{
+    attention_with, AttentionOptions, Causal, Config, Exec, Kernel, Precision,
+};
 use attend::element::{bf16, round_to_bf16};
 use attend::kernels::Isa;
 use kernel_support::{check_bf16, Rng};
@@ -14,8 +16,10 @@ use ndarray::{Array2, Array3, Array4, ArrayD, ArrayView4, IxDyn};
 fn config(kernel: Kernel, isa: Isa, threads: usize) -> Config {
     Config {
         kernel,
-        isa: Some(isa),
-        threads: Some(threads),
+        exec: Exec {
+            isa: Some(isa),
+            threads: Some(threads),
+        },
     }
 }
 

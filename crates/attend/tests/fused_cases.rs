@@ -4,7 +4,7 @@
 mod kernel_support;
 
 use attend::attention::{
-    attention, attention_with, attention_with_lse, AttentionOptions, Causal, Config, Kernel,
+    attention, attention_with, attention_with_lse, AttentionOptions, Causal, Config, Exec, Kernel,
     Problem, SoftmaxAxis,
 };
 use attend::kernels::{reference, Isa};
@@ -14,8 +14,10 @@ use ndarray::{Array2, Array4, ArrayD, IxDyn};
 fn fused(isa: Isa, threads: usize) -> Config {
     Config {
         kernel: Kernel::Fused,
-        isa: Some(isa),
-        threads: Some(threads),
+        exec: Exec {
+            isa: Some(isa),
+            threads: Some(threads),
+        },
     }
 }
 

@@ -4,7 +4,7 @@
 
 mod kernel_support;
 
-use attend::attention::{attention_with, AttentionOptions, Causal, Config, Kernel};
+use attend::attention::{attention_with, AttentionOptions, Causal, Config, Exec, Kernel};
 use attend::kernels::Isa;
 use kernel_support::{check, Rng};
 use ndarray::{s, Array4, ArrayD, ArrayView4, IxDyn};
@@ -165,8 +165,10 @@ fn run_case(c: &Case) {
     for isa in Isa::available() {
         let config = Config {
             kernel: Kernel::Fused,
-            isa: Some(isa),
-            threads: Some(1 + (c.seed % 2) as usize),
+            exec: Exec {
+                isa: Some(isa),
+                threads: Some(1 + (c.seed % 2) as usize),
+            },
         };
         let got = attention_with(views[0], views[1], views[2], &opts, &config).unwrap();
         check(

@@ -2,7 +2,7 @@
 //! `shared/golden/grads.json`) within 1e-5: two modules built from `attend explain`
 //! arguments (loss = sum(output ∘ dout)) and two raw attention calls.
 
-use attend::attention::{attention_backward_with, BackwardConfig, BackwardKernel};
+use attend::attention::{attention_backward_with, BackwardConfig, BackwardKernel, Exec};
 use attend::attention::{attention_with_lse, AttentionOptions, Causal};
 use attend::experiment::{self, Experiment, Input, Weights};
 use attend::nn::initialisers::{AttentionSpec, QkvLayout, WeightInit};
@@ -225,9 +225,11 @@ fn sdpa_case(id: &str, causal: Option<Causal>) {
         for threads in [1, 2] {
             let config = BackwardConfig {
                 kernel,
-                threads: Some(threads),
+                exec: Exec {
+                    isa: None,
+                    threads: Some(threads),
+                },
                 dropout: None,
-                isa: None,
             };
             let g = attention_backward_with(
                 q.view(),

@@ -5,7 +5,7 @@
 
 mod kernel_support;
 
-use attend::attention::{attention_with, AttentionOptions, Causal, Config, Kernel};
+use attend::attention::{attention_with, AttentionOptions, Causal, Config, Exec, Kernel};
 use attend::kernels::Isa;
 use kernel_support::Rng;
 use ndarray::{s, Array2, Array3, Array4};
@@ -24,8 +24,10 @@ fn configs(q_len: usize) -> Vec<Config> {
             }
             out.push(Config {
                 kernel,
-                isa: Some(isa),
-                threads: Some(2),
+                exec: Exec {
+                    isa: Some(isa),
+                    threads: Some(2),
+                },
             });
         }
     }

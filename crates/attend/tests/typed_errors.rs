@@ -2,7 +2,7 @@
 //! size checks that keep every kernel's arithmetic in range.
 
 use attend::attention::{
-    attention_backward, attention_with, attention_with_lse, AttentionOptions, Config, Kernel,
+    attention_backward, attention_with, attention_with_lse, AttentionOptions, Config, Exec, Kernel,
     SoftmaxAxis,
 };
 use attend::kernels::Isa;
@@ -85,7 +85,10 @@ fn an_instruction_set_this_cpu_lacks_is_a_typed_error() {
     let q = Array4::<f32>::zeros((1, 1, 4, 8));
     for isa in &missing {
         let config = Config {
-            isa: Some(*isa),
+            exec: Exec {
+                isa: Some(*isa),
+                ..Default::default()
+            },
             ..Default::default()
         };
         let err =

@@ -19,7 +19,7 @@
 
 use ndarray::{Array3, Array4, ArrayView3, ArrayView4};
 
-use crate::isa::Isa;
+use crate::config::Exec;
 use crate::kernels::backward::{fused, reference, AttentionGrads};
 use crate::problem::{AttentionOptions, Dropout, Problem};
 use crate::{Error, Result};
@@ -42,13 +42,11 @@ pub enum BackwardKernel {
 pub struct BackwardConfig {
     /// Which kernel.
     pub kernel: BackwardKernel,
-    /// Worker threads; `None` uses the current rayon pool. The result has the same
-    /// bits whatever this is.
-    pub threads: Option<usize>,
     /// Dropout applied in the forward pass, if any.
     pub dropout: Option<Dropout>,
-    /// Instruction set for the fused kernel; `None` picks the best this CPU has.
-    pub isa: Option<Isa>,
+    /// Instruction set and threads (the result has the same bits whatever the
+    /// threads).
+    pub exec: Exec,
 }
 
 /// Gradients of `sum(attention(q, k, v) ∘ dout)` with respect to `q`, `k` and `v`.
@@ -100,7 +98,7 @@ pub fn attention_backward_with(
         let want = format!("[B, Hq, L] = {lse_shape:?}");
         return Err(shape_error("lse", lse.shape(), want));
     }
-    let isa = Isa::resolve(config.isa)?.token()?;
+    let isa = config.exec.token()?;
     let supported = fused::supports(&p);
     let use_fused = match config.kernel {
         BackwardKernel::Reference => false,
@@ -115,13 +113,13 @@ pub fn attention_backward_with(
     };
     if use_fused {
         let run = || fused::run(&p, out, lse, dout, config.dropout.as_ref(), isa);
-        return crate::threads::install(config.threads, run);
+        return config.exec.install(run);
     }
     let (q, k, v) = (q.mapv(f64::from), k.mapv(f64::from), v.mapv(f64::from));
     let exact = Problem::new(q.view(), k.view(), v.view(), opts)?;
     let dout = dout.mapv(f64::from);
     let run = || reference::backward(&exact, dout.view(), config.dropout.as_ref());
-    let g = crate::threads::install(config.threads, run)?;
+    let g = config.exec.install(run)?;
     Ok(AttentionGrads {
         dq: g.dq.mapv(|x| x as f32),
         dk: g.dk.mapv(|x| x as f32),
@@ -144,9 +142,10 @@ pub fn attention_train(
         Some(dr) if dr.p() > 0.0 => {
             let p = Problem::new(q, k, v, opts)?;
             if crate::kernels::fused::supports(&p) {
-                let isa = Isa::resolve(None)?.token()?;
+                let exec = Exec::default();
+                let isa = exec.token()?;
                 let run = || crate::kernels::fused::run(&p, isa, Some(dr));
-                return crate::threads::install(None, run);
+                return exec.install(run);
             }
             let (q, k, v) = (q.mapv(f64::from), k.mapv(f64::from), v.mapv(f64::from));
             let exact = Problem::new(q.view(), k.view(), v.view(), opts)?;

@@ -10,7 +10,7 @@ use ndarray::{Array3, Array4, ArrayView4};
 use super::{choose_kernel, Config, Kernel};
 use crate::element::{bf16, sealed::Sealed, Element};
 use crate::kernels::fused::bf16 as fused_bf16;
-use crate::kernels::{decode, reference, Isa};
+use crate::kernels::{decode, reference};
 use crate::problem::{Precision, Problem};
 use crate::Result;
 
@@ -19,7 +19,7 @@ impl Sealed for bf16 {
         problem: &Problem<'_, bf16>,
         config: &Config,
     ) -> Result<(Array4<bf16>, Array3<f32>)> {
-        let isa = Isa::resolve(config.isa)?.token()?;
+        let isa = config.exec.token()?;
         let which = choose_kernel(problem, config.kernel)?;
         let run = || {
             let (out, lse) = match which {
@@ -43,7 +43,7 @@ impl Sealed for bf16 {
             };
             (out.mapv(bf16::from_f32), lse)
         };
-        crate::threads::install(config.threads, run)
+        config.exec.install(run)
     }
 }
 

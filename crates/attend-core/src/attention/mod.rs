@@ -23,7 +23,7 @@
 mod backward;
 mod bf16;
 
-pub use crate::config::{Config, Kernel, DECODE_MAX_QUERIES};
+pub use crate::config::{Config, Exec, Kernel, DECODE_MAX_QUERIES};
 pub use crate::element::Element;
 pub use crate::kernels::backward::AttentionGrads;
 pub use crate::problem::{
@@ -35,7 +35,7 @@ pub use backward::{
 
 use ndarray::{Array3, Array4, ArrayView4};
 
-use crate::kernels::{decode, fused, reference, Isa};
+use crate::kernels::{decode, fused, reference};
 use crate::{Error, Result};
 
 /// Scaled dot-product attention: `softmax(scale · q kᵀ + masks) v`.
@@ -104,7 +104,7 @@ impl crate::element::sealed::Sealed for f32 {
         if problem.precision == Precision::Bf16 {
             return bf16::compute_rounded(problem, config);
         }
-        let isa = Isa::resolve(config.isa)?.token()?;
+        let isa = config.exec.token()?;
         let which = choose_kernel(problem, config.kernel)?;
         let run = || match which {
             Kernel::Fused => fused::run(problem, isa, None),
@@ -117,6 +117,6 @@ impl crate::element::sealed::Sealed for f32 {
                 (trace.output, trace.lse)
             }
         };
-        crate::threads::install(config.threads, run)
+        config.exec.install(run)
     }
 }

@@ -43,17 +43,9 @@ use crate::{Error, Result};
 
 pub use crate::kernels::Isa;
 
-/// How to run the decode kernel: instruction set and threads.
-///
-/// The result has the same bits whatever `threads` is.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct DecodeConfig {
-    /// Instruction set; `None` picks the best this CPU has.
-    pub isa: Option<Isa>,
-    /// Worker threads; `None` runs on the current rayon pool (the global one unless
-    /// called inside `ThreadPool::install`).
-    pub threads: Option<usize>,
-}
+/// How to run the decode kernel: only where it runs (the one run configuration,
+/// [`Exec`](crate::attention::Exec)).
+pub type DecodeConfig = crate::config::Exec;
 
 /// The attention of some queries over one shard of the keys: the output as if the
 /// shard were all the keys, and the log-sum-exp of the scores, which tells how much
@@ -162,9 +154,9 @@ fn run_shard<T: Element>(
             "softmax_axis: decoding and partial attention need softmax over keys (Queries does not split over key shards)",
         ));
     }
-    let isa = Isa::resolve(config.isa)?.token()?;
+    let isa = config.token()?;
     let run = || kernel::run_with_queries(q.view(), &problem, span, isa);
-    let (output, lse) = crate::threads::install(config.threads, run)?;
+    let (output, lse) = config.install(run)?;
     Ok(Partial { output, lse })
 }
 
