@@ -332,9 +332,10 @@ def bench_model(model_dir, args, corpus, tmp):
     names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in tok(["a b"])]
     st = SentenceTransformer(model_dir, device="cpu")
     enc = attend.SentenceEncoder(model_dir)
-    enc16 = attend.SentenceEncoder(model_dir, precision="bf16")
-    if (enc.precision, enc16.precision) != ("f32", "bf16"):
-        sys.exit(f"error: attend.SentenceEncoder precisions {enc.precision}, {enc16.precision}; expected f32, bf16")
+    enc16 = None if args.f32_only else attend.SentenceEncoder(model_dir, precision="bf16")
+    if enc.precision != "f32" or (enc16 is not None and enc16.precision != "bf16"):
+        sys.exit(f"error: attend.SentenceEncoder precisions {enc.precision}, {enc16 and enc16.precision}; "
+                 "expected f32, bf16")
     max_length = enc.max_seq_length
     if st.max_seq_length != max_length:
         sys.exit(f"error: {name}: max_seq_length {st.max_seq_length} (sentence-transformers) != {max_length} (attend)")
@@ -352,7 +353,7 @@ def bench_model(model_dir, args, corpus, tmp):
     quick = int(args.quick)
     cases = {"batch32": SENTENCES, "short": [SHORT]}
     ours = {"attend": lambda texts: enc.encode(texts, batch_size=BATCH)}
-    if not args.f32_only:
+    if enc16 is not None:
         ours["attend bf16"] = lambda texts: enc16.encode(texts, batch_size=BATCH)
     in_process = {**ours, **{side: peer.encode for side, peer in peers.items()}}
     check_sides(st, in_process, precision, cases)
@@ -429,10 +430,10 @@ def main():
     for model_dir, lines in accuracies.items():
         print(f"\n## accuracy, {os.path.basename(os.path.normpath(model_dir))}")
         print("\n".join(lines))
-    print_table(rows, peaks, args.f32_only)
+    print_table(rows, peaks)
 
 
-def print_table(rows, peaks, f32_only):
+def print_table(rows, peaks):
     def fmt(ms):
         return f"{ms / 1e3:.2f} s" if ms >= 1e3 else f"{ms:.2f} ms"
 
@@ -452,7 +453,7 @@ def print_table(rows, peaks, f32_only):
             return f"{100 * flops[side] / (med[side] * 1e-3) / (peaks[kind(precision[side])] * 1e9):.0f} %"
 
         pairs = [("attend", "OpenVINO f32", "ONNX Runtime"), ("attend bf16", "OpenVINO default", None)]
-        for ours, ov_side, ort_side in pairs[:1] if f32_only else pairs:
+        for ours, ov_side, ort_side in (pair for pair in pairs if pair[0] in times):
             cells = [
                 f"{precision[ours]} (OpenVINO {precision[ov_side]})",
                 fmt(med[ours]),

@@ -83,8 +83,9 @@ pub type Result<T> = std::result::Result<T, IsaError>;
 /// a CPU that has a better one.
 pub const MAX_ISA_VAR: &str = "ATTEND_MAX_ISA";
 
-/// An instruction set the kernels can run on, by name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// An instruction set the kernels can run on, by name; ordered worst first, as
+/// [`Isa::ALL`] lists them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Isa {
     /// Plain Rust, vectorised by the compiler for the build target; runs anywhere.
     Portable,
@@ -114,7 +115,7 @@ impl Isa {
         let best = Isa::ALL
             .into_iter()
             .rev()
-            .find(|&isa| isa.rank() <= cap.rank() && isa.is_available());
+            .find(|&isa| isa <= cap && isa.is_available());
         best.unwrap_or(Isa::Portable)
     }
 
@@ -133,14 +134,6 @@ impl Isa {
                 .map(Some)
                 .map_err(|err| IsaError::Name(format!("{MAX_ISA_VAR}: {err}"))),
         }
-    }
-
-    /// Position in [`Isa::ALL`] (worst first).
-    fn rank(self) -> usize {
-        Isa::ALL
-            .iter()
-            .position(|&isa| isa == self)
-            .expect("ALL lists every instruction set")
     }
 
     /// The requested instruction set, or the best this CPU has; an error if the CPU

@@ -233,12 +233,8 @@ pub(crate) fn run_with_queries<Q: Element, T: Element>(
                     let pt = &partials[(base + c) * stride..][..stride];
                     let (m, s) = (pt[r] as f64, pt[rows + r] as f64);
                     SoftmaxPart {
-                        // A chunk that saw no key keeps m = −∞ (and s = 0).
-                        lse: if m == f64::NEG_INFINITY {
-                            m
-                        } else {
-                            (m + s.log2()) * ln2
-                        },
+                        // A chunk that saw no key (m = −∞, s = 0) gives −∞ too.
+                        lse: (m + s.log2()) * ln2,
                         scale: 1.0 / s,
                         output: ArrayView1::from(&pt[2 * rows + r * ev..][..ev]),
                     }
