@@ -20,13 +20,11 @@
 use ndarray::{Array3, Array4, ArrayView4};
 use rayon::prelude::*;
 
-use super::{
-    exp_shifted, masked_score, query_vectors, register_block, running_max, tile_keys, widest_unit,
-    Plan, Unit, BK,
-};
+use super::{drive, exp_shifted, masked_score, query_vectors, running_max};
+use super::{Operands, Stats, UnitAt, BK};
 use crate::element::bf16;
 use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
-use crate::kernels::scratch::{carve, with_scratch};
+use crate::kernels::scratch::carve;
 use crate::problem::{Dims, Problem};
 
 /// Pairs (two products each) a dot product sums in registers before it joins its
@@ -50,15 +48,6 @@ fn pairs(n: usize) -> usize {
     n.div_ceil(2)
 }
 
-/// Floats (4-byte words) of scratch one unit needs: the packed `Qᵀ`, a tile of
-/// scores and one of mask terms, the packed weights and values, `Oᵀ` and the running
-/// statistics.
-pub fn scratch_len(d: &Dims) -> usize {
-    let w = widest_unit(d.q_len) * LANES;
-    let values = pairs(BK) * d.value_dim.next_multiple_of(LANES);
-    (pairs(d.head_dim) + 2 * BK + pairs(BK) + d.value_dim + 3) * w + values
-}
-
 /// Runs the bf16 fused forward on the current rayon pool with `isa`'s vectors,
 /// returning the f32 output `[B, Hq, L, Ev]` (before rounding to bf16) and the
 /// log-sum-exp `[B, Hq, L]`.
@@ -66,46 +55,179 @@ pub fn scratch_len(d: &Dims) -> usize {
 /// # Panics
 /// If `!supports(p)` or `!reads_in_place(p)` (both checked by the caller).
 pub(crate) fn run(p: &Problem<'_, bf16>, isa: IsaToken) -> (Array4<f32>, Array3<f32>) {
-    assert!(
-        super::supports(p),
-        "fused kernel does not support this problem"
-    );
     assert!(reads_in_place(p), "bf16 fused kernel needs contiguous rows");
-    let d = p.dims();
-    let mut out = Array4::<f32>::zeros((d.batch, d.heads, d.q_len, d.value_dim));
-    let mut lse = Array3::<f32>::zeros((d.batch, d.heads, d.q_len));
-    if out.is_empty() {
-        return (out, lse);
-    }
-    // Not narrowed to fit the register block as the f32 kernel's units are: on AVX2
-    // the pair products are bound by the shuffles that emulate them, not by loads,
-    // and one vector of queries measured 0.94× (docs/fused-forward.md).
-    let nq = query_vectors(d.q_len, p.is_banded());
-    let plan = Plan {
-        group: d.heads / d.kv_heads,
+    let ops = Bf16Operands {
+        p,
         scale: p.scale * std::f32::consts::LOG2_E,
-        nq,
-        masks: p.mask_tiles(std::f32::consts::LOG2_E, isa),
-        dropout: None,
+        values: ValuePairs::new(p, isa),
     };
-    let values = ValuePairs::new(p, isa);
-    let units = super::units(&d, nq * LANES, &mut out, &mut lse);
-    let len = scratch_len(&d);
-    units.into_par_iter().for_each(|unit| {
-        with_scratch(len, |scratch| {
-            dispatch(
-                isa,
-                UnitJob {
-                    p,
-                    plan: &plan,
-                    values: &values,
-                    unit,
-                    scratch,
-                },
-            )
-        })
-    });
-    (out, lse)
+    drive(&ops, isa)
+}
+
+/// The bf16 problem, with what its units share.
+struct Bf16Operands<'a, 'p> {
+    p: &'a Problem<'p, bf16>,
+    /// `scale · log₂e`: scores are kept in base 2.
+    scale: f32,
+    values: ValuePairs,
+}
+
+/// A bf16 unit: its packed queries, the buffers for a tile's pairs, and where its
+/// key/value head starts.
+struct Bf16Unit<'s> {
+    /// `Qᵀ` as pairs of columns, `[E/2][W]`.
+    qp: &'s mut [u32],
+    /// Weights as bf16 pairs of keys, `[BK/2][W]`.
+    pp: &'s mut [u32],
+    /// Values as bf16 pairs of rows, `[BK/2][Evp]` (`Evp` = `Ev` rounded up to 16),
+    /// for a tile that cannot read them from [`ValuePairs`].
+    vp: &'s mut [u32],
+    /// The current tile's value pairs: `vp` or the call's [`ValuePairs`].
+    tile_values: *const u32,
+    /// The head's keys and values as bf16 bits: base pointer and row stride.
+    k: (*const u16, isize),
+    v: (*const u16, isize),
+}
+
+impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
+    type Elem = bf16;
+    type Unit<'s> = Bf16Unit<'s>;
+
+    fn problem(&self) -> &Problem<'p, bf16> {
+        self.p
+    }
+
+    /// Not narrowed to fit the register block as the f32 kernel's units are: on AVX2
+    /// the pair products are bound by the shuffles that emulate them, not by loads,
+    /// and one vector of queries measured 0.94× (docs/fused-forward.md).
+    fn query_vectors(&self, _registers: usize) -> usize {
+        query_vectors(self.p.dims().q_len, self.p.is_banded())
+    }
+
+    fn scratch_len(d: &Dims, w: usize) -> usize {
+        (pairs(d.head_dim) + pairs(BK)) * w + pairs(BK) * d.value_dim.next_multiple_of(LANES)
+    }
+
+    #[inline(always)]
+    fn start<'s, I: Simd, const NQ: usize>(
+        &self,
+        _: I,
+        at: &UnitAt,
+        rest: &mut &'s mut [f32],
+    ) -> Bf16Unit<'s> {
+        let w = NQ * LANES;
+        let d = self.p.dims();
+        let e = d.head_dim;
+        let qp = as_words(carve(rest, pairs(e) * w));
+        let pp = as_words(carve(rest, pairs(BK) * w));
+        let vp = as_words(carve(rest, pairs(BK) * d.value_dim.next_multiple_of(LANES)));
+        // Qᵀ as pairs of adjacent columns; lanes past the last query are zero.
+        qp.fill(0);
+        let q = self
+            .p
+            .q
+            .slice(ndarray::s![at.b, at.h, at.i0..at.i0 + at.rows, ..]);
+        for (ii, row) in q.outer_iter().enumerate() {
+            for c in 0..pairs(e) {
+                let hi = if 2 * c + 1 < e {
+                    row[2 * c + 1]
+                } else {
+                    bf16::ZERO
+                };
+                qp[c * w + ii] = pair(row[2 * c].to_bits(), hi.to_bits());
+            }
+        }
+        let head = |a: &ArrayView4<'_, bf16>| {
+            let h = a.slice(ndarray::s![at.b, at.kvh, .., ..]);
+            (h.as_ptr() as *const u16, h.strides()[0])
+        };
+        Bf16Unit {
+            qp,
+            pp,
+            vp,
+            tile_values: std::ptr::null(),
+            k: head(&self.p.k),
+            v: head(&self.p.v),
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn score_rows<I: Simd, const NQ: usize, const MR: usize>(
+        &self,
+        isa: I,
+        u: &Bf16Unit<'_>,
+        j: usize,
+        s: *mut f32,
+        mask: (*const f32, usize),
+    ) {
+        let (kp, krs) = u.k;
+        // SAFETY: keys `j..j + MR` are inside the head (the caller's contract), rows
+        // of `e` contiguous bf16 (`reads_in_place`) `krs` apart.
+        unsafe {
+            let k = (kp.offset(j as isize * krs), krs);
+            let e = self.p.dims().head_dim;
+            qk_rows::<I, NQ, MR>(isa, u.qp.as_ptr(), e, k, self.scale, s, mask)
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn weights<I: Simd, const NQ: usize>(
+        &self,
+        isa: I,
+        u: &mut Bf16Unit<'_>,
+        at: &UnitAt,
+        (j0, j1): (usize, usize),
+        s: *mut f32,
+        stats: Stats,
+    ) {
+        let nk = j1 - j0;
+        // SAFETY: the caller upholds `s` and `stats`; `pp` holds `pairs(BK)` rows of
+        // `16·NQ` pairs.
+        unsafe { softmax_pairs::<I, NQ>(isa, s, nk, u.pp.as_mut_ptr(), stats) };
+        // The values as pairs of rows: packed for the whole call where the tile's
+        // pairs are the head's, here otherwise.
+        u.tile_values = match self.values.tile((at.b, at.kvh), (j0, j1)) {
+            Some(pairs) => pairs.as_ptr(),
+            None => {
+                let ev = self.p.dims().value_dim;
+                let (vp, vrs) = u.v;
+                // SAFETY: value rows `j0..j1` are inside the head, `ev` contiguous
+                // bf16 each (`reads_in_place`); `vp` holds `pairs(BK) ≥ pairs(nk)`
+                // rows of `Evp ≥ ev` pairs.
+                unsafe {
+                    pack_value_pairs(
+                        isa,
+                        (vp.offset(j0 as isize * vrs), vrs),
+                        (nk, ev),
+                        u.vp.as_mut_ptr(),
+                        ev.next_multiple_of(LANES),
+                    )
+                };
+                u.vp.as_ptr()
+            }
+        };
+    }
+
+    #[inline(always)]
+    unsafe fn value_cols<I: Simd, const NQ: usize, const MC: usize>(
+        &self,
+        isa: I,
+        u: &Bf16Unit<'_>,
+        (j0, j1): (usize, usize),
+        c0: usize,
+        _: *const f32,
+        ot: *mut f32,
+        alpha: *const f32,
+    ) {
+        let evp = self.p.dims().value_dim.next_multiple_of(LANES);
+        // SAFETY: `pp` holds `pairs(nk)` rows of `16·NQ` pairs and the tile's values
+        // (either source) as many rows of `evp ≥ c0 + MC` pairs (the caller's
+        // contract on `c0`).
+        unsafe {
+            let v = (u.tile_values.add(c0), evp);
+            pv_cols::<I, NQ, MC>(isa, u.pp.as_ptr(), pairs(j1 - j0), v, ot, alpha)
+        }
+    }
 }
 
 /// Every head's values as bf16 pairs of adjacent rows (keys `2t` and `2t + 1`),
@@ -179,47 +301,6 @@ impl SimdJob for PackValues<'_, '_> {
     }
 }
 
-/// A unit's buffers, carved from the thread's scratch (pairs are `u32`).
-struct UnitScratch<'s> {
-    /// `Qᵀ` as pairs of columns, `[E/2][W]`.
-    qp: &'s mut [u32],
-    /// Scores, then weights, `[BK][W]`.
-    s: &'s mut [f32],
-    /// Additive mask tile, `[BK][W]`.
-    mb: &'s mut [f32],
-    /// Weights as bf16 pairs of keys, `[BK/2][W]`.
-    pp: &'s mut [u32],
-    /// Values as bf16 pairs of rows, `[BK/2][Evp]` (`Evp` = `Ev` rounded up to 16).
-    vp: &'s mut [u32],
-    /// `Oᵀ`, `[Ev][W]`.
-    ot: &'s mut [f32],
-    m: &'s mut [f32],
-    l: &'s mut [f32],
-    alpha: &'s mut [f32],
-}
-
-impl<'s> UnitScratch<'s> {
-    fn new(buf: &'s mut [f32], e: usize, ev: usize, w: usize) -> Self {
-        let rest = &mut &mut buf[..];
-        let qp = carve(rest, pairs(e) * w);
-        let s = carve(rest, BK * w);
-        let mb = carve(rest, BK * w);
-        let pp = carve(rest, pairs(BK) * w);
-        let vp = carve(rest, pairs(BK) * ev.next_multiple_of(LANES));
-        UnitScratch {
-            qp: as_words(qp),
-            s,
-            mb,
-            pp: as_words(pp),
-            vp: as_words(vp),
-            ot: carve(rest, ev * w),
-            m: carve(rest, w),
-            l: carve(rest, w),
-            alpha: carve(rest, w),
-        }
-    }
-}
-
 /// A scratch slice of floats reused as 32-bit words.
 fn as_words(f: &mut [f32]) -> &mut [u32] {
     // SAFETY: f32 and u32 have the same size and alignment, and every bit pattern is
@@ -227,189 +308,10 @@ fn as_words(f: &mut [f32]) -> &mut [u32] {
     unsafe { std::slice::from_raw_parts_mut(f.as_mut_ptr() as *mut u32, f.len()) }
 }
 
-/// One unit of work, for [`dispatch`].
-struct UnitJob<'a, 'p, 'o, 's> {
-    p: &'a Problem<'p, bf16>,
-    plan: &'a Plan,
-    values: &'a ValuePairs,
-    unit: Unit<'o>,
-    scratch: &'s mut [f32],
-}
-
-impl SimdJob for UnitJob<'_, '_, '_, '_> {
-    type Output = ();
-    #[inline(always)]
-    fn run<I: Simd>(self, isa: I) {
-        let UnitJob {
-            p,
-            plan,
-            values,
-            unit: u,
-            scratch,
-        } = self;
-        match plan.nq {
-            1 => unit::<I, 1>(isa, p, (plan, values), u, scratch),
-            2 => unit::<I, 2>(isa, p, (plan, values), u, scratch),
-            _ => unit::<I, 4>(isa, p, (plan, values), u, scratch),
-        }
-    }
-}
-
 /// The bits of a bf16 pair `(lo, hi)`, from the numbers' bits.
 #[inline(always)]
 fn pair(lo: u16, hi: u16) -> u32 {
     lo as u32 | (hi as u32) << 16
-}
-
-/// One unit: pack `Qᵀ`, sweep the key tiles, normalise and write out.
-#[inline(always)]
-fn unit<I: Simd, const NQ: usize>(
-    isa: I,
-    p: &Problem<'_, bf16>,
-    (plan, values): (&Plan, &ValuePairs),
-    u: Unit<'_>,
-    scratch: &mut [f32],
-) {
-    let d = p.dims();
-    let w = NQ * LANES;
-    let (e, ev) = (d.head_dim, d.value_dim);
-    let evp = ev.next_multiple_of(LANES);
-    let scr = UnitScratch::new(scratch, e, ev, w);
-    let rows = u.lse.len();
-    let (b, h, i0) = (u.b, u.h, u.i0);
-    let kvh = h / plan.group;
-
-    // Qᵀ as pairs of adjacent columns; lanes past the last query are zero.
-    scr.qp.fill(0);
-    let q = p.q.slice(ndarray::s![b, h, i0..i0 + rows, ..]);
-    for (ii, row) in q.outer_iter().enumerate() {
-        for c in 0..pairs(e) {
-            let hi = if 2 * c + 1 < e {
-                row[2 * c + 1]
-            } else {
-                bf16::ZERO
-            };
-            scr.qp[c * w + ii] = pair(row[2 * c].to_bits(), hi.to_bits());
-        }
-    }
-    scr.ot.fill(0.0);
-    scr.m.fill(f32::NEG_INFINITY);
-    scr.l.fill(0.0);
-
-    let k = p.k.slice(ndarray::s![b, kvh, .., ..]);
-    let v = p.v.slice(ndarray::s![b, kvh, .., ..]);
-    let (jlo, jhi) = p.block_key_range(i0, i0 + rows);
-    let mr = register_block(I::REGISTERS, NQ);
-    let bk = tile_keys::<I>();
-    let mut t = jlo / bk;
-    while t * bk < jhi {
-        let j0 = (t * bk).max(jlo);
-        let j1 = ((t + 1) * bk).min(jhi);
-        t += 1;
-        if j0 >= j1 {
-            continue;
-        }
-        let nk = j1 - j0;
-        let (mb, mbs): (*const f32, usize) = if plan.masks.needs_copy(p, b, (i0, rows), (j0, nk)) {
-            if !plan.masks.tile(p, (b, h), (i0, rows), (j0, nk), scr.mb, w) {
-                continue;
-            }
-            for jj in 0..nk {
-                scr.mb[jj * w + rows..(jj + 1) * w].fill(0.0);
-            }
-            (scr.mb.as_ptr(), w)
-        } else if plan.masks.has_masks() {
-            let (rows_from, stride) = plan.masks.rows((b, h), i0, j0, (nk, w));
-            (rows_from.as_ptr(), stride)
-        } else {
-            (std::ptr::null(), 0)
-        };
-
-        // Sᵀ = K Qᵀ (+ mask), MR keys at a time.
-        let mut r0 = 0;
-        while r0 < nk {
-            let n = mr.min(nk - r0);
-            let krows = k.slice(ndarray::s![j0 + r0..j0 + r0 + n, ..]);
-            // SAFETY: `krows` holds `n` contiguous rows of `e` bf16 (`reads_in_place`)
-            // `krs` apart; `s` holds `BK ≥ nk` rows of `w` floats and the mask rows
-            // (a tile copy or `MaskTiles` rows) `nk` rows `mbs` apart.
-            unsafe {
-                let sp = scr.s.as_mut_ptr().add(r0 * w);
-                let mbp = if mb.is_null() { mb } else { mb.add(r0 * mbs) };
-                with_block!(
-                    n,
-                    qk_rows::<I, NQ>(
-                        isa,
-                        scr.qp.as_ptr(),
-                        e,
-                        (krows.as_ptr() as *const u16, krows.strides()[0]),
-                        plan.scale,
-                        sp,
-                        (mbp, mbs)
-                    )
-                );
-            }
-            r0 += n;
-        }
-
-        // SAFETY: `s` holds `nk ≤ BK` rows of `w` floats, `pp` `pairs(BK)` rows of `w`
-        // pairs, the statistics `w` each.
-        unsafe {
-            softmax_pairs::<I, NQ>(
-                isa,
-                scr.s.as_ptr(),
-                nk,
-                scr.pp.as_mut_ptr(),
-                (scr.m.as_mut_ptr(), scr.l.as_mut_ptr()),
-                scr.alpha.as_mut_ptr(),
-            )
-        };
-        // The values as pairs of rows: packed for the whole call where the tile's
-        // pairs are the head's, here otherwise.
-        let vp: &[u32] = match values.tile((b, kvh), (j0, j1)) {
-            Some(pairs) => pairs,
-            None => {
-                let vrows = v.slice(ndarray::s![j0..j1, ..]);
-                // SAFETY: `vrows` holds `nk` rows of `ev` contiguous bf16
-                // (`reads_in_place`), `vp` `pairs(BK) ≥ pairs(nk)` rows of `evp ≥ ev`
-                // pairs.
-                unsafe {
-                    pack_value_pairs(
-                        isa,
-                        (vrows.as_ptr() as *const u16, vrows.strides()[0]),
-                        (nk, ev),
-                        scr.vp.as_mut_ptr(),
-                        evp,
-                    )
-                };
-                &scr.vp[..pairs(nk) * evp]
-            }
-        };
-
-        // Oᵀ = α Oᵀ + Vᵀ Pᵀ, MR value columns at a time.
-        let mut c0 = 0;
-        while c0 < ev {
-            let n = mr.min(ev - c0);
-            // SAFETY: `pp` holds `pairs(nk)` rows of `w` pairs, `vp` as many rows of
-            // `evp ≥ c0 + n` pairs (either source); `ot` holds `ev` rows of `w` floats.
-            unsafe {
-                with_block!(
-                    n,
-                    pv_cols::<I, NQ>(
-                        isa,
-                        scr.pp.as_ptr(),
-                        pairs(nk),
-                        (vp.as_ptr().add(c0), evp),
-                        scr.ot.as_mut_ptr().add(c0 * w),
-                        scr.alpha.as_ptr()
-                    )
-                );
-            }
-            c0 += n;
-        }
-    }
-
-    super::write_out(isa, scr.ot, scr.m, scr.l, w, u);
 }
 
 /// The f32 kernel's online-softmax update (`softmax_tile`, the same operations in
@@ -427,8 +329,7 @@ unsafe fn softmax_pairs<I: Simd, const NQ: usize>(
     s: *const f32,
     nk: usize,
     pp: *mut u32,
-    (m, l): (*mut f32, *mut f32),
-    alpha: *mut f32,
+    Stats { m, l, alpha }: Stats,
 ) {
     // SAFETY: the caller upholds this function's contract (see # Safety).
     unsafe {

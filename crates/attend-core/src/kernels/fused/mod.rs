@@ -30,6 +30,16 @@
 //! visited; tiles inside the band with no other mask skip all per-score masking.
 //! Fully masked rows end with a running max of −∞, and give 0 and a log-sum-exp
 //! of −∞.
+//!
+//! # One driver, one implementation per element type
+//!
+//! The units, the tile sweep with its mask choice, the running statistics and the
+//! write-out are written once ([`drive`]); what an element type does its own way is
+//! the [`Operands`] trait: how a unit holds its queries, the two products, and the
+//! form in which a tile's weights meet its values. `float` implements it for f32
+//! tensors (the description above), [`bf16`] for bf16 tensors (products on pairs).
+//! Each implementation is monomorphised into the driver and inlined, so the driver
+//! costs nothing at run time; a new element type is one more implementation.
 
 use std::f32::consts::LOG2_E;
 
@@ -39,26 +49,21 @@ use rayon::prelude::*;
 use crate::isa::transpose::transpose;
 use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
 use crate::kernels::scratch::{carve, with_scratch};
-use crate::problem::{Dims, Dropout, MaskTiles, Problem, SoftmaxAxis};
+use crate::problem::{Dims, MaskTiles, Problem, SoftmaxAxis};
+
+pub(crate) mod bf16;
+mod float;
+
+pub(crate) use float::run;
 
 /// Keys per tile at most (the scratch is sized for it); see [`tile_keys`].
 const BK: usize = 128;
-
-/// Products summed in registers before joining a dot product's running total: the
-/// blocks keep long dot products (E = 128, 256) well below the naive sum's error,
-/// and each join costs a load, an add and a store per accumulator (32 rather than
-/// 16 halved those at E = 64; docs/fused-forward.md).
-const DOT_CHUNK: usize = 32;
 
 /// Whether the fused kernel handles this problem (the reference covers the rest:
 /// the softmax over queries, and empty value widths).
 pub fn supports<T>(p: &Problem<'_, T>) -> bool {
     p.softmax_axis == SoftmaxAxis::Keys && p.dims().value_dim > 0
 }
-
-/// Keys a register block holds at least where the unit can be narrowed for it
-/// (see [`fit_register_block`]).
-const MIN_BLOCK: usize = 6;
 
 /// Vectors of 16 queries per unit (1, 2 or 4) for `q_len` queries, `banded` when
 /// causality or a window cuts the keys per query: as many as the queries fill, up
@@ -68,17 +73,6 @@ const MIN_BLOCK: usize = 6;
 /// work at `W = 64`; docs/fused-forward.md).
 fn query_vectors(q_len: usize, banded: bool) -> usize {
     widest_unit(q_len).min(if banded { 2 } else { 4 })
-}
-
-/// `nq` vectors of queries, halved until the register block for `registers` vector
-/// registers holds at least [`MIN_BLOCK`] keys: with AVX2's 16 registers, four
-/// vectors left the f32 products' blocks one key deep, each multiply-add waiting on
-/// a load of its own, and one vector ran 1.05–1.26× faster.
-fn fit_register_block(mut nq: usize, registers: usize) -> usize {
-    while nq > 1 && register_block(registers, nq) < MIN_BLOCK {
-        nq /= 2;
-    }
-    nq
 }
 
 /// Vectors of 16 queries the queries fill, up to 4: the widest unit, which sizes
@@ -93,27 +87,146 @@ fn widest_unit(q_len: usize) -> usize {
     }
 }
 
-/// Floats of scratch one unit of work (16, 32 or 64 queries of one head) needs:
-/// `Qᵀ`, a tile of scores and one of mask terms, `Oᵀ` and the running statistics.
-pub fn scratch_len(d: &Dims) -> usize {
-    let w = widest_unit(d.q_len) * LANES;
-    (d.head_dim + 2 * BK + d.value_dim + 3) * w
+/// The register block for `registers` vector registers: as many accumulators as
+/// fit in about three quarters of them (counted in 16-lane vectors), in keys of
+/// `nq` vectors each.
+fn register_block(registers: usize, nq: usize) -> usize {
+    (registers * 3 / 4 / nq).clamp(1, 12)
 }
 
-/// Runs the fused forward on the current rayon pool with `isa`'s vectors,
-/// returning the output `[B, Hq, L, Ev]` and the log-sum-exp `[B, Hq, L]`.
+/// Keys per tile for an instruction set: [`BK`] where 32 vector registers keep
+/// the products' loads few (a 128-key tile of scores fills the L1 cache, and the
+/// longer tiles halve the per-tile work: the dot products' and outputs' tails, the
+/// rescaling); half that on AVX2, where the larger tile ran 4 % slower with units of
+/// 64 queries and measured within the noise (0.99–1.03×) with the 16 it has now
+/// (docs/fused-forward.md).
+fn tile_keys<I: Simd>() -> usize {
+    if I::REGISTERS >= 32 {
+        BK
+    } else {
+        BK / 2
+    }
+}
+
+/// What an element type does its own way in the fused forward (docs/design.md,
+/// "Element types"): how a unit holds its queries, the two products, and the form
+/// in which a tile's weights and values meet. Everything else (the units, the tile
+/// sweep and its mask choice, the running statistics, the write-out) is the one
+/// driver, [`drive`], monomorphised for each implementation.
 ///
-/// With `dropout` (training's forward) the output is `Σ_j softmax_j · z_j · v_j`
-/// with `z` the [`Dropout`] factors, and the log-sum-exp that of the weights before
-/// dropout, as the backward expects.
+/// The products work on rows of `W = 16·NQ` queries along the vector lanes:
+/// `s[r][·]` is key `r`'s base-2 scores for the unit's queries, `ot[c][·]` value
+/// column `c` of their output.
+trait Operands<'p>: Sync {
+    /// The element type of `q`, `k` and `v`.
+    type Elem: Sync + 'p;
+    /// A unit's own state: its packed queries, its buffers, where its head starts.
+    type Unit<'s>;
+
+    /// The problem the operands are for.
+    fn problem(&self) -> &Problem<'p, Self::Elem>;
+
+    /// Vectors of 16 queries per unit for an instruction set with `registers`
+    /// vector registers.
+    fn query_vectors(&self, registers: usize) -> usize;
+
+    /// Floats of scratch [`Operands::start`] carves for a unit of `w` queries.
+    fn scratch_len(d: &Dims, w: usize) -> usize;
+
+    /// Starts a unit: carves its buffers from `rest` ([`Operands::scratch_len`]
+    /// floats) and packs its queries; lanes past the unit's last query are zero.
+    fn start<'s, I: Simd, const NQ: usize>(
+        &self,
+        isa: I,
+        at: &UnitAt,
+        rest: &mut &'s mut [f32],
+    ) -> Self::Unit<'s>;
+
+    /// `s[r][·]`, the base-2 scores of keys `j + r` for `r < MR`, with the mask term
+    /// `mask.0[r·mask.1 + ·]` added (both in base 2) when `mask.0` is not null.
+    ///
+    /// # Safety
+    /// Keys `j..j + MR` must be inside the unit's head; `s` valid for `MR` rows of
+    /// `16·NQ` floats and a non-null `mask.0` for `MR` rows `mask.1` apart.
+    unsafe fn score_rows<I: Simd, const NQ: usize, const MR: usize>(
+        &self,
+        isa: I,
+        u: &Self::Unit<'_>,
+        j: usize,
+        s: *mut f32,
+        mask: (*const f32, usize),
+    );
+
+    /// Turns the scores `s` of keys `keys.0..keys.1` into the tile's weights with
+    /// the online-softmax update of `stats` (see [`running_max`]), and makes ready
+    /// whatever [`Operands::value_cols`] reads.
+    ///
+    /// # Safety
+    /// `s` valid for `keys.1 − keys.0 ≤ BK` rows of `16·NQ` floats, `stats` for
+    /// `16·NQ` floats each.
+    unsafe fn weights<I: Simd, const NQ: usize>(
+        &self,
+        isa: I,
+        u: &mut Self::Unit<'_>,
+        at: &UnitAt,
+        keys: (usize, usize),
+        s: *mut f32,
+        stats: Stats,
+    );
+
+    /// `ot[c][·] = α · ot[c][·] + Σ_j v[j, c0 + c] · p[j][·]` for `c < MC` over the
+    /// keys `keys.0..keys.1` of the last [`Operands::weights`] call.
+    ///
+    /// # Safety
+    /// Columns `c0..c0 + MC` must be inside the values; `s` as for `weights`; `ot`
+    /// valid for `MC` rows and `alpha` one row of `16·NQ` floats.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn value_cols<I: Simd, const NQ: usize, const MC: usize>(
+        &self,
+        isa: I,
+        u: &Self::Unit<'_>,
+        keys: (usize, usize),
+        c0: usize,
+        s: *const f32,
+        ot: *mut f32,
+        alpha: *const f32,
+    );
+}
+
+/// Where a unit's queries are: batch `b`, query head `h` (reading key/value head
+/// `kvh`), queries `i0..i0 + rows`.
+struct UnitAt {
+    b: usize,
+    h: usize,
+    kvh: usize,
+    i0: usize,
+    rows: usize,
+}
+
+/// A unit's running maximum (base 2), running sum and a tile's rescale factor,
+/// `16·NQ` floats each.
+#[derive(Clone, Copy)]
+struct Stats {
+    m: *mut f32,
+    l: *mut f32,
+    alpha: *mut f32,
+}
+
+/// Floats of scratch one unit of work (16, 32 or 64 queries of one head) needs:
+/// the operands' own buffers, a tile of scores and one of mask terms, `Oᵀ` and the
+/// running statistics.
+fn scratch_len<'p, O: Operands<'p>>(d: &Dims) -> usize {
+    let w = widest_unit(d.q_len) * LANES;
+    O::scratch_len(d, w) + (2 * BK + d.value_dim + 3) * w
+}
+
+/// Runs the fused forward of `ops` on the current rayon pool with `isa`'s vectors,
+/// returning the f32 output `[B, Hq, L, Ev]` and the log-sum-exp `[B, Hq, L]`.
 ///
 /// # Panics
 /// If `!supports(p)` (checked by [`crate::attention::attention_with`]).
-pub(crate) fn run(
-    p: &Problem<'_>,
-    isa: IsaToken,
-    dropout: Option<&Dropout>,
-) -> (Array4<f32>, Array3<f32>) {
+fn drive<'p, O: Operands<'p>>(ops: &O, isa: IsaToken) -> (Array4<f32>, Array3<f32>) {
+    let p = ops.problem();
     assert!(supports(p), "fused kernel does not support this problem");
     let d = p.dims();
     let mut out = Array4::<f32>::zeros((d.batch, d.heads, d.q_len, d.value_dim));
@@ -121,24 +234,20 @@ pub(crate) fn run(
     if out.is_empty() {
         return (out, lse);
     }
-    let nq = fit_register_block(query_vectors(d.q_len, p.is_banded()), isa.registers());
-    let w = nq * LANES;
     let plan = Plan {
         group: d.heads / d.kv_heads,
-        scale: p.scale * LOG2_E,
-        nq,
+        nq: ops.query_vectors(isa.registers()),
         masks: p.mask_tiles(LOG2_E, isa),
-        dropout: dropout.copied(),
     };
-
-    let units = units(&d, w, &mut out, &mut lse);
-    let len = scratch_len(&d);
+    let units = units(&d, plan.nq * LANES, &mut out, &mut lse);
+    let len = scratch_len::<O>(&d);
     units.into_par_iter().for_each(|unit| {
         with_scratch(len, |scratch| {
             dispatch(
                 isa,
                 UnitJob {
                     p,
+                    ops,
                     plan: &plan,
                     unit,
                     scratch,
@@ -181,13 +290,10 @@ fn units<'o>(
 /// Choices made once per call.
 struct Plan {
     group: usize,
-    /// `scale · log₂e`: scores are kept in base 2.
-    scale: f32,
     /// Vectors of 16 queries per unit.
     nq: usize,
-    /// The per-score masks, combined and transposed once.
+    /// The per-score masks, combined and transposed once, in base 2.
     masks: MaskTiles,
-    dropout: Option<Dropout>,
 }
 
 /// One block of queries of one head, and the part of the output it writes.
@@ -201,11 +307,10 @@ struct Unit<'o> {
     lse: &'o mut [f32],
 }
 
-/// A unit's buffers, carved from the thread's scratch.
+/// The buffers every unit has, carved from the thread's scratch after the
+/// operands' own.
 struct UnitScratch<'s> {
-    /// `Qᵀ`, `[E][W]`.
-    qt: &'s mut [f32],
-    /// Scores, then probabilities, `[BK][W]`.
+    /// Scores, then weights, `[BK][W]`.
     s: &'s mut [f32],
     /// Additive mask tile, `[BK][W]`.
     mb: &'s mut [f32],
@@ -218,13 +323,11 @@ struct UnitScratch<'s> {
 }
 
 impl<'s> UnitScratch<'s> {
-    /// Splits `buf` ([`scratch_len`] floats) for units `w` queries wide.
-    fn new(mut buf: &'s mut [f32], e: usize, ev: usize, w: usize) -> Self {
-        // Every buffer is a whole number of 16-float rows, so each starts on a cache
-        // line as the scratch does.
-        let rest = &mut buf;
+    /// Carves the buffers for units `w` queries wide with `ev` value columns. Every
+    /// buffer is a whole number of 16-float rows, so each starts on a cache line as
+    /// the scratch does.
+    fn new(rest: &mut &'s mut [f32], ev: usize, w: usize) -> Self {
         UnitScratch {
-            qt: carve(rest, e * w),
             s: carve(rest, BK * w),
             mb: carve(rest, BK * w),
             ot: carve(rest, ev * w),
@@ -235,112 +338,85 @@ impl<'s> UnitScratch<'s> {
     }
 }
 
-/// The register block for `registers` vector registers: as many accumulators as
-/// fit in about three quarters of them (counted in 16-lane vectors), in keys of
-/// `nq` vectors each.
-fn register_block(registers: usize, nq: usize) -> usize {
-    (registers * 3 / 4 / nq).clamp(1, 12)
-}
-
-/// Keys per tile for an instruction set: [`BK`] where 32 vector registers keep
-/// the products' loads few (a 128-key tile of scores fills the L1 cache, and the
-/// longer tiles halve the per-tile work: the dot products' and outputs' tails, the
-/// rescaling); half that on AVX2, where the larger tile ran 4 % slower with units of
-/// 64 queries and measured within the noise (0.99–1.03×) with the 16 it has now
-/// (docs/fused-forward.md).
-fn tile_keys<I: Simd>() -> usize {
-    if I::REGISTERS >= 32 {
-        BK
-    } else {
-        BK / 2
-    }
-}
-
 /// One unit of work, for [`dispatch`].
-struct UnitJob<'a, 'p, 'o, 's> {
-    p: &'a Problem<'p>,
+struct UnitJob<'a, 'p, 'o, 's, O: Operands<'p>> {
+    p: &'a Problem<'p, O::Elem>,
+    ops: &'a O,
     plan: &'a Plan,
     unit: Unit<'o>,
     scratch: &'s mut [f32],
 }
 
-impl SimdJob for UnitJob<'_, '_, '_, '_> {
+impl<'p, O: Operands<'p>> SimdJob for UnitJob<'_, 'p, '_, '_, O> {
     type Output = ();
     #[inline(always)]
     fn run<I: Simd>(self, isa: I) {
         let UnitJob {
             p,
+            ops,
             plan,
             unit: u,
             scratch,
         } = self;
         match plan.nq {
-            1 => unit::<I, 1>(isa, p, plan, u, scratch),
-            2 => unit::<I, 2>(isa, p, plan, u, scratch),
-            _ => unit::<I, 4>(isa, p, plan, u, scratch),
+            1 => unit::<I, 1, O>(isa, (p, ops), plan, u, scratch),
+            2 => unit::<I, 2, O>(isa, (p, ops), plan, u, scratch),
+            _ => unit::<I, 4, O>(isa, (p, ops), plan, u, scratch),
         }
     }
 }
 
-/// Calls `$f::<$I, $NQ, n>(args)` for a runtime `n` in `1..=12`.
+/// Calls `$ops.$f::<$I, $NQ, n>(args)` for a runtime `n` in `1..=12`.
 macro_rules! with_block {
-    ($n:expr, $f:ident::<$I:ty, $NQ:ident>($($arg:expr),* $(,)?)) => {
+    ($n:expr, $ops:ident.$f:ident::<$I:ty, $NQ:ident>($($arg:expr),* $(,)?)) => {
         match $n {
-            1 => $f::<$I, $NQ, 1>($($arg),*),
-            2 => $f::<$I, $NQ, 2>($($arg),*),
-            3 => $f::<$I, $NQ, 3>($($arg),*),
-            4 => $f::<$I, $NQ, 4>($($arg),*),
-            5 => $f::<$I, $NQ, 5>($($arg),*),
-            6 => $f::<$I, $NQ, 6>($($arg),*),
-            7 => $f::<$I, $NQ, 7>($($arg),*),
-            8 => $f::<$I, $NQ, 8>($($arg),*),
-            9 => $f::<$I, $NQ, 9>($($arg),*),
-            10 => $f::<$I, $NQ, 10>($($arg),*),
-            11 => $f::<$I, $NQ, 11>($($arg),*),
-            12 => $f::<$I, $NQ, 12>($($arg),*),
+            1 => $ops.$f::<$I, $NQ, 1>($($arg),*),
+            2 => $ops.$f::<$I, $NQ, 2>($($arg),*),
+            3 => $ops.$f::<$I, $NQ, 3>($($arg),*),
+            4 => $ops.$f::<$I, $NQ, 4>($($arg),*),
+            5 => $ops.$f::<$I, $NQ, 5>($($arg),*),
+            6 => $ops.$f::<$I, $NQ, 6>($($arg),*),
+            7 => $ops.$f::<$I, $NQ, 7>($($arg),*),
+            8 => $ops.$f::<$I, $NQ, 8>($($arg),*),
+            9 => $ops.$f::<$I, $NQ, 9>($($arg),*),
+            10 => $ops.$f::<$I, $NQ, 10>($($arg),*),
+            11 => $ops.$f::<$I, $NQ, 11>($($arg),*),
+            12 => $ops.$f::<$I, $NQ, 12>($($arg),*),
             _ => unreachable!("register block out of range"),
         }
     };
 }
 
-pub(crate) mod bf16;
-
-/// One unit: pack `Qᵀ`, sweep the key tiles, normalise and write out.
+/// One unit: pack the queries, sweep the key tiles, normalise and write out.
 #[inline(always)]
-fn unit<I: Simd, const NQ: usize>(
+fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
     isa: I,
-    p: &Problem<'_>,
+    (p, ops): (&Problem<'p, O::Elem>, &O),
     plan: &Plan,
     u: Unit<'_>,
-    scratch: &mut [f32],
+    mut scratch: &mut [f32],
 ) {
-    let d = p.dims();
     let w = NQ * LANES;
-    let (e, ev) = (d.head_dim, d.value_dim);
-    let scr = UnitScratch::new(scratch, e, ev, w);
-    let rows = u.lse.len();
-    let (b, h, i0) = (u.b, u.h, u.i0);
-    let kvh = h / plan.group;
-
-    // Qᵀ times the scores' scale; lanes past the last query are zero.
-    let mut qt = ArrayViewMut2::from_shape((e, w), &mut scr.qt[..e * w]).expect("e·w floats");
-    qt.slice_mut(ndarray::s![.., rows..]).fill(0.0);
-    transpose(
-        isa,
-        p.q.slice(ndarray::s![b, h, i0..i0 + rows, ..]),
-        qt.slice_move(ndarray::s![.., ..rows]),
-    );
-    let scale = isa.splat(plan.scale);
-    for x in scr.qt[..e * w].chunks_exact_mut(LANES) {
-        // SAFETY: `x` is one whole vector (`w` is a multiple of 16).
-        unsafe { isa.store(x.as_mut_ptr(), isa.mul(isa.load(x.as_ptr()), scale)) };
-    }
+    let ev = p.dims().value_dim;
+    let at = UnitAt {
+        b: u.b,
+        h: u.h,
+        kvh: u.h / plan.group,
+        i0: u.i0,
+        rows: u.lse.len(),
+    };
+    let (b, h, i0, rows) = (at.b, at.h, at.i0, at.rows);
+    let mut own = ops.start::<I, NQ>(isa, &at, &mut scratch);
+    let scr = UnitScratch::new(&mut scratch, ev, w);
     scr.ot.fill(0.0);
     scr.m.fill(f32::NEG_INFINITY);
     scr.l.fill(0.0);
+    let stats = Stats {
+        m: scr.m.as_mut_ptr(),
+        l: scr.l.as_mut_ptr(),
+        alpha: scr.alpha.as_mut_ptr(),
+    };
 
-    let (k_ptr, krs, kcs) = head_ptr(&p.k, b, kvh);
-    let (v_ptr, vrs, vcs) = head_ptr(&p.v, b, kvh);
     let (jlo, jhi) = p.block_key_range(i0, i0 + rows);
     let mr = register_block(I::REGISTERS, NQ);
     let bk = tile_keys::<I>();
@@ -375,61 +451,39 @@ fn unit<I: Simd, const NQ: usize>(
         let mut r0 = 0;
         while r0 < nk {
             let n = mr.min(nk - r0);
-            // SAFETY: keys `j0 + r0 .. j0 + r0 + n` are inside the head (`j1 ≤ S`),
-            // read through the view's own strides; `s` holds `BK ≥ nk` rows and the
-            // mask rows (a tile copy or `MaskTiles` rows) `nk` rows of `w` floats.
+            // SAFETY: keys `j0 + r0 .. j0 + r0 + n` are inside the head (`j1 ≤ S`);
+            // `s` holds `BK ≥ nk` rows and the mask rows (a tile copy or
+            // `MaskTiles` rows) `nk` rows of `w` floats.
             unsafe {
-                let kp = k_ptr.offset((j0 + r0) as isize * krs);
                 let sp = scr.s.as_mut_ptr().add(r0 * w);
                 let mbp = if mb.is_null() { mb } else { mb.add(r0 * mbs) };
                 with_block!(
                     n,
-                    qk_rows::<I, NQ>(isa, scr.qt.as_ptr(), e, kp, krs, kcs, sp, mbp, mbs)
+                    ops.score_rows::<I, NQ>(isa, &own, j0 + r0, sp, (mbp, mbs))
                 );
             }
             r0 += n;
         }
 
         // SAFETY: `s` holds `nk ≤ BK` rows of `w` floats, the statistics `w` each.
-        unsafe {
-            softmax_tile::<I, NQ>(
-                isa,
-                scr.s.as_mut_ptr(),
-                nk,
-                scr.m.as_mut_ptr(),
-                scr.l.as_mut_ptr(),
-                scr.alpha.as_mut_ptr(),
-            )
-        };
-        if let Some(dr) = &plan.dropout {
-            // The running sum `l` above is over the weights before dropout; only
-            // the values' weights are dropped (and the kept ones scaled).
-            for ii in 0..rows {
-                let row = dr.row(b, h, i0 + ii);
-                for jj in 0..nk {
-                    scr.s[jj * w + ii] *= dr.factor_in_row(row, j0 + jj);
-                }
-            }
-        }
+        unsafe { ops.weights::<I, NQ>(isa, &mut own, &at, (j0, j1), scr.s.as_mut_ptr(), stats) };
 
         // Oᵀ = α Oᵀ + Vᵀ Pᵀ, MR value columns at a time.
         let mut c0 = 0;
         while c0 < ev {
             let n = mr.min(ev - c0);
-            // SAFETY: value rows `j0..j1` and columns `c0..c0 + n` are inside the
-            // head; `ot` holds `ev` rows of `w` floats, `s` `nk` rows.
+            // SAFETY: columns `c0..c0 + n` are inside the values; `ot` holds `ev`
+            // rows of `w` floats, `s` `nk` rows.
             unsafe {
-                let vp = v_ptr.offset(j0 as isize * vrs + c0 as isize * vcs);
                 let op = scr.ot.as_mut_ptr().add(c0 * w);
                 with_block!(
                     n,
-                    pv_cols::<I, NQ>(
+                    ops.value_cols::<I, NQ>(
                         isa,
+                        &own,
+                        (j0, j1),
+                        c0,
                         scr.s.as_ptr(),
-                        nk,
-                        vp,
-                        vrs,
-                        vcs,
                         op,
                         scr.alpha.as_ptr()
                     )
@@ -481,116 +535,6 @@ fn write_out<I: Simd>(isa: I, ot: &mut [f32], m: &[f32], l: &[f32], w: usize, u:
     }
 }
 
-/// Base pointer of head `(b, h)` of a `[B, H, T, D]` view, and its row and column
-/// strides in elements.
-fn head_ptr(a: &ndarray::ArrayView4<'_, f32>, b: usize, h: usize) -> (*const f32, isize, isize) {
-    let st = a.strides();
-    // SAFETY (of later reads): indices are within the view's shape.
-    let base = a
-        .as_ptr()
-        .wrapping_offset(b as isize * st[0] + h as isize * st[1]);
-    (base, st[2], st[3])
-}
-
-/// `s[r][·] = Σ_c k[r, c] · qt[c][·] (+ mb[r][·])`, base-2 scores for `MR` keys
-/// (`qt` carries the scale, `mb` the mask terms in base 2), rows of `16·NQ` (the
-/// mask's rows `mbs` floats apart).
-///
-/// # Safety
-/// `k` must be valid for `MR` rows × `e` columns with the given strides; `qt`, `s`
-/// and (when not null) `mb` for `e`, `MR` and `MR` rows of `16·NQ` floats.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn qk_rows<I: Simd, const NQ: usize, const MR: usize>(
-    isa: I,
-    qt: *const f32,
-    e: usize,
-    k: *const f32,
-    krs: isize,
-    kcs: isize,
-    s: *mut f32,
-    mb: *const f32,
-    mbs: usize,
-) {
-    // SAFETY: the caller upholds this function's contract (see # Safety).
-    unsafe {
-        let w = NQ * LANES;
-        let zero = isa.splat(0.0);
-        let mut kc = k;
-        // Blocked summation: each chunk of `DOT_CHUNK` products is summed in registers,
-        // then added to the running total in `s`. This keeps the rounding error of long
-        // dot products (E = 128, 256) well below the naive sequential sum's.
-        let mut c0 = 0;
-        while c0 < e.max(1) {
-            let c1 = (c0 + DOT_CHUNK).min(e);
-            let mut acc = [[zero; NQ]; MR];
-            for c in c0..c1 {
-                let mut qv = [zero; NQ];
-                for (v, q) in qv.iter_mut().enumerate() {
-                    *q = isa.load(qt.add(c * w + v * LANES));
-                }
-                for (r, row) in acc.iter_mut().enumerate() {
-                    let kb = isa.splat(*kc.offset(r as isize * krs));
-                    for v in 0..NQ {
-                        row[v] = isa.fma(qv[v], kb, row[v]);
-                    }
-                }
-                kc = kc.offset(kcs);
-            }
-            let (first, last) = (c0 == 0, c1 >= e);
-            for (r, row) in acc.iter().enumerate() {
-                for (v, &x) in row.iter().enumerate() {
-                    let off = r * w + v * LANES;
-                    let mut x = x;
-                    if !first {
-                        x = isa.add(isa.load(s.add(off)), x);
-                    }
-                    if last && !mb.is_null() {
-                        x = masked_score(isa, x, isa.load(mb.add(r * mbs + v * LANES)));
-                    }
-                    isa.store(s.add(off), x);
-                }
-            }
-            c0 = c1.max(c0 + 1);
-        }
-    }
-}
-
-/// Online-softmax update for one tile of `nk` keys (scores in base 2): updates the
-/// running max `m` and sum `l`, turns scores `s` into `2^(s − m)` (the difference is
-/// exact for the scores that matter, so huge scores lose nothing), and leaves in
-/// `alpha` the factor `2^(m_old − m)` that rescales the previous output.
-///
-/// # Safety
-/// `s` valid for `nk` rows of `16·NQ` floats; `m`, `l`, `alpha` for `16·NQ`.
-#[inline(always)]
-unsafe fn softmax_tile<I: Simd, const NQ: usize>(
-    isa: I,
-    s: *mut f32,
-    nk: usize,
-    m: *mut f32,
-    l: *mut f32,
-    alpha: *mut f32,
-) {
-    // SAFETY: the caller upholds this function's contract (see # Safety).
-    unsafe {
-        let w = NQ * LANES;
-        for v in 0..NQ {
-            let o = v * LANES;
-            let (m_use, a) = running_max::<I, NQ>(isa, s.add(o), nk, m.add(o));
-            let mut sum = isa.splat(0.0);
-            for j in 0..nk {
-                let ptr = s.add(j * w + o);
-                let pj = exp_shifted(isa, isa.load(ptr), m_use);
-                isa.store(ptr, pj);
-                sum = isa.add(sum, pj);
-            }
-            isa.store(l.add(o), isa.fma(isa.load(l.add(o)), a, sum));
-            isa.store(alpha.add(o), a);
-        }
-    }
-}
-
 /// The running maximum of 16 queries updated with a tile's `nk` scores (rows of
 /// `16·NQ` floats from `s`) and stored in `m`; returns the maximum to subtract from
 /// the tile's scores and `2^(m_old − m)`, the factor that rescales what came before.
@@ -633,55 +577,4 @@ fn exp_shifted<I: Simd>(isa: I, x: I::V, m: I::V) -> I::V {
 #[inline(always)]
 fn masked_score<I: Simd>(isa: I, score: I::V, mask: I::V) -> I::V {
     isa.masked(isa.add(score, mask), mask)
-}
-
-/// `ot[c][·] = alpha · ot[c][·] + Σ_j v[j, c] · p[j][·]` for `MC` value columns.
-///
-/// # Safety
-/// `v` valid for `nk` rows × `MC` columns with the given strides; `p` for `nk` rows
-/// and `ot` for `MC` rows of `16·NQ` floats; `alpha` for `16·NQ`.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn pv_cols<I: Simd, const NQ: usize, const MC: usize>(
-    isa: I,
-    p: *const f32,
-    nk: usize,
-    v: *const f32,
-    vrs: isize,
-    vcs: isize,
-    ot: *mut f32,
-    alpha: *const f32,
-) {
-    // SAFETY: the caller upholds this function's contract (see # Safety).
-    unsafe {
-        let w = NQ * LANES;
-        let zero = isa.splat(0.0);
-        let mut a = [zero; NQ];
-        for (x, al) in a.iter_mut().enumerate() {
-            *al = isa.load(alpha.add(x * LANES));
-        }
-        // The tile's sum starts from zero and joins `alpha · ot` at the end (blocked
-        // summation over keys, as for the dot products).
-        let mut acc = [[zero; NQ]; MC];
-        let mut vj = v;
-        for j in 0..nk {
-            let mut pv = [zero; NQ];
-            for (x, pp) in pv.iter_mut().enumerate() {
-                *pp = isa.load(p.add(j * w + x * LANES));
-            }
-            for (c, row) in acc.iter_mut().enumerate() {
-                let vb = isa.splat(*vj.offset(c as isize * vcs));
-                for x in 0..NQ {
-                    row[x] = isa.fma(pv[x], vb, row[x]);
-                }
-            }
-            vj = vj.offset(vrs);
-        }
-        for (c, row) in acc.iter().enumerate() {
-            for (x, &val) in row.iter().enumerate() {
-                let o = ot.add(c * w + x * LANES);
-                isa.store(o, isa.fma(isa.load(o), a[x], val));
-            }
-        }
-    }
 }

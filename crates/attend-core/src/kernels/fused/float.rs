@@ -1,0 +1,352 @@
+//! The fused forward's operands for f32 tensors: `Qᵀ` packed once per unit with
+//! the scores' scale folded in, `K` and `V` read in place through their strides, and
+//! both products broadcast one element of `K` or `V` against rows of queries.
+
+use std::f32::consts::LOG2_E;
+
+use ndarray::{Array3, Array4, ArrayViewMut2};
+
+use super::{drive, exp_shifted, masked_score, query_vectors, register_block, running_max};
+use super::{Operands, Stats, UnitAt};
+use crate::isa::transpose::transpose;
+use crate::isa::{IsaToken, Simd, LANES};
+use crate::kernels::scratch::carve;
+use crate::problem::{Dims, Dropout, Problem};
+
+/// Products summed in registers before joining a dot product's running total: the
+/// blocks keep long dot products (E = 128, 256) well below the naive sum's error,
+/// and each join costs a load, an add and a store per accumulator (32 rather than
+/// 16 halved those at E = 64; docs/fused-forward.md).
+const DOT_CHUNK: usize = 32;
+
+/// Keys a register block holds at least where the unit can be narrowed for it
+/// (see [`fit_register_block`]).
+const MIN_BLOCK: usize = 6;
+
+/// Runs the fused forward on f32 tensors on the current rayon pool with `isa`'s
+/// vectors, returning the output `[B, Hq, L, Ev]` and the log-sum-exp `[B, Hq, L]`.
+///
+/// With `dropout` (training's forward) the output is `Σ_j softmax_j · z_j · v_j`
+/// with `z` the [`Dropout`] factors, and the log-sum-exp that of the weights before
+/// dropout, as the backward expects.
+///
+/// # Panics
+/// If `!supports(p)` (checked by [`crate::attention::attention_with`]).
+pub(crate) fn run(
+    p: &Problem<'_>,
+    isa: IsaToken,
+    dropout: Option<&Dropout>,
+) -> (Array4<f32>, Array3<f32>) {
+    let ops = F32Operands {
+        p,
+        scale: p.scale * LOG2_E,
+        dropout: dropout.copied(),
+    };
+    drive(&ops, isa)
+}
+
+/// `nq` vectors of queries, halved until the register block for `registers` vector
+/// registers holds at least [`MIN_BLOCK`] keys: with AVX2's 16 registers, four
+/// vectors left the f32 products' blocks one key deep, each multiply-add waiting on
+/// a load of its own, and one vector ran 1.05–1.26× faster.
+fn fit_register_block(mut nq: usize, registers: usize) -> usize {
+    while nq > 1 && register_block(registers, nq) < MIN_BLOCK {
+        nq /= 2;
+    }
+    nq
+}
+
+/// The f32 problem, with what its units share.
+struct F32Operands<'a, 'p> {
+    p: &'a Problem<'p>,
+    /// `scale · log₂e`: scores are kept in base 2.
+    scale: f32,
+    dropout: Option<Dropout>,
+}
+
+/// An f32 unit: its scaled `Qᵀ` and where its key/value head starts.
+struct F32Unit<'s> {
+    /// `Qᵀ · scale · log₂e`, `[E][W]`.
+    qt: &'s mut [f32],
+    e: usize,
+    /// The head's keys and values: base pointer, row and column strides.
+    k: (*const f32, isize, isize),
+    v: (*const f32, isize, isize),
+}
+
+impl<'p> Operands<'p> for F32Operands<'_, 'p> {
+    type Elem = f32;
+    type Unit<'s> = F32Unit<'s>;
+
+    fn problem(&self) -> &Problem<'p> {
+        self.p
+    }
+
+    fn query_vectors(&self, registers: usize) -> usize {
+        let nq = query_vectors(self.p.dims().q_len, self.p.is_banded());
+        fit_register_block(nq, registers)
+    }
+
+    fn scratch_len(d: &Dims, w: usize) -> usize {
+        d.head_dim * w
+    }
+
+    #[inline(always)]
+    fn start<'s, I: Simd, const NQ: usize>(
+        &self,
+        isa: I,
+        at: &UnitAt,
+        rest: &mut &'s mut [f32],
+    ) -> F32Unit<'s> {
+        let w = NQ * LANES;
+        let e = self.p.dims().head_dim;
+        let qt = carve(rest, e * w);
+        // Qᵀ times the scores' scale; lanes past the last query are zero.
+        let mut view = ArrayViewMut2::from_shape((e, w), &mut *qt).expect("e·w floats");
+        view.slice_mut(ndarray::s![.., at.rows..]).fill(0.0);
+        transpose(
+            isa,
+            self.p
+                .q
+                .slice(ndarray::s![at.b, at.h, at.i0..at.i0 + at.rows, ..]),
+            view.slice_move(ndarray::s![.., ..at.rows]),
+        );
+        let scale = isa.splat(self.scale);
+        for x in qt.chunks_exact_mut(LANES) {
+            // SAFETY: `x` is one whole vector (`w` is a multiple of 16).
+            unsafe { isa.store(x.as_mut_ptr(), isa.mul(isa.load(x.as_ptr()), scale)) };
+        }
+        F32Unit {
+            qt,
+            e,
+            k: head_ptr(&self.p.k, at.b, at.kvh),
+            v: head_ptr(&self.p.v, at.b, at.kvh),
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn score_rows<I: Simd, const NQ: usize, const MR: usize>(
+        &self,
+        isa: I,
+        u: &F32Unit<'_>,
+        j: usize,
+        s: *mut f32,
+        mask: (*const f32, usize),
+    ) {
+        let (kp, krs, kcs) = u.k;
+        // SAFETY: keys `j..j + MR` are inside the head (the caller's contract), read
+        // through the view's own strides; `qt` holds `e` rows of `16·NQ` floats.
+        unsafe {
+            qk_rows::<I, NQ, MR>(
+                isa,
+                u.qt.as_ptr(),
+                u.e,
+                kp.offset(j as isize * krs),
+                (krs, kcs),
+                s,
+                mask,
+            )
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn weights<I: Simd, const NQ: usize>(
+        &self,
+        isa: I,
+        _: &mut F32Unit<'_>,
+        at: &UnitAt,
+        (j0, j1): (usize, usize),
+        s: *mut f32,
+        stats: Stats,
+    ) {
+        let nk = j1 - j0;
+        // SAFETY: the caller upholds `s` and `stats` (see `Operands::weights`).
+        unsafe { softmax_tile::<I, NQ>(isa, s, nk, stats) };
+        if let Some(dr) = &self.dropout {
+            // The running sum `l` above is over the weights before dropout; only
+            // the values' weights are dropped (and the kept ones scaled).
+            let w = NQ * LANES;
+            for ii in 0..at.rows {
+                let row = dr.row(at.b, at.h, at.i0 + ii);
+                for jj in 0..nk {
+                    // SAFETY: `s` holds `nk` rows of `w` floats and `ii < w`.
+                    unsafe { *s.add(jj * w + ii) *= dr.factor_in_row(row, j0 + jj) };
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn value_cols<I: Simd, const NQ: usize, const MC: usize>(
+        &self,
+        isa: I,
+        u: &F32Unit<'_>,
+        (j0, j1): (usize, usize),
+        c0: usize,
+        s: *const f32,
+        ot: *mut f32,
+        alpha: *const f32,
+    ) {
+        let (vp, vrs, vcs) = u.v;
+        // SAFETY: value rows `j0..j1` and columns `c0..c0 + MC` are inside the head
+        // (the caller's contract), read through the view's own strides.
+        unsafe {
+            let vp = vp.offset(j0 as isize * vrs + c0 as isize * vcs);
+            pv_cols::<I, NQ, MC>(isa, s, j1 - j0, vp, (vrs, vcs), ot, alpha)
+        }
+    }
+}
+
+/// Base pointer of head `(b, h)` of a `[B, H, T, D]` view, and its row and column
+/// strides in elements.
+fn head_ptr(a: &ndarray::ArrayView4<'_, f32>, b: usize, h: usize) -> (*const f32, isize, isize) {
+    let st = a.strides();
+    // SAFETY (of later reads): indices are within the view's shape.
+    let base = a
+        .as_ptr()
+        .wrapping_offset(b as isize * st[0] + h as isize * st[1]);
+    (base, st[2], st[3])
+}
+
+/// `s[r][·] = Σ_c k[r, c] · qt[c][·] (+ mb[r][·])`, base-2 scores for `MR` keys
+/// (`qt` carries the scale, `mb` the mask terms in base 2), rows of `16·NQ` (the
+/// mask's rows `mbs` floats apart).
+///
+/// # Safety
+/// `k` must be valid for `MR` rows × `e` columns with the strides `(krs, kcs)`;
+/// `qt`, `s` and (when not null) `mb` for `e`, `MR` and `MR` rows of `16·NQ` floats.
+#[inline(always)]
+unsafe fn qk_rows<I: Simd, const NQ: usize, const MR: usize>(
+    isa: I,
+    qt: *const f32,
+    e: usize,
+    k: *const f32,
+    (krs, kcs): (isize, isize),
+    s: *mut f32,
+    (mb, mbs): (*const f32, usize),
+) {
+    // SAFETY: the caller upholds this function's contract (see # Safety).
+    unsafe {
+        let w = NQ * LANES;
+        let zero = isa.splat(0.0);
+        let mut kc = k;
+        // Blocked summation: each chunk of `DOT_CHUNK` products is summed in registers,
+        // then added to the running total in `s`. This keeps the rounding error of long
+        // dot products (E = 128, 256) well below the naive sequential sum's.
+        let mut c0 = 0;
+        while c0 < e.max(1) {
+            let c1 = (c0 + DOT_CHUNK).min(e);
+            let mut acc = [[zero; NQ]; MR];
+            for c in c0..c1 {
+                let mut qv = [zero; NQ];
+                for (v, q) in qv.iter_mut().enumerate() {
+                    *q = isa.load(qt.add(c * w + v * LANES));
+                }
+                for (r, row) in acc.iter_mut().enumerate() {
+                    let kb = isa.splat(*kc.offset(r as isize * krs));
+                    for v in 0..NQ {
+                        row[v] = isa.fma(qv[v], kb, row[v]);
+                    }
+                }
+                kc = kc.offset(kcs);
+            }
+            let (first, last) = (c0 == 0, c1 >= e);
+            for (r, row) in acc.iter().enumerate() {
+                for (v, &x) in row.iter().enumerate() {
+                    let off = r * w + v * LANES;
+                    let mut x = x;
+                    if !first {
+                        x = isa.add(isa.load(s.add(off)), x);
+                    }
+                    if last && !mb.is_null() {
+                        x = masked_score(isa, x, isa.load(mb.add(r * mbs + v * LANES)));
+                    }
+                    isa.store(s.add(off), x);
+                }
+            }
+            c0 = c1.max(c0 + 1);
+        }
+    }
+}
+
+/// Online-softmax update for one tile of `nk` keys (scores in base 2): updates the
+/// running max `m` and sum `l`, turns scores `s` into `2^(s − m)` in place (the
+/// difference is exact for the scores that matter, so huge scores lose nothing), and
+/// leaves in `alpha` the factor `2^(m_old − m)` that rescales the previous output.
+///
+/// # Safety
+/// `s` valid for `nk` rows of `16·NQ` floats; `m`, `l`, `alpha` for `16·NQ`.
+#[inline(always)]
+unsafe fn softmax_tile<I: Simd, const NQ: usize>(
+    isa: I,
+    s: *mut f32,
+    nk: usize,
+    Stats { m, l, alpha }: Stats,
+) {
+    // SAFETY: the caller upholds this function's contract (see # Safety).
+    unsafe {
+        let w = NQ * LANES;
+        for v in 0..NQ {
+            let o = v * LANES;
+            let (m_use, a) = running_max::<I, NQ>(isa, s.add(o), nk, m.add(o));
+            let mut sum = isa.splat(0.0);
+            for j in 0..nk {
+                let ptr = s.add(j * w + o);
+                let pj = exp_shifted(isa, isa.load(ptr), m_use);
+                isa.store(ptr, pj);
+                sum = isa.add(sum, pj);
+            }
+            isa.store(l.add(o), isa.fma(isa.load(l.add(o)), a, sum));
+            isa.store(alpha.add(o), a);
+        }
+    }
+}
+
+/// `ot[c][·] = alpha · ot[c][·] + Σ_j v[j, c] · p[j][·]` for `MC` value columns.
+///
+/// # Safety
+/// `v` valid for `nk` rows × `MC` columns with the strides `(vrs, vcs)`; `p` for
+/// `nk` rows and `ot` for `MC` rows of `16·NQ` floats; `alpha` for `16·NQ`.
+#[inline(always)]
+unsafe fn pv_cols<I: Simd, const NQ: usize, const MC: usize>(
+    isa: I,
+    p: *const f32,
+    nk: usize,
+    v: *const f32,
+    (vrs, vcs): (isize, isize),
+    ot: *mut f32,
+    alpha: *const f32,
+) {
+    // SAFETY: the caller upholds this function's contract (see # Safety).
+    unsafe {
+        let w = NQ * LANES;
+        let zero = isa.splat(0.0);
+        let mut a = [zero; NQ];
+        for (x, al) in a.iter_mut().enumerate() {
+            *al = isa.load(alpha.add(x * LANES));
+        }
+        // The tile's sum starts from zero and joins `alpha · ot` at the end (blocked
+        // summation over keys, as for the dot products).
+        let mut acc = [[zero; NQ]; MC];
+        let mut vj = v;
+        for j in 0..nk {
+            let mut pv = [zero; NQ];
+            for (x, pp) in pv.iter_mut().enumerate() {
+                *pp = isa.load(p.add(j * w + x * LANES));
+            }
+            for (c, row) in acc.iter_mut().enumerate() {
+                let vb = isa.splat(*vj.offset(c as isize * vcs));
+                for x in 0..NQ {
+                    row[x] = isa.fma(pv[x], vb, row[x]);
+                }
+            }
+            vj = vj.offset(vrs);
+        }
+        for (c, row) in acc.iter().enumerate() {
+            for (x, &val) in row.iter().enumerate() {
+                let o = ot.add(c * w + x * LANES);
+                isa.store(o, isa.fma(isa.load(o), a[x], val));
+            }
+        }
+    }
+}
