@@ -4,7 +4,7 @@
  *
  *   gcc -O2 -mavx512f -mavx512bf16 -pthread -o dpbf16_peak dpbf16_peak.c && ./dpbf16_peak 2
  *
- * Prints one JSON line: threads, GFLOP/s. Compare with shared/bench/fma_peak.c (the
+ * Prints one JSON line: threads, GFLOP/s. Compare with scripts/peak/fma_peak.c (the
  * f32 FMA peak): bf16 is counted as twice that, which this measures. */
 #include <immintrin.h>
 #include <pthread.h>

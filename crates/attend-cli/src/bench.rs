@@ -1,5 +1,5 @@
 //! `attend bench`: times the attention forward on random inputs, with the same
-//! flags, timing rule and FLOP count as `shared/bench/torch_sdpa.py`, so the two
+//! flags, timing rule and FLOP count as `scripts/bench/py/torch_sdpa.py`, so the two
 //! can be run side by side and compared as a ratio.
 //!
 //! `--dtype bf16` times the forward on bf16 tensors (`torch_sdpa.py --dtype bf16`'s
@@ -7,12 +7,11 @@
 //! bf16 pairs with `vdpbf16ps`; elsewhere the same kernel widens the pairs to f32
 //! and multiplies them with f32 FMAs.
 
-use std::time::Instant;
-
 use attend::attention::{attention_backward_with, BackwardConfig, BackwardKernel, Exec};
 use attend::attention::{attention_with, AttentionOptions, Causal, Config, Kernel};
 use attend::element::{bf16, from_f32, Dtype};
 use attend::kernels::Isa;
+use attend::timing::median_seconds;
 use attend::{limits, Error};
 use ndarray::{Array2, Array4};
 
@@ -277,18 +276,7 @@ pub fn run(args: Args) -> Result<(), Error> {
         }
         Ok(())
     };
-    let median = pool.install(|| -> Result<f64, Error> {
-        step()?; // warm-up, and validation of the shapes
-        let mut times = Vec::new();
-        let start = Instant::now();
-        while times.len() < args.min_runs || start.elapsed().as_secs_f64() < args.min_time {
-            let t = Instant::now();
-            step()?;
-            times.push(t.elapsed().as_secs_f64());
-        }
-        times.sort_by(f64::total_cmp);
-        Ok(times[times.len() / 2])
-    })?;
+    let median = pool.install(|| median_seconds(args.min_runs, args.min_time, step))?;
     let flops = 4.0
         * [b, h, l, s, e].iter().map(|&n| n as f64).product::<f64>()
         * if args.causal { 0.5 } else { 1.0 }

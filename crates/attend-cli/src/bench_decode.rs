@@ -2,7 +2,7 @@
 //! with the machine's read bandwidth measured in the same run.
 //!
 //! `gbps` counts the K and V bytes read once per call, as
-//! `shared/bench/torch_sdpa.py --decode` does; `read_gbps` is a streaming sum over
+//! `scripts/bench/py/torch_sdpa.py --decode` does; `read_gbps` is a streaming sum over
 //! a buffer much larger than the CPU caches, on the same threads. Decode calls and
 //! reads of the buffer alternate, and `fraction_of_read` is the median over those
 //! pairs of the decode's bandwidth over the read's: how close decoding comes to the
@@ -17,6 +17,7 @@ use std::time::Instant;
 use attend::decode::{decode_attention, DecodeConfig};
 use attend::element::{bf16, Dtype, Element};
 use attend::kernels::Isa;
+use attend::timing::median;
 use attend::Error;
 use ndarray::{Array4, ArrayView4};
 
@@ -64,11 +65,6 @@ fn seconds_per_call(reps: usize, mut f: impl FnMut()) -> f64 {
         f();
     }
     t.elapsed().as_secs_f64() / reps as f64
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
 }
 
 /// Runs the decode benchmark and returns its JSON record.

@@ -41,7 +41,7 @@ enum Command {
     View(view::Args),
     /// Scaled dot-product attention on .npy files (PyTorch SDPA's shapes).
     Sdpa(sdpa::Args),
-    /// Time the fused attention forward, or forward + backward (pairs with shared/bench/torch_sdpa.py).
+    /// Time the fused attention forward, or forward + backward (pairs with scripts/bench/py/torch_sdpa.py).
     Bench(bench::Args),
     /// Sentence embeddings from a BERT-family model (e.g. all-MiniLM-L6-v2), of sentences or a whole corpus (--input).
     Embed(embed::Args),

@@ -6,6 +6,7 @@
 #![warn(missing_docs)]
 
 pub mod experiment;
+mod markup;
 pub mod print;
 pub mod text;
 pub mod train;

@@ -1,4 +1,4 @@
-//! Times all-MiniLM-L6-v2 on given texts; `scripts/bench-bert` runs it next to
+//! Times all-MiniLM-L6-v2 on given texts; `scripts/bench/bert` runs it next to
 //! PyTorch in the same run and prints the ratios.
 //!
 //! ```text
@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 
 use attend::models::{SentenceEncoder, Timings};
 
-mod timing;
-use timing::median;
+use attend::timing::median;
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
@@ -53,7 +52,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         total.push(ms(t3 - t0));
         parts.push(timings);
     }
-    let part = |f: fn(&Timings) -> Duration| median(parts.iter().map(|t| ms(f(t))).collect());
+    let part = |f: fn(&Timings) -> Duration| median(parts.iter().map(|t| ms(f(t))));
     let out = serde_json::json!({
         "threads": rayon::current_num_threads(),
         "texts": texts.len(),

@@ -1,6 +1,6 @@
 //! Times the encoders' dense layers alone: an inference `Linear` (weights packed at
 //! load) on the shapes of all-MiniLM-L6-v2 and all-mpnet-base-v2, f32 and bf16,
-//! for several token counts; `scripts/bench-dense` runs it beside the CPU's peaks
+//! for several token counts; `scripts/bench/dense` runs it beside the CPU's peaks
 //! and prints each product's share of them.
 //!
 //! ```text
@@ -16,8 +16,7 @@ use attend::nn::Linear;
 use attend::problem::Precision;
 use ndarray::Array2;
 
-mod timing;
-use timing::median;
+use attend::timing::median;
 
 /// `(k, n)` of every product in one layer of each model: attention's Q/K/V (one
 /// product of three times the width), its output, the feed-forward up and down.

@@ -1,5 +1,5 @@
 //! Times the encoder alone (no tokenising, no pooling) on given token ids;
-//! `scripts/bench-ort` runs it next to ONNX Runtime on the same ids and prints the
+//! `scripts/bench/ort` runs it next to ONNX Runtime on the same ids and prints the
 //! ratios.
 //!
 //! ```text
@@ -19,8 +19,7 @@ use std::time::{Duration, Instant};
 use attend::models::{SentenceEncoder, Timings, TokenBatch};
 use ndarray::Array2;
 
-mod timing;
-use timing::median;
+use attend::timing::median;
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
@@ -78,7 +77,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         forward.push(ms(t0.elapsed()));
         parts.push(timings);
     }
-    let part = |f: fn(&Timings) -> Duration| median(parts.iter().map(|t| ms(f(t))).collect());
+    let part = |f: fn(&Timings) -> Duration| median(parts.iter().map(|t| ms(f(t))));
     let out = serde_json::json!({
         "threads": rayon::current_num_threads(),
         "tokens": batch.lengths.iter().sum::<usize>(),

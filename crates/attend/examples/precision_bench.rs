@@ -1,6 +1,6 @@
 //! Times a sentence encoder in one precision on a fixed batch of 32 sentences
 //! (tokenise, encode, pool) and measures the memory its loading took;
-//! `scripts/bench-precision` runs it for f32 and bf16 in alternating processes and
+//! `scripts/bench/precision` runs it for f32 and bf16 in alternating processes and
 //! prints the ratios.
 //!
 //! ```text
@@ -17,8 +17,7 @@ use attend::attention::Precision;
 use attend::kernels::Isa;
 use attend::models::{SentenceEncoder, Timings};
 
-mod timing;
-use timing::median;
+use attend::timing::median;
 
 /// A fixed batch of 32 sentences of 4 to 35 words.
 fn sentences() -> Vec<String> {

@@ -1,6 +1,6 @@
 //! Times start-up: loading a sentence-transformers checkpoint (weights read,
 //! checked and packed for this CPU; tokenizer parsed) and the first embedding of
-//! a short text after it; `scripts/bench-startup` runs it.
+//! a short text after it; `scripts/bench/startup` runs it.
 //!
 //! ```text
 //! cargo run --release -p attend --example startup_bench -- MODEL_DIR [ROUNDS]
@@ -14,8 +14,7 @@ use std::time::Instant;
 use attend::models::SentenceEncoder;
 use attend::problem::Precision;
 
-mod timing;
-use timing::median;
+use attend::timing::median;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -1,7 +1,7 @@
 //! One short text through the encoder against the machine's read bandwidth: a
 //! query embedded alone is bound by streaming the dense layers' weights, so its
 //! forward is compared with reading a buffer of the same bytes on the same
-//! threads, measured in the same run; `scripts/bench-stream` runs it.
+//! threads, measured in the same run; `scripts/bench/stream` runs it.
 //!
 //! ```text
 //! cargo run --release -p attend --example stream_bench -- MODEL_DIR [REPS]
@@ -11,28 +11,20 @@
 //! the median forward time (tokens already made), the median time to read as many
 //! bytes, both as GB/s, and the forward's share of the read bandwidth.
 
-use std::time::Instant;
-
 use attend::memory::LargePageArray;
 use attend::models::SentenceEncoder;
 use attend::problem::Precision;
 use rayon::prelude::*;
 
-mod timing;
-use timing::median;
+use attend::timing::median_seconds;
 
 /// Median seconds of `reps` calls of `f`.
 fn time(reps: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    median(
-        (0..reps)
-            .map(|_| {
-                let t = Instant::now();
-                f();
-                t.elapsed().as_secs_f64()
-            })
-            .collect(),
-    )
+    let timed = median_seconds(reps, 0.0, || {
+        f();
+        Ok::<(), std::convert::Infallible>(())
+    });
+    timed.unwrap_or_else(|never| match never {})
 }
 
 /// The sum of `data`, read by the pool's threads in blocks (16 lanes each, so

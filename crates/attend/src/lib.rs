@@ -15,3 +15,5 @@ pub use attend_core::{
 };
 pub use attend_explain::{experiment, print, text, train, viz, walkthrough};
 pub use attend_models::{corpus, models};
+
+pub mod timing;

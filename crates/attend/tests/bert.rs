@@ -1,5 +1,5 @@
 //! all-MiniLM-L6-v2 against PyTorch (sentence-transformers and transformers'
-//! eager attention), from reference values made by scripts/gen-bert-reference.py.
+//! eager attention), from reference values made by scripts/golden/gen-bert-reference.py.
 //!
 //! The model is read from `$ATTEND_MODEL_DIR` or `~/.cache/attend/all-minilm-l6-v2`;
 //! `scripts/fetch-model` puts it there. These tests fail (they do not skip) when it

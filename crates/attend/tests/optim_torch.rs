@@ -1,5 +1,5 @@
 //! SGD and AdamW equal `torch.optim` for four steps (`tests/data/optim.json`, written
-//! by `scripts/golden_optim.py`), and reject bad hyper-parameters.
+//! by `scripts/golden/golden_optim.py`), and reject bad hyper-parameters.
 
 use attend::grad::LinearGrads;
 use attend::nn::Linear;

@@ -1,5 +1,7 @@
 //! The loss curve as a small self-contained SVG.
 
+use crate::markup::escape;
+
 /// An SVG line chart of `losses` (one per step), with axes labelled.
 pub fn loss_curve_svg(losses: &[f32], title: &str) -> String {
     let (w, h, left, bottom, top, right) = (640.0, 360.0, 60.0, 40.0, 30.0, 20.0);
@@ -53,10 +55,4 @@ pub fn loss_curve_svg(losses: &[f32], title: &str) -> String {
         points.join(" ")
     );
     s
-}
-
-fn escape(t: &str) -> String {
-    t.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
 }

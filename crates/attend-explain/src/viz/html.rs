@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use super::colormap::viridis_js;
 use super::AttentionMaps;
+use crate::markup::escape;
 use attend_core::{Error, Result};
 
 /// Above this many tokens (on either side) the page opens on the heatmap view rather
@@ -138,7 +139,7 @@ pub fn html_view(maps: &AttentionMaps) -> Result<String> {
     let title = if maps.title.is_empty() {
         "Attention".to_string()
     } else {
-        html_escape(&maps.title)
+        escape(&maps.title)
     };
     Ok(TEMPLATE
         .replacen("/*TITLE*/", &title, 1)
@@ -150,14 +151,6 @@ pub fn html_view(maps: &AttentionMaps) -> Result<String> {
 pub fn write_html(maps: &AttentionMaps, path: &Path) -> Result<()> {
     let page = html_view(maps)?;
     std::fs::write(path, page).map_err(|e| Error::io(path, e))
-}
-
-/// `s` as HTML text or attribute value.
-pub(crate) fn html_escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
 }
 
 /// `data` as JSON that can sit inside a `<script>` element: `<` and `/` only occur

@@ -8,6 +8,7 @@ use std::path::Path;
 
 use super::colormap::{contrast, viridis};
 use super::AttentionMaps;
+use crate::markup::escape;
 use attend_core::{limits, Error, Result};
 
 /// Pixels of one glyph at scale 1.
@@ -315,21 +316,6 @@ fn hex(c: [u8; 3]) -> String {
     format!("#{:02x}{:02x}{:02x}", c[0], c[1], c[2])
 }
 
-fn xml(s: &str) -> String {
-    let mut o = String::with_capacity(s.len());
-    for ch in s.chars() {
-        match ch {
-            '&' => o.push_str("&amp;"),
-            '<' => o.push_str("&lt;"),
-            '>' => o.push_str("&gt;"),
-            '"' => o.push_str("&quot;"),
-            c if c.is_control() => o.push(' '),
-            c => o.push(c),
-        }
-    }
-    o
-}
-
 impl Scene {
     fn to_svg(&self) -> String {
         let mut o = String::new();
@@ -359,7 +345,7 @@ impl Scene {
                     );
                     match tip {
                         Some(t) => {
-                            let _ = writeln!(o, "><title>{}</title></rect>", xml(t));
+                            let _ = writeln!(o, "><title>{}</title></rect>", escape(t));
                         }
                         None => o.push_str("/>\n"),
                     }
@@ -384,7 +370,7 @@ impl Scene {
                         y + size * 7 / 8,
                         size + size / 4,
                         hex(*fill),
-                        xml(text)
+                        escape(text)
                     );
                 }
                 Item::UpText {
@@ -401,7 +387,7 @@ impl Scene {
                         x + size * 7 / 8,
                         size + size / 4,
                         hex(*fill),
-                        xml(text)
+                        escape(text)
                     );
                 }
                 Item::Bar { x, y, w, h } => {

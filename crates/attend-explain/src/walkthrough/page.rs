@@ -11,8 +11,9 @@ use ndarray::Array3;
 use serde::Serialize;
 
 use super::Step;
+use crate::markup::escape;
 use crate::print::format_tensor;
-use crate::viz::html::{html_escape, script_json};
+use crate::viz::html::script_json;
 use attend_core::attention::SoftmaxAxis;
 use attend_core::{Error, Result};
 
@@ -135,7 +136,7 @@ pub fn walkthrough_page(steps: &[Step], ctx: &PageContext) -> Result<String> {
     let json = script_json(&data, "walkthrough page data")?;
     // The title goes into HTML text: escaped, and `/` as an entity for the same
     // reason as in the JSON.
-    let title = html_escape(&ctx.title).replace('/', "&#47;");
+    let title = escape(&ctx.title).replace('/', "&#47;");
     Ok(TEMPLATE
         .replacen("/*TITLE*/", &title, 1)
         .replacen("/*DATA*/", &json, 1))

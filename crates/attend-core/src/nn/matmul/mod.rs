@@ -57,7 +57,7 @@ const SUM_BLOCK: usize = 64;
 /// Rows per block when there are many. Every block reads its panels of the weight
 /// (megabytes, from L3 or memory), so the more rows share them the less is read: a
 /// 64-row product reads the weight once (the commit that set 240 instead of 48
-/// gives its A/B; `scripts/bench-dense` shows the shares). 240 rows of `x` are
+/// gives its A/B; `scripts/bench/dense` shows the shares). 240 rows of `x` are
 /// 360 KiB at `k = 384`, which leaves a 512 KiB L2 room for a tile's panels.
 const MC: usize = 40 * MR;
 /// Up to this many rows, the weight is read where it lies instead of being packed.
