@@ -7,7 +7,7 @@
 //! bf16 pairs with `vdpbf16ps`; elsewhere the same kernel widens the pairs to f32
 //! and multiplies them with f32 FMAs.
 
-use attend::attention::{attention_backward_with, BackwardConfig, BackwardKernel, Exec};
+use attend::attention::{attention_backward_with, BackwardConfig, BackwardKernel, Exec, Saved};
 use attend::attention::{attention_with, AttentionOptions, Causal, Config, Kernel};
 use attend::element::{bf16, from_f32, Dtype};
 use attend::kernels::Isa;
@@ -267,8 +267,7 @@ pub fn run(args: Args) -> Result<(), Error> {
                 q.view(),
                 k.view(),
                 v.view(),
-                out.view(),
-                lse.view(),
+                Saved::new(out.view(), lse.view()),
                 dout.view(),
                 &opts,
                 &bconfig,

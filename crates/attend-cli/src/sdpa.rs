@@ -9,7 +9,7 @@
 
 use std::path::PathBuf;
 
-use attend::attention::{attention_backward_with, BackwardConfig, Exec};
+use attend::attention::{attention_backward_with, BackwardConfig, Exec, Saved};
 use attend::attention::{attention_with, AttentionOptions, Causal, Config};
 use attend::element::{bf16, from_f32, round_to_bf16, to_f32, Dtype};
 use attend::io::npy::{self, NpyArray};
@@ -173,8 +173,7 @@ pub fn run(args: Args) -> Result<(), Error> {
             q.view(),
             k.view(),
             v.view(),
-            out.view(),
-            lse.view(),
+            Saved::new(out.view(), lse.view()),
             dout.view(),
             &opts,
             &bconfig,

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use attend::attention::{
-    attention_backward_with, attention_with, AttentionOptions, BackwardConfig, Causal, Config, Exec,
+    attention_backward_with, attention_with, AttentionOptions, BackwardConfig, Causal, Config,
+    Exec, Saved,
 };
 use attend::element::{bf16, from_f32, round_to_bf16, to_f32};
 use attend::io::npy;
@@ -145,8 +146,7 @@ fn sdpa_bf16_is_the_library_on_the_rounded_inputs() {
         qw.view(),
         kw.view(),
         vw.view(),
-        want.view(),
-        lse.view(),
+        Saved::new(want.view(), lse.view()),
         dout_r.view(),
         &opts,
         &BackwardConfig::default(),

@@ -15,7 +15,7 @@
 
 use attend::attention::{
     attention_backward_with, attention_train, attention_with, AttentionOptions, BackwardConfig,
-    Causal, Config, Dropout,
+    Causal, Config, Dropout, Saved,
 };
 use attend::element::{bf16, to_f32};
 use attend::grad::Scalar;
@@ -313,7 +313,7 @@ fn forward_f32(
 
 /// What the backward reads besides the inputs: the forward's `out` and `lse`, and
 /// the output gradient `dout`.
-type Saved<'a, 'b, T, L> = (
+type SavedAndDout<'a, 'b, T, L> = (
     &'a ArrayViewD<'b, T>,
     &'a ArrayViewD<'b, L>,
     &'a ArrayViewD<'b, T>,
@@ -325,7 +325,7 @@ fn backward_f32(
     py: Python<'_>,
     qkv: Views<'_, '_, f32>,
     mask: Option<&MaskView<'_>>,
-    (out, lse, dout): Saved<'_, '_, f32, f32>,
+    (out, lse, dout): SavedAndDout<'_, '_, f32, f32>,
     options: &Options,
     threads: usize,
 ) -> PyResult<[ArrayD<f32>; 3]> {
@@ -343,8 +343,7 @@ fn backward_f32(
                 call.q.view(),
                 call.k.view(),
                 call.v.view(),
-                out.view(),
-                lse.view(),
+                Saved::new(out.view(), lse.view()),
                 dout.view(),
                 &call.options(scale),
                 &config,
@@ -391,7 +390,7 @@ fn backward_bf16(
     py: Python<'_>,
     qkv: Views<'_, '_, bf16>,
     mask: Option<&MaskView<'_>>,
-    (out, lse, dout): Saved<'_, '_, bf16, f32>,
+    (out, lse, dout): SavedAndDout<'_, '_, bf16, f32>,
     options: &Options,
     threads: usize,
 ) -> PyResult<[ArrayD<bf16>; 3]> {
@@ -408,8 +407,7 @@ fn backward_bf16(
                 q.view(),
                 k.view(),
                 v.view(),
-                out.view(),
-                lse.view(),
+                Saved::new(out.view(), lse.view()),
                 dout.view(),
                 &call.options(scale),
                 &BackwardConfig::default(),
@@ -452,7 +450,7 @@ fn backward_f64(
     py: Python<'_>,
     qkv: Views<'_, '_, f64>,
     mask: Option<&MaskView<'_>>,
-    (out, lse, dout): Saved<'_, '_, f64, f64>,
+    (out, lse, dout): SavedAndDout<'_, '_, f64, f64>,
     options: &Options,
     threads: usize,
 ) -> PyResult<[ArrayD<f64>; 3]> {
@@ -468,8 +466,7 @@ fn backward_f64(
                 q.view(),
                 call.k.view(),
                 call.v.view(),
-                out.view(),
-                lse.view(),
+                Saved::new(out.view(), lse.view()),
                 dout.view(),
                 &opts,
                 dropout.as_ref(),

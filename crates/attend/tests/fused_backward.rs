@@ -12,7 +12,7 @@
 
 use attend::attention::{
     attention_backward_with, attention_with_lse, AttentionGrads, AttentionOptions, BackwardConfig,
-    BackwardKernel, Causal, Dropout, Exec, Problem,
+    BackwardKernel, Causal, Dropout, Exec, Problem, Saved,
 };
 use attend::kernels::Isa;
 use attend::rng::TorchGenerator;
@@ -165,8 +165,7 @@ fn run(
         q.view(),
         k.view(),
         v.view(),
-        out.view(),
-        lse.view(),
+        Saved::new(out.view(), lse.view()),
         dout.view(),
         opts,
         &config,
@@ -458,8 +457,7 @@ fn zero_head_width_averages_the_values_with_finite_gradients() {
         q.view(),
         k.view(),
         v.view(),
-        out.view(),
-        lse.view(),
+        Saved::new(out.view(), lse.view()),
         dout.view(),
         &opts,
     )
@@ -498,8 +496,7 @@ fn a_dout_of_the_wrong_shape_is_an_error() {
         q.view(),
         q.view(),
         q.view(),
-        out.view(),
-        lse.view(),
+        Saved::new(out.view(), lse.view()),
         dout.view(),
         &AttentionOptions::default(),
     )

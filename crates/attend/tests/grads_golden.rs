@@ -2,7 +2,7 @@
 //! `shared/golden/grads.json`) within 1e-5: two modules built from `attend explain`
 //! arguments (loss = sum(output ∘ dout)) and two raw attention calls.
 
-use attend::attention::{attention_backward_with, BackwardConfig, BackwardKernel, Exec};
+use attend::attention::{attention_backward_with, BackwardConfig, BackwardKernel, Exec, Saved};
 use attend::attention::{attention_with_lse, AttentionOptions, Causal};
 use attend::experiment::{self, Experiment, Input, Weights};
 use attend::nn::initialisers::{AttentionSpec, QkvLayout, WeightInit};
@@ -235,8 +235,7 @@ fn sdpa_case(id: &str, causal: Option<Causal>) {
                 q.view(),
                 k.view(),
                 v.view(),
-                out.view(),
-                lse.view(),
+                Saved::new(out.view(), lse.view()),
                 dout.view(),
                 &opts,
                 &config,

@@ -3,7 +3,7 @@
 
 use attend::attention::{
     attention_backward, attention_with, attention_with_lse, AttentionOptions, Config, Exec, Kernel,
-    SoftmaxAxis,
+    Saved, SoftmaxAxis,
 };
 use attend::kernels::Isa;
 use attend::Error;
@@ -34,8 +34,7 @@ fn a_mis_shaped_gradient_names_the_argument_and_both_shapes() {
         q.view(),
         q.view(),
         q.view(),
-        out.view(),
-        lse.view(),
+        Saved::new(out.view(), lse.view()),
         dout.view(),
         &opts,
     )
@@ -49,6 +48,32 @@ fn a_mis_shaped_gradient_names_the_argument_and_both_shapes() {
         err.to_string(),
         "dout of shape [1, 2, 3, 5] must be the output's shape [1, 2, 3, 4]"
     );
+}
+
+#[test]
+fn a_mis_shaped_saved_forward_names_out_or_lse() {
+    // `Saved` carries both forward results in one argument; each keeps its own name.
+    let q = Array4::<f32>::zeros((1, 2, 3, 4));
+    let opts = AttentionOptions::default();
+    let (out, lse) = attention_with_lse(q.view(), q.view(), q.view(), &opts).unwrap();
+    let short_out = Array4::<f32>::zeros((1, 2, 2, 4));
+    let short_lse = ndarray::Array3::<f32>::zeros((1, 2, 2));
+    let cases = [
+        (
+            Saved::new(short_out.view(), lse.view()),
+            "out of shape [1, 2, 2, 4] must be the forward output's shape [1, 2, 3, 4]",
+        ),
+        (
+            Saved::new(out.view(), short_lse.view()),
+            "lse of shape [1, 2, 2] must be [B, Hq, L] = [1, 2, 3]",
+        ),
+    ];
+    for (saved, message) in cases {
+        let err =
+            attention_backward(q.view(), q.view(), q.view(), saved, out.view(), &opts).unwrap_err();
+        assert!(matches!(err, Error::Shape { .. }), "{err:?}");
+        assert_eq!(err.to_string(), message);
+    }
 }
 
 #[test]

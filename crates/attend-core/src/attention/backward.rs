@@ -3,16 +3,19 @@
 //! dropout on the weights).
 //!
 //! ```
-//! use attend_core::attention::{attention_backward, attention_with_lse, AttentionOptions, Causal};
+//! use attend_core::attention::{
+//!     attention_backward, attention_with_lse, AttentionOptions, Causal, Saved,
+//! };
 //! use ndarray::Array4;
 //!
 //! let q = Array4::<f32>::from_shape_fn((1, 2, 3, 4), |(_, h, i, e)| (h + i * e) as f32 * 0.1);
 //! let k = q.clone();
 //! let v = q.clone();
 //! let opts = AttentionOptions { causal: Some(Causal::TopLeft), ..Default::default() };
-//! let (out, lse) = attention_with_lse(q.view(), k.view(), v.view(), &opts)?;
-//! let dout = Array4::<f32>::ones(out.raw_dim());
-//! let g = attention_backward(q.view(), k.view(), v.view(), out.view(), lse.view(), dout.view(), &opts)?;
+//! let forward = attention_with_lse(q.view(), k.view(), v.view(), &opts)?;
+//! let dout = Array4::<f32>::ones(forward.0.raw_dim());
+//! let saved = Saved::from(&forward);
+//! let g = attention_backward(q.view(), k.view(), v.view(), saved, dout.view(), &opts)?;
 //! assert_eq!(g.dk.shape(), k.shape());
 //! # Ok::<(), attend_core::Error>(())
 //! ```
@@ -49,34 +52,63 @@ pub struct BackwardConfig {
     pub exec: Exec,
 }
 
+/// What a forward pass saves for its backward: the output `out [B, Hq, L, Ev]` and
+/// the natural log-sum-exp `lse [B, Hq, L]` of each query's scores, as
+/// [`attention_with_lse`](crate::attention::attention_with_lse) returns them.
+///
+/// One argument rather than two so that a backward call does not take six tensors
+/// of one type in a row, where swapping two compiles. `T` is the float type: f32
+/// for [`attention_backward`], f64 for the gradient checks
+/// ([`crate::grad::Scalar`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Saved<'a, T = f32> {
+    /// The forward output, `[B, Hq, L, Ev]`.
+    pub out: ArrayView4<'a, T>,
+    /// The forward log-sum-exp, `[B, Hq, L]` (−∞ for fully masked rows).
+    pub lse: ArrayView3<'a, T>,
+}
+
+impl<'a, T> Saved<'a, T> {
+    /// The forward's output `out` and log-sum-exp `lse`.
+    pub fn new(out: ArrayView4<'a, T>, lse: ArrayView3<'a, T>) -> Self {
+        Saved { out, lse }
+    }
+}
+
+/// Views of what [`attention_with_lse`](crate::attention::attention_with_lse)
+/// returned, `(out, lse)`.
+impl<'a, T> From<&'a (Array4<T>, Array3<T>)> for Saved<'a, T> {
+    fn from((out, lse): &'a (Array4<T>, Array3<T>)) -> Self {
+        Saved::new(out.view(), lse.view())
+    }
+}
+
 /// Gradients of `sum(attention(q, k, v) ∘ dout)` with respect to `q`, `k` and `v`.
 ///
-/// `out` and `lse` are what [`attention_with_lse`](crate::attention::attention_with_lse)
+/// `saved` holds what [`attention_with_lse`](crate::attention::attention_with_lse)
 /// returned for the same inputs and options. Fully masked rows give zero gradients.
 pub fn attention_backward(
     q: ArrayView4<'_, f32>,
     k: ArrayView4<'_, f32>,
     v: ArrayView4<'_, f32>,
-    out: ArrayView4<'_, f32>,
-    lse: ArrayView3<'_, f32>,
+    saved: Saved<'_>,
     dout: ArrayView4<'_, f32>,
     opts: &AttentionOptions<'_>,
 ) -> Result<AttentionGrads> {
-    attention_backward_with(q, k, v, out, lse, dout, opts, &BackwardConfig::default())
+    attention_backward_with(q, k, v, saved, dout, opts, &BackwardConfig::default())
 }
 
 /// [`attention_backward`] with an explicit kernel, thread count and dropout.
-#[allow(clippy::too_many_arguments)]
 pub fn attention_backward_with(
     q: ArrayView4<'_, f32>,
     k: ArrayView4<'_, f32>,
     v: ArrayView4<'_, f32>,
-    out: ArrayView4<'_, f32>,
-    lse: ArrayView3<'_, f32>,
+    saved: Saved<'_>,
     dout: ArrayView4<'_, f32>,
     opts: &AttentionOptions<'_>,
     config: &BackwardConfig,
 ) -> Result<AttentionGrads> {
+    let Saved { out, lse } = saved;
     let p = Problem::new(q, k, v, opts)?;
     let d = p.dims();
     let out_shape = [d.batch, d.heads, d.q_len, d.value_dim];

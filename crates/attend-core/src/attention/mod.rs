@@ -31,6 +31,7 @@ pub use crate::problem::{
 };
 pub use backward::{
     attention_backward, attention_backward_with, attention_train, BackwardConfig, BackwardKernel,
+    Saved,
 };
 
 use ndarray::{Array3, Array4, ArrayView4};

@@ -7,7 +7,7 @@ use ndarray::{Array2, Array3, Array4, ArrayView1, ArrayView2, ArrayView3};
 use super::linear::{self, LinearGrads};
 use super::Scalar;
 use crate::attention::AttentionOptions;
-use crate::attention::Dropout;
+use crate::attention::{Dropout, Saved};
 use crate::nn::{merge_heads, split_heads, Linear, MultiHeadAttention};
 use crate::{Error, Result};
 
@@ -191,8 +191,7 @@ pub(crate) fn backward<T: Scalar>(
         cache.q.view(),
         cache.k.view(),
         cache.v.view(),
-        cache.out.view(),
-        cache.lse.view(),
+        Saved::new(cache.out.view(), cache.lse.view()),
         dout.view(),
         &cache.opts,
         cache.dropout.as_ref(),

@@ -47,10 +47,11 @@ pub use attention::{MultiHeadAttentionCache, MultiHeadAttentionGrads};
 pub use embedding::{EmbeddingCache, EmbeddingGrads};
 pub use linear::{LinearCache, LinearGrads};
 
-use ndarray::{Array3, Array4, ArrayView3, ArrayView4, NdFloat};
+use ndarray::{Array3, Array4, ArrayView4, NdFloat};
 
 use crate::attention::{
     attention_backward_with, attention_train, AttentionOptions, BackwardConfig, Dropout, Problem,
+    Saved,
 };
 use crate::kernels::backward::reference;
 use crate::Result;
@@ -68,13 +69,11 @@ pub trait Scalar: NdFloat + num_traits::FromPrimitive {
     ) -> Result<(Array4<Self>, Array3<Self>)>;
 
     /// Attention backward: `(dq, dk, dv)`.
-    #[allow(clippy::too_many_arguments)]
     fn attention_backward(
         q: ArrayView4<'_, Self>,
         k: ArrayView4<'_, Self>,
         v: ArrayView4<'_, Self>,
-        out: ArrayView4<'_, Self>,
-        lse: ArrayView3<'_, Self>,
+        saved: Saved<'_, Self>,
         dout: ArrayView4<'_, Self>,
         opts: &AttentionOptions<'_>,
         dropout: Option<&Dropout>,
@@ -96,8 +95,7 @@ impl Scalar for f32 {
         q: ArrayView4<'_, f32>,
         k: ArrayView4<'_, f32>,
         v: ArrayView4<'_, f32>,
-        out: ArrayView4<'_, f32>,
-        lse: ArrayView3<'_, f32>,
+        saved: Saved<'_>,
         dout: ArrayView4<'_, f32>,
         opts: &AttentionOptions<'_>,
         dropout: Option<&Dropout>,
@@ -106,7 +104,7 @@ impl Scalar for f32 {
             dropout: dropout.copied(),
             ..Default::default()
         };
-        let g = attention_backward_with(q, k, v, out, lse, dout, opts, &config)?;
+        let g = attention_backward_with(q, k, v, saved, dout, opts, &config)?;
         Ok((g.dq, g.dk, g.dv))
     }
 }
@@ -128,8 +126,7 @@ impl Scalar for f64 {
         q: ArrayView4<'_, f64>,
         k: ArrayView4<'_, f64>,
         v: ArrayView4<'_, f64>,
-        _out: ArrayView4<'_, f64>,
-        _lse: ArrayView3<'_, f64>,
+        _saved: Saved<'_, f64>,
         dout: ArrayView4<'_, f64>,
         opts: &AttentionOptions<'_>,
         dropout: Option<&Dropout>,
