@@ -13,10 +13,11 @@
 //! widens the bf16 rows exactly as it loads them.
 //!
 //! ```
-//! use attend_core::kv_cache::LayerCache;
+//! use attend_core::kv_cache::{CacheShape, LayerCache};
 //! use ndarray::Array4;
 //!
-//! let mut cache = LayerCache::new(1, 2, 4, 4);
+//! let shape = CacheShape::new(1, 2, 4); // B, Hkv, E (values as wide as the keys)
+//! let mut cache: LayerCache = LayerCache::new(shape); // f32, the default
 //! for _ in 0..3 {
 //!     let k = Array4::<f32>::ones((1, 2, 1, 4));
 //!     cache.append(k.view(), k.view())?;
@@ -31,10 +32,10 @@
 //!
 //! ```
 //! use attend_core::element::bf16;
-//! use attend_core::kv_cache::LayerCache;
+//! use attend_core::kv_cache::{CacheShape, LayerCache};
 //! use ndarray::Array4;
 //!
-//! let mut cache = LayerCache::<bf16>::empty(1, 2, 4, 4);
+//! let mut cache = LayerCache::<bf16>::new(CacheShape::new(1, 2, 4));
 //! let k = Array4::<f32>::from_elem((1, 2, 1, 4), 1.0 + 1.0 / 256.0);
 //! cache.append(k.view(), k.view())?; // rounded to bf16: 1 + 2^-8 is a tie, to 1
 //! let q = Array4::<f32>::ones((1, 2, 1, 4));
@@ -56,67 +57,67 @@ use crate::decode::{
 use crate::element::Element;
 use crate::{Error, Result};
 
-/// The caches of every layer of a model, holding `T` (`f32` or bf16).
+/// What a cache holds at each position: `batch` sequences of `kv_heads` heads, each
+/// a key of width `head_dim` and a value of width `value_dim`.
+///
+/// [`CacheShape::new`] makes the values as wide as the keys, the usual case, and
+/// [`with_value_dim`](Self::with_value_dim) says otherwise; the fields are public,
+/// so a literal names every width.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheShape {
+    /// Sequences in the batch, `B`.
+    pub batch: usize,
+    /// Key/value heads, `Hkv`.
+    pub kv_heads: usize,
+    /// Key width per head, `E`.
+    pub head_dim: usize,
+    /// Value width per head, `Ev`.
+    pub value_dim: usize,
+}
+
+impl CacheShape {
+    /// `batch` sequences of `kv_heads` heads whose keys and values are both
+    /// `head_dim` wide.
+    pub fn new(batch: usize, kv_heads: usize, head_dim: usize) -> Self {
+        CacheShape {
+            batch,
+            kv_heads,
+            head_dim,
+            value_dim: head_dim,
+        }
+    }
+
+    /// The same shape with values `value_dim` wide.
+    pub fn with_value_dim(self, value_dim: usize) -> Self {
+        CacheShape { value_dim, ..self }
+    }
+}
+
+/// The caches of every layer of a model, holding `T` (`f32`, the default, or bf16).
 #[derive(Clone, Debug)]
 pub struct KvCache<T: Element = f32> {
     layers: Vec<LayerCache<T>>,
 }
 
-impl KvCache {
-    /// `layers` empty f32 caches of `batch` sequences with `kv_heads` heads of key
-    /// width `head_dim` and value width `value_dim`.
-    pub fn new(
-        layers: usize,
-        batch: usize,
-        kv_heads: usize,
-        head_dim: usize,
-        value_dim: usize,
-    ) -> Self {
-        Self::empty(layers, batch, kv_heads, head_dim, value_dim)
-    }
-
-    /// Like [`new`](Self::new), every layer a sliding window of `window` keys.
-    pub fn with_window(
-        layers: usize,
-        batch: usize,
-        kv_heads: usize,
-        head_dim: usize,
-        value_dim: usize,
-        window: usize,
-    ) -> Result<Self> {
-        Self::empty_windowed(layers, batch, kv_heads, head_dim, value_dim, window)
-    }
-}
-
 impl<T: Element> KvCache<T> {
-    /// `layers` empty caches of `T` (`KvCache::<bf16>::empty(...)`); otherwise as
-    /// [`KvCache::new`].
-    pub fn empty(
-        layers: usize,
-        batch: usize,
-        kv_heads: usize,
-        head_dim: usize,
-        value_dim: usize,
-    ) -> Self {
+    /// `layers` empty caches of `shape` that keep every position.
+    ///
+    /// The element type comes from the context, or is named where nothing else fixes
+    /// it: `KvCache::<bf16>::new(..)`, `KvCache::<f32>::new(..)`. (The default, f32,
+    /// applies where the type is written, as in `let c: KvCache = KvCache::new(..)`,
+    /// not to the inference of a call.)
+    pub fn new(layers: usize, shape: CacheShape) -> Self {
         KvCache {
-            layers: (0..layers)
-                .map(|_| LayerCache::empty(batch, kv_heads, head_dim, value_dim))
-                .collect(),
+            layers: (0..layers).map(|_| LayerCache::new(shape)).collect(),
         }
     }
 
-    /// [`empty`](Self::empty), every layer a sliding window of `window` keys.
-    pub fn empty_windowed(
-        layers: usize,
-        batch: usize,
-        kv_heads: usize,
-        head_dim: usize,
-        value_dim: usize,
-        window: usize,
-    ) -> Result<Self> {
+    /// `layers` empty caches of `shape`, each a sliding window of `window` keys
+    /// (see [`LayerCache::windowed`]).
+    pub fn windowed(layers: usize, shape: CacheShape, window: usize) -> Result<Self> {
         Ok(KvCache {
             layers: (0..layers)
-                .map(|_| LayerCache::empty_windowed(batch, kv_heads, head_dim, value_dim, window))
+                .map(|_| LayerCache::windowed(shape, window))
                 .collect::<Result<_>>()?,
         })
     }
@@ -148,13 +149,10 @@ impl<T: Element> KvCache<T> {
     }
 }
 
-/// One layer's keys and values, stored as `T` (`f32` or bf16).
+/// One layer's keys and values, stored as `T` (`f32`, the default, or bf16).
 #[derive(Clone, Debug)]
 pub struct LayerCache<T: Element = f32> {
-    batch: usize,
-    kv_heads: usize,
-    head_dim: usize,
-    value_dim: usize,
+    shape: CacheShape,
     window: Option<usize>,
     /// Rows per `(b, h)` in the buffers.
     cap: usize,
@@ -166,35 +164,16 @@ pub struct LayerCache<T: Element = f32> {
     v: Vec<T>,
 }
 
-impl LayerCache {
-    /// An empty f32 cache that keeps every position.
-    pub fn new(batch: usize, kv_heads: usize, head_dim: usize, value_dim: usize) -> Self {
-        Self::empty(batch, kv_heads, head_dim, value_dim)
-    }
-
-    /// An empty f32 cache for sliding-window attention: each query sees itself and
-    /// the `window − 1` keys before it (the window `(window − 1, 0)` of
-    /// [`AttentionOptions::window`]), and older keys are dropped.
-    pub fn with_window(
-        batch: usize,
-        kv_heads: usize,
-        head_dim: usize,
-        value_dim: usize,
-        window: usize,
-    ) -> Result<Self> {
-        Self::empty_windowed(batch, kv_heads, head_dim, value_dim, window)
-    }
-}
-
 impl<T: Element> LayerCache<T> {
-    /// An empty cache of `T` that keeps every position (`LayerCache::<bf16>::empty`;
-    /// [`LayerCache::new`] for f32).
-    pub fn empty(batch: usize, kv_heads: usize, head_dim: usize, value_dim: usize) -> Self {
+    /// An empty cache of `shape` that keeps every position.
+    ///
+    /// The element type comes from the context, or is named where nothing else fixes
+    /// it: `LayerCache::<bf16>::new(shape)`, `LayerCache::<f32>::new(shape)`. (The
+    /// default, f32, applies where the type is written, as in `let c: LayerCache =
+    /// LayerCache::new(shape)`, not to the inference of a call.)
+    pub fn new(shape: CacheShape) -> Self {
         LayerCache {
-            batch,
-            kv_heads,
-            head_dim,
-            value_dim,
+            shape,
             window: None,
             cap: 0,
             len: 0,
@@ -203,40 +182,42 @@ impl<T: Element> LayerCache<T> {
         }
     }
 
-    /// An empty sliding-window cache of `T`, as [`LayerCache::with_window`].
-    pub fn empty_windowed(
-        batch: usize,
-        kv_heads: usize,
-        head_dim: usize,
-        value_dim: usize,
-        window: usize,
-    ) -> Result<Self> {
+    /// An empty cache of `shape` for sliding-window attention: each query sees
+    /// itself and the `window − 1` keys before it (the window `(window − 1, 0)` of
+    /// [`AttentionOptions::window`]), and older keys are dropped. An error if
+    /// `window` is 0.
+    pub fn windowed(shape: CacheShape, window: usize) -> Result<Self> {
         if window == 0 {
             return Err(Error::value("window must be at least 1 key, got 0"));
         }
-        let mut c = Self::empty(batch, kv_heads, head_dim, value_dim);
+        let mut c = Self::new(shape);
         c.window = Some(window);
         Ok(c)
     }
 
+    /// What the cache holds at each position.
+    pub fn shape(&self) -> CacheShape {
+        self.shape
+    }
+
     /// Sequences in the batch.
     pub fn batch(&self) -> usize {
-        self.batch
+        self.shape.batch
     }
 
     /// Key/value heads.
     pub fn kv_heads(&self) -> usize {
-        self.kv_heads
+        self.shape.kv_heads
     }
 
     /// Key width per head.
     pub fn head_dim(&self) -> usize {
-        self.head_dim
+        self.shape.head_dim
     }
 
     /// Value width per head.
     pub fn value_dim(&self) -> usize {
-        self.value_dim
+        self.shape.value_dim
     }
 
     /// Positions appended so far (including any a window has dropped).
@@ -275,23 +256,23 @@ impl<T: Element> LayerCache<T> {
     pub fn append<S: Element>(&mut self, k: ArrayView4<'_, S>, v: ArrayView4<'_, S>) -> Result<()> {
         let (b, h, t, e) = k.dim();
         let (vb, vh, vt, ev) = v.dim();
-        let want = format!(
-            "[B, Hkv, T, E] = [{}, {}, T, {}]",
-            self.batch, self.kv_heads, self.head_dim
-        );
-        if (b, h, e) != (self.batch, self.kv_heads, self.head_dim) {
+        let CacheShape {
+            batch,
+            kv_heads,
+            head_dim,
+            value_dim,
+        } = self.shape;
+        let want = format!("[B, Hkv, T, E] = [{batch}, {kv_heads}, T, {head_dim}]");
+        if (b, h, e) != (batch, kv_heads, head_dim) {
             return Err(Error::shape(format!(
                 "append: k {:?} does not fit the cache's {want}",
                 k.shape()
             )));
         }
-        if (vb, vh, ev) != (self.batch, self.kv_heads, self.value_dim) {
+        if (vb, vh, ev) != (batch, kv_heads, value_dim) {
             return Err(Error::shape(format!(
-                "append: v {:?} does not fit the cache's [B, Hkv, T, Ev] = [{}, {}, T, {}]",
+                "append: v {:?} does not fit the cache's [B, Hkv, T, Ev] = [{batch}, {kv_heads}, T, {value_dim}]",
                 v.shape(),
-                self.batch,
-                self.kv_heads,
-                self.value_dim
             )));
         }
         if vt != t {
@@ -335,7 +316,11 @@ impl<T: Element> LayerCache<T> {
 
     /// Reallocates to `new_cap` rows, keeping the retained positions.
     fn grow(&mut self, new_cap: usize) {
-        let (bh, e, ev) = (self.batch * self.kv_heads, self.head_dim, self.value_dim);
+        let (bh, e, ev) = (
+            self.shape.batch * self.shape.kv_heads,
+            self.shape.head_dim,
+            self.shape.value_dim,
+        );
         let mut k = vec![T::default(); bh * new_cap * e];
         let mut v = vec![T::default(); bh * new_cap * ev];
         let kept = self.retained();
@@ -370,12 +355,26 @@ impl<T: Element> LayerCache<T> {
         if kept == 0 {
             return Vec::new();
         }
-        let full_k =
-            ArrayView4::from_shape((self.batch, self.kv_heads, self.cap, self.head_dim), k)
-                .expect("buffer matches its shape");
-        let full_v =
-            ArrayView4::from_shape((self.batch, self.kv_heads, self.cap, self.value_dim), v)
-                .expect("buffer matches its shape");
+        let full_k = ArrayView4::from_shape(
+            (
+                self.shape.batch,
+                self.shape.kv_heads,
+                self.cap,
+                self.shape.head_dim,
+            ),
+            k,
+        )
+        .expect("buffer matches its shape");
+        let full_v = ArrayView4::from_shape(
+            (
+                self.shape.batch,
+                self.shape.kv_heads,
+                self.cap,
+                self.shape.value_dim,
+            ),
+            v,
+        )
+        .expect("buffer matches its shape");
         let first = (self.len - kept) % self.cap;
         let mut out = Vec::with_capacity(2);
         let end = (first + kept).min(self.cap);
@@ -424,10 +423,10 @@ impl<T: Element> LayerCache<T> {
         match segs.len() {
             0 => {
                 let view = |width| {
-                    ArrayView4::from_shape((self.batch, self.kv_heads, 0, width), &[])
+                    ArrayView4::from_shape((self.shape.batch, self.shape.kv_heads, 0, width), &[])
                         .expect("empty")
                 };
-                Some((view(self.head_dim), view(self.value_dim)))
+                Some((view(self.shape.head_dim), view(self.shape.value_dim)))
             }
             1 => segs.pop().map(|(_, k, v)| (k, v)),
             _ => None,

@@ -20,7 +20,7 @@ use attend::decode::{
 };
 use attend::element::{bf16, round_to_bf16};
 use attend::kernels::reference;
-use attend::kv_cache::LayerCache;
+use attend::kv_cache::{CacheShape, LayerCache};
 use kernel_support::{check, Rng};
 use ndarray::{s, Array, Array2, Array3, Array4, ArrayView4, Dimension};
 
@@ -474,7 +474,7 @@ fn a_bf16_cache_equals_attention_over_the_rounded_keys() {
         // 300 steps of one token; then a 40-token prefill (the fused kernel on the
         // widened cache) between short steps.
         for steps in [vec![1], vec![40, 7, 1, 16, 3, 1, 17, 12]] {
-            let mut cache = LayerCache::<bf16>::empty(b, hkv, e, ev);
+            let mut cache = LayerCache::<bf16>::new(CacheShape::new(b, hkv, e).with_value_dim(ev));
             let got = decode_all(&mut cache, &q, &k, &v, &steps, &config);
             let what = format!("bf16 cache, steps {steps:?}, {isa}");
             check(q.view(), k16.view(), v16.view(), &opts, &got, &what);
@@ -507,7 +507,9 @@ fn a_bf16_ring_window_equals_windowed_attention_over_the_rounded_keys() {
                 isa: Some(isa),
                 threads: Some(2),
             };
-            let mut cache = LayerCache::<bf16>::empty_windowed(b, hkv, e, ev, window).unwrap();
+            let mut cache =
+                LayerCache::<bf16>::windowed(CacheShape::new(b, hkv, e).with_value_dim(ev), window)
+                    .unwrap();
             let got = decode_all(&mut cache, &q, &k, &v, &steps, &config);
             let opts = AttentionOptions {
                 causal: Some(Causal::BottomRight),
@@ -526,9 +528,9 @@ fn appending_bf16_or_f32_steps_stores_the_same_bits() {
     let mut rng = Rng::new(9);
     let k = rng.array((1, 2, 5, 8));
     let v = rng.array((1, 2, 5, 3));
-    let mut from_f32 = LayerCache::<bf16>::empty(1, 2, 8, 3);
+    let mut from_f32 = LayerCache::<bf16>::new(CacheShape::new(1, 2, 8).with_value_dim(3));
     from_f32.append(k.view(), v.view()).unwrap();
-    let mut from_bf16 = LayerCache::<bf16>::empty(1, 2, 8, 3);
+    let mut from_bf16 = LayerCache::<bf16>::new(CacheShape::new(1, 2, 8).with_value_dim(3));
     let (kb, vb) = (k.mapv(bf16::from_f32), v.mapv(bf16::from_f32));
     from_bf16.append(kb.view(), vb.view()).unwrap();
     assert_eq!(
@@ -536,7 +538,7 @@ fn appending_bf16_or_f32_steps_stores_the_same_bits() {
         from_bf16.keys_values().unwrap()
     );
     // An f32 cache takes bf16 steps exactly.
-    let mut wide = LayerCache::new(1, 2, 8, 3);
+    let mut wide = LayerCache::<f32>::new(CacheShape::new(1, 2, 8).with_value_dim(3));
     wide.append(kb.view(), vb.view()).unwrap();
     assert_eq!(wide.keys_values().unwrap().0, round_to_bf16(k.view()));
     // Bad appends name the shapes, as for f32.

@@ -6,7 +6,7 @@ mod kernel_support;
 
 use attend::attention::{AttentionOptions, Causal, Problem};
 use attend::decode::{DecodeConfig, Isa};
-use attend::kv_cache::{KvCache, LayerCache};
+use attend::kv_cache::{CacheShape, KvCache, LayerCache};
 use attend::nn::{merge_heads, Linear, MultiHeadAttention};
 use kernel_support::{check, naive_f32, Rng};
 use ndarray::{s, Array3, Array4};
@@ -62,7 +62,7 @@ fn steps_of_one_token_equal_full_causal_attention() {
             isa: Some(isa),
             threads: None,
         };
-        let mut cache = LayerCache::new(b, hkv, e, ev);
+        let mut cache = LayerCache::new(CacheShape::new(b, hkv, e).with_value_dim(ev));
         let got = decode_all(&mut cache, &q, &k, &v, &[1], &config);
         let what = format!("256 steps of 1 on {}", isa.name());
         check(q.view(), k.view(), v.view(), &opts, &got, &what);
@@ -80,7 +80,7 @@ fn chunks_of_several_tokens_equal_full_causal_attention() {
     let q = rng.array((b, h, t, e));
     let k = rng.array((b, hkv, t, e));
     let v = rng.array((b, hkv, t, ev));
-    let mut cache = LayerCache::new(b, hkv, e, ev);
+    let mut cache = LayerCache::new(CacheShape::new(b, hkv, e).with_value_dim(ev));
     // A 40-token prefill first (more than the decode kernel's 16 queries: the fused
     // kernel's path), then short steps and another long one.
     let steps = [40, 7, 1, 16, 3, 1, 1, 12, 17];
@@ -108,7 +108,8 @@ fn sliding_window_ring_equals_windowed_full_attention() {
         // kernel's merged pieces once it has wrapped.
         (20, vec![30, 1, 25]),
     ] {
-        let mut cache = LayerCache::with_window(b, hkv, e, ev, window).unwrap();
+        let mut cache =
+            LayerCache::windowed(CacheShape::new(b, hkv, e).with_value_dim(ev), window).unwrap();
         let config = DecodeConfig {
             isa: Some(Isa::Portable),
             threads: Some(2),
@@ -131,7 +132,8 @@ fn sliding_window_ring_equals_windowed_full_attention() {
         assert!(cache.keys_values().is_err());
     }
     // Queries whose keys a window has already dropped are refused, not wrong.
-    let mut cache = LayerCache::with_window(b, hkv, e, ev, 4).unwrap();
+    let mut cache =
+        LayerCache::<f32>::windowed(CacheShape::new(b, hkv, e).with_value_dim(ev), 4).unwrap();
     for p in 0..10 {
         cache
             .append(
@@ -188,7 +190,7 @@ fn module_decoding_equals_the_full_causal_forward() {
         .forward(merge_heads(naive.view()).view())
         .unwrap();
 
-    let mut cache = KvCache::new(1, batch, kv_heads, dh, dh);
+    let mut cache = KvCache::new(1, CacheShape::new(batch, kv_heads, dh));
     let mut got = Array3::zeros((batch, t, d));
     let mut at = 0;
     for (n, len) in [1, 1, 3, 1, 5].iter().cycle().enumerate() {
@@ -265,7 +267,7 @@ fn windowed_module_cache_and_clear() {
 
 #[test]
 fn bad_appends_and_queries_are_clear_errors() {
-    let mut cache = LayerCache::new(1, 2, 8, 4);
+    let mut cache = LayerCache::<f32>::new(CacheShape::new(1, 2, 8).with_value_dim(4));
     let k = Array4::<f32>::zeros((1, 3, 1, 8));
     let v = Array4::<f32>::zeros((1, 2, 1, 4));
     let err = cache.append(k.view(), v.view()).unwrap_err();
@@ -307,8 +309,10 @@ fn bad_appends_and_queries_are_clear_errors() {
         .attend(q.view(), None, &DecodeConfig::default())
         .unwrap_err();
     assert!(err.to_string().contains("multiple"), "{err}");
-    assert!(LayerCache::with_window(1, 1, 1, 1, 0).is_err());
-    let err = KvCache::new(2, 1, 1, 1, 1).layer(2).unwrap_err();
+    assert!(LayerCache::<f32>::windowed(CacheShape::new(1, 1, 1), 0).is_err());
+    let err = KvCache::<f32>::new(2, CacheShape::new(1, 1, 1))
+        .layer(2)
+        .unwrap_err();
     assert_eq!(
         err.to_string(),
         "layer 2 out of range: the cache has 2 layers"

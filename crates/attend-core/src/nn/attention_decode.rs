@@ -4,17 +4,18 @@ use ndarray::{Array3, ArrayView3};
 
 use super::{merge_heads, MultiHeadAttention};
 use crate::decode::DecodeConfig;
-use crate::kv_cache::LayerCache;
+use crate::kv_cache::{CacheShape, LayerCache};
 use crate::{Error, Result};
 
 impl MultiHeadAttention {
     /// An empty key/value cache for this module: `batch` sequences, every position
     /// kept, or only the last `window` with a sliding window.
     pub fn new_cache(&self, batch: usize, window: Option<usize>) -> Result<LayerCache> {
-        let (h, e, ev) = (self.kv_heads, self.head_dim(), self.value_dim());
+        let shape =
+            CacheShape::new(batch, self.kv_heads, self.head_dim()).with_value_dim(self.value_dim());
         match window {
-            None => Ok(LayerCache::new(batch, h, e, ev)),
-            Some(w) => LayerCache::with_window(batch, h, e, ev, w),
+            None => Ok(LayerCache::new(shape)),
+            Some(w) => LayerCache::windowed(shape, w),
         }
     }
 
