@@ -140,22 +140,15 @@ fn run_shard<T: Element>(
     span: KeySpan,
     config: &DecodeConfig,
 ) -> Result<Partial> {
-    // A `Problem` holds tensors of one element type; the f32 queries go to the kernel
-    // beside it, and the problem gets a zero-stride stand-in of their shape (no
-    // allocation), against which it checks the shapes and broadcasts the masks.
-    let one = [T::default()];
-    let one = ArrayView4::from_shape((1, 1, 1, 1), &one).expect("one element");
-    let q_shape = one
-        .broadcast(q.raw_dim())
-        .expect("a 1×1×1×1 view broadcasts to any shape");
-    let problem = Problem::new(q_shape, k, v, opts)?;
+    // f32 queries against keys and values of `T`: the queries keep their f32 bits.
+    let problem = Problem::new(q, k, v, opts)?;
     if problem.softmax_axis != SoftmaxAxis::Keys {
         return Err(Error::value(
             "softmax_axis: decoding and partial attention need softmax over keys (Queries does not split over key shards)",
         ));
     }
     let isa = config.token()?;
-    let run = || kernel::run_with_queries(q.view(), &problem, span, isa);
+    let run = || kernel::run(&problem, span, isa);
     let (output, lse) = config.install(run)?;
     Ok(Partial { output, lse })
 }

@@ -83,17 +83,20 @@ pub enum Precision {
 
 /// A checked attention call, ready for any kernel.
 ///
-/// The element type `T` is that of the tensors: `f32` for the kernels, `f64` for
-/// the oracle that judges them ([`crate::kernels::reference`]). The masks are the
-/// caller's, in their own types, whatever `T` is.
+/// The element types are those of the tensors: `Q` the queries', `KV` the keys'
+/// and values' (by default `Q`'s). The kernels take f32 or bf16 and the oracle that
+/// judges them f64 ([`crate::kernels::reference`]), one type for all three;
+/// decoding takes f32 queries against a bf16 cache (`Problem<'_, f32, bf16>`), so
+/// that the queries keep their f32 bits. The masks are the caller's, in their own
+/// types, whatever `Q` and `KV` are.
 #[derive(Clone, Debug)]
-pub struct Problem<'a, T = f32> {
+pub struct Problem<'a, Q = f32, KV = Q> {
     /// Queries `[B, Hq, L, E]`.
-    pub q: ArrayView4<'a, T>,
+    pub q: ArrayView4<'a, Q>,
     /// Keys `[B, Hkv, S, E]`.
-    pub k: ArrayView4<'a, T>,
+    pub k: ArrayView4<'a, KV>,
     /// Values `[B, Hkv, S, Ev]`.
-    pub v: ArrayView4<'a, T>,
+    pub v: ArrayView4<'a, KV>,
     /// Boolean mask broadcast to `[B, Hq, L, S]` (true = attend).
     pub mask: Option<ArrayView4<'a, bool>>,
     /// Additive mask broadcast to `[B, Hq, L, S]`.
@@ -219,12 +222,12 @@ impl Dims {
     }
 }
 
-impl<'a, T> Problem<'a, T> {
+impl<'a, Q, KV> Problem<'a, Q, KV> {
     /// Checks shapes and options and broadcasts the masks.
     pub fn new<'q: 'a, 'k: 'a, 'v: 'a, 'o: 'a>(
-        q: ArrayView4<'q, T>,
-        k: ArrayView4<'k, T>,
-        v: ArrayView4<'v, T>,
+        q: ArrayView4<'q, Q>,
+        k: ArrayView4<'k, KV>,
+        v: ArrayView4<'v, KV>,
         opts: &'a AttentionOptions<'o>,
     ) -> Result<Self> {
         // ndarray views are invariant in their lifetime; shorten them explicitly.
@@ -271,12 +274,12 @@ impl<'a, T> Problem<'a, T> {
     ///
     /// # Panics
     /// If a shape differs from `self`'s.
-    pub fn with_tensors<'b, U>(
+    pub fn with_tensors<'b, Q2, KV2>(
         &'b self,
-        q: ArrayView4<'b, U>,
-        k: ArrayView4<'b, U>,
-        v: ArrayView4<'b, U>,
-    ) -> Problem<'b, U> {
+        q: ArrayView4<'b, Q2>,
+        k: ArrayView4<'b, KV2>,
+        v: ArrayView4<'b, KV2>,
+    ) -> Problem<'b, Q2, KV2> {
         assert!(
             q.shape() == self.q.shape()
                 && k.shape() == self.k.shape()
@@ -380,7 +383,7 @@ impl<'a, T> Problem<'a, T> {
 /// They restate [`Problem::key_range`], [`Problem::keeps`] and [`Problem::bias_at`]
 /// for a block of queries and keys at once, so a tiled kernel decides which tiles to
 /// skip and what to add to each score without re-deriving any mask rule.
-impl<T> Problem<'_, T> {
+impl<Q, KV> Problem<'_, Q, KV> {
     /// Whether a boolean mask, additive mask or key padding is present, so that
     /// scores must be masked one by one even inside the causal/window band.
     pub fn has_elementwise_masks(&self) -> bool {

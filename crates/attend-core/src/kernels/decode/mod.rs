@@ -12,10 +12,11 @@
 //! Scores are computed in base 2: queries are pre-multiplied by `scale · log2 e`,
 //! so the softmax needs only `2^x`.
 //!
-//! The kernel is generic over the element type of `k` and `v` (`f32` or bf16): a
-//! bf16 row is widened exactly as it is loaded (`rows.rs`), and the queries, scores,
-//! softmax statistics and accumulators are f32 whatever the cache holds, so a bf16
-//! cache reads half the bytes for the same arithmetic.
+//! The kernel is generic over the element type of `k` and `v` (`f32` or bf16), and
+//! over that of `q` apart from it (the problem's `Q` and `KV`): a bf16 row is
+//! widened exactly as it is loaded (`rows.rs`), the queries are widened once into
+//! f32 rows, and the scores, softmax statistics and accumulators are f32 whatever
+//! the cache holds, so a bf16 cache reads half the bytes for the same arithmetic.
 
 mod rows;
 
@@ -71,7 +72,7 @@ const BLOCK: usize = LANES;
 
 /// Whether this kernel handles the problem (softmax over keys; anything else goes
 /// to the reference).
-pub fn supports<T>(p: &Problem<'_, T>) -> bool {
+pub fn supports<Q, KV>(p: &Problem<'_, Q, KV>) -> bool {
     p.softmax_axis == SoftmaxAxis::Keys
 }
 
@@ -93,35 +94,18 @@ fn scratch_len(rows: usize, chunk: usize) -> usize {
 }
 
 /// Runs the split-KV kernel: output `[B, Hq, L, Ev]` and natural log-sum-exp
-/// `[B, Hq, L]` (−∞ and zeros for fully masked rows), in f32 whatever `T` is.
+/// `[B, Hq, L]` (−∞ and zeros for fully masked rows), in f32 whatever `Q` and `T`
+/// are. The queries are read once, into pre-scaled f32 rows, so f32 queries against
+/// a bf16 cache (`Problem<'_, f32, bf16>`) keep their f32 bits.
 ///
 /// Runs on the current rayon pool. Panics if the problem's softmax is over
 /// queries.
-pub(crate) fn run<T: Element>(
-    p: &Problem<'_, T>,
-    span: KeySpan,
-    isa: IsaToken,
-) -> (Array4<f32>, Array3<f32>) {
-    run_with_queries(p.q.view(), p, span, isa)
-}
-
-/// [`run`] with the queries given apart from the problem, in their own element type:
-/// f32 queries against a bf16 cache keep their f32 bits (they are read once, into
-/// pre-scaled f32 rows). `p.q` gives only the shape; its elements are not read.
-///
-/// Panics if `q`'s shape is not `p.q`'s or the problem's softmax is over queries.
-pub(crate) fn run_with_queries<Q: Element, T: Element>(
-    q: ArrayView4<'_, Q>,
-    p: &Problem<'_, T>,
+pub(crate) fn run<Q: Element, T: Element>(
+    p: &Problem<'_, Q, T>,
     span: KeySpan,
     isa: IsaToken,
 ) -> (Array4<f32>, Array3<f32>) {
     assert!(supports(p), "the decode kernel needs softmax over keys");
-    assert_eq!(
-        q.shape(),
-        p.q.shape(),
-        "the queries must have the problem's shape"
-    );
     let d = p.dims();
     let (group, l) = (d.heads / d.kv_heads, d.q_len);
     let rows = group * l;
@@ -159,7 +143,7 @@ pub(crate) fn run_with_queries<Q: Element, T: Element>(
                 let at = ((b * d.kv_heads + kvh) * rows + r) * ep;
                 for (x, &y) in qs[at..at + e]
                     .iter_mut()
-                    .zip(q.slice(ndarray::s![b, h, i, ..]))
+                    .zip(p.q.slice(ndarray::s![b, h, i, ..]))
                 {
                     *x = y.to_f32() * qscale;
                 }
@@ -253,8 +237,8 @@ fn unit_last<T>(a: &ArrayView4<'_, T>) -> bool {
 }
 
 /// Everything the tasks of one call share.
-struct Ctx<'a, 'p, T> {
-    p: &'a Problem<'p, T>,
+struct Ctx<'a, 'p, Q, T> {
+    p: &'a Problem<'p, Q, T>,
     k: ArrayView4<'a, T>,
     v: ArrayView4<'a, T>,
     /// Pre-scaled queries `[B, Hkv, rows, ep]`.
@@ -267,8 +251,8 @@ struct Ctx<'a, 'p, T> {
 }
 
 /// One chunk of one key/value head, for [`dispatch`].
-struct ChunkJob<'a, 'c, 'p, 'o, T> {
-    ctx: &'a Ctx<'c, 'p, T>,
+struct ChunkJob<'a, 'c, 'p, 'o, Q, T> {
+    ctx: &'a Ctx<'c, 'p, Q, T>,
     /// `(b, kvh)`.
     at: (usize, usize),
     /// Keys `[j0, j1)`.
@@ -279,7 +263,7 @@ struct ChunkJob<'a, 'c, 'p, 'o, T> {
     scores: &'o mut [f32],
 }
 
-impl<T: Element> SimdJob for ChunkJob<'_, '_, '_, '_, T> {
+impl<Q: Element, T: Element> SimdJob for ChunkJob<'_, '_, '_, '_, Q, T> {
     type Output = ();
     #[inline(always)]
     fn run<I: Simd>(self, isa: I) {
@@ -290,7 +274,7 @@ impl<T: Element> SimdJob for ChunkJob<'_, '_, '_, '_, T> {
     }
 }
 
-impl<T: Element> Ctx<'_, '_, T> {
+impl<Q: Element, T: Element> Ctx<'_, '_, Q, T> {
     /// Computes chunk `[j0, j1)` of `(b, kvh)` into `part`: `m[rows]` (base-2
     /// running max), `l[rows]` (sum of weights), `o[rows, Ev]` (unnormalised).
     ///
