@@ -4,35 +4,14 @@ attend's fused kernels."""
 from __future__ import annotations
 
 import sys
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 
 from . import _attend
+from ._call import check_options, kind_error
 from ._errors import AttendTypeError
 from ._threads import get_num_threads
-
-
-def check_options(dropout_p: Any, is_causal: Any, scale: Any, enable_gqa: Any) -> None:
-    """Refuses options of the wrong Python type (their values are the compiled
-    half's to judge: a dropout probability in [0, 1), a finite scale)."""
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
-        raise AttendTypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
-        raise AttendTypeError(f"scale must be a float or None, got {type(scale).__name__}")
-    if not isinstance(is_causal, (bool, np.bool_)):
-        raise AttendTypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
-    if not isinstance(enable_gqa, (bool, np.bool_)):
-        raise AttendTypeError(f"enable_gqa must be a bool, got {type(enable_gqa).__name__}")
-
-
-def kind_error(query: Any, key: Any, value: Any, tensor: Optional[type] = None) -> AttendTypeError:
-    """The error for arguments that are neither all arrays nor all tensors
-    (``tensor``: torch.Tensor, once torch is imported)."""
-    for name, x in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(x, np.ndarray) and not (tensor is not None and isinstance(x, tensor)):
-            return AttendTypeError(f"{name} must be a torch.Tensor or a numpy.ndarray, got {type(x).__name__}")
-    return AttendTypeError("query, key and value must all be torch.Tensors or all numpy.ndarrays")
 
 
 def _sdpa_numpy(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> np.ndarray:

@@ -49,8 +49,8 @@ from torch._C._functorch import (
 from torch.fx.experimental.symbolic_shapes import guarding_hint_or_throw
 
 from . import _attend
+from ._call import check_options, kind_error
 from ._errors import AttendTypeError, AttendValueError
-from ._sdpa import check_options, kind_error
 from ._threads import get_num_threads
 
 _F32 = torch.finfo(torch.float32)
