@@ -1,18 +1,33 @@
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, Callable, List, Optional, Tuple, Union, final
 
 import numpy as np
 
+__all__ = [
+    "__version__",
+    "Options",
+    "sdpa_shapes",
+    "sdpa_forward",
+    "sdpa_forward_tensors",
+    "sdpa_backward_tensors",
+    "ForwardShortcut",
+    "isa",
+    "explain_experiment",
+    "explain_model",
+    "SentenceEncoder",
+    "Walkthrough",
+]
 __version__: str
 
 def isa() -> str: ...
 _Qkv = Tuple[np.ndarray, np.ndarray, np.ndarray]
 
+@final
 class Options:
     """A call's options; refuses a dropout probability outside [0, 1)."""
 
-    def __init__(
-        self, *, is_causal: bool, scale: Optional[float], dropout_p: float, enable_gqa: bool, seed: int
-    ) -> None: ...
+    def __new__(
+        cls, *, is_causal: bool, scale: Optional[float], dropout_p: float, enable_gqa: bool, seed: int
+    ) -> Options: ...
 
 _Source = Union[int, Tuple[int, int]]
 
@@ -63,8 +78,27 @@ def sdpa_backward_tensors(
     """The CPU kernel of ``torch.ops.attend.scaled_dot_product_attention_backward``:
     ``(dq, dk, dv)`` as new tensors shaped like ``query``, ``key`` and ``value``."""
 
+@final
+class ForwardShortcut:
+    """The forward operator's autograd kernel for the common case (plain CPU
+    tensors, no forward-mode AD, no functorch transform); every other call goes to
+    ``kernel``."""
+
+    def __new__(
+        cls,
+        *,
+        kernel: Callable[..., Any],
+        cpu_keys: int,
+        forward_ad: Any,
+        grad_enabled: Callable[[], bool],
+        transforms_active: Callable[[], bool],
+        threads: Callable[[], int],
+    ) -> ForwardShortcut: ...
+    def __call__(self, *args: Any) -> Any: ...
+
+@final
 class SentenceEncoder:
-    def __init__(self, model_dir: str, precision: str = "f32", threads: int = 1) -> None: ...
+    def __new__(cls, model_dir: str, precision: str = "f32", threads: int = 1) -> SentenceEncoder: ...
     @property
     def precision(self) -> str: ...
     def embed(self, texts: List[str], threads: int) -> Tuple[np.ndarray, List[str]]: ...
@@ -76,6 +110,7 @@ class SentenceEncoder:
     def normalizes(self) -> bool: ...
     def token_counts(self, texts: List[str]) -> List[int]: ...
 
+@final
 class Walkthrough:
     def steps(self) -> List[Tuple[str, str, np.ndarray]]: ...
     @property
@@ -84,6 +119,34 @@ class Walkthrough:
     def tokens(self) -> List[str]: ...
     def svg(self) -> str: ...
     def html(self) -> str: ...
+    def page(self) -> str: ...
 
-def explain_experiment(**kwargs: object) -> Walkthrough: ...
+def explain_experiment(
+    *,
+    input: Optional[np.ndarray] = None,
+    sentence: Optional[str] = None,
+    tokens: Optional[np.ndarray] = None,
+    vocab_size: Optional[int] = None,
+    embed_dim: Optional[int] = None,
+    padding_idx: Optional[int] = None,
+    seed: Optional[int] = None,
+    reseed: Optional[int] = None,
+    skip_draws: int = 0,
+    init: str = "linear",
+    wq: Optional[np.ndarray] = None,
+    wk: Optional[np.ndarray] = None,
+    wv: Optional[np.ndarray] = None,
+    d_out: Optional[int] = None,
+    d_k: Optional[int] = None,
+    d_v: Optional[int] = None,
+    heads: int = 1,
+    qkv: str = "separate",
+    bias: bool = False,
+    out_proj: bool = False,
+    causal: bool = False,
+    window: Optional[Tuple[int, int]] = None,
+    mask_padding: bool = False,
+    softmax_dim: str = "keys",
+    scale: Optional[float] = None,
+) -> Walkthrough: ...
 def explain_model(model: str, text: str, *, layer: int, head: int) -> Walkthrough: ...
