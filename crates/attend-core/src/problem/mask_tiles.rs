@@ -11,7 +11,7 @@
 //! whole key rows of a tile, applied with causality and the window to a copy, only in
 //! the tiles it or they cut through.
 
-use ndarray::{s, ArrayView1, ArrayView2, ArrayViewMut2, ShapeBuilder};
+use ndarray::{s, ArrayView2, ArrayViewMut2, ShapeBuilder};
 use rayon::prelude::*;
 
 use super::Problem;
@@ -121,8 +121,9 @@ impl<T: Sync> Problem<'_, T> {
 
     /// Writes keys `j0..j0 + nj` (at most [`TRANSPOSE_BLOCK`]) of the query block
     /// from `q0` of `(b, h)` into `out[jj * 64 + i]`, the additive mask's values
-    /// times `factor`: [`TRANSPOSE_ROWS`] queries at a time are combined along the
-    /// keys in a small buffer, then transposed into place with `isa`'s vectors.
+    /// times `factor`: [`TRANSPOSE_ROWS`] queries' terms at a time are written
+    /// along the keys in a small buffer ([`MaskRows::write_terms`](super::mask_term::MaskRows::write_terms)), then
+    /// transposed into place with `isa`'s vectors.
     #[inline(always)]
     fn transpose_block<I: Simd>(
         &self,
@@ -134,29 +135,14 @@ impl<T: Sync> Problem<'_, T> {
         factor: f32,
     ) {
         let l = self.dims().q_len.min(q0 + QUERY_BLOCK);
-        let cols = s![b, h, .., j0..j0 + nj];
-        let bias = self.bias.map(|m| m.slice_move(cols));
-        let mask = self.mask.map(|m| m.slice_move(cols));
+        // Key padding is per batch row, and these rows may serve every batch row:
+        // `tile` applies it.
+        let masks = self.mask_rows((b, h), q0..l, j0..j0 + nj).without_padding();
         let mut buf = [0.0f32; TRANSPOSE_ROWS * TRANSPOSE_BLOCK];
         for i0 in (q0..l).step_by(TRANSPOSE_ROWS) {
             let ni = TRANSPOSE_ROWS.min(l - i0);
-            let rows = s![i0..i0 + ni, ..];
-            buf.fill(0.0);
-            if let Some(bias) = &bias {
-                let lines = buf.chunks_exact_mut(TRANSPOSE_BLOCK);
-                for (line, src) in lines.zip(bias.slice(rows).outer_iter()) {
-                    along(line, src, |x, y| *x = y * factor);
-                }
-            }
-            if let Some(mask) = &mask {
-                let lines = buf.chunks_exact_mut(TRANSPOSE_BLOCK);
-                for (line, src) in lines.zip(mask.slice(rows).outer_iter()) {
-                    along(line, src, |x, keep| {
-                        if !keep {
-                            *x = f32::NEG_INFINITY;
-                        }
-                    });
-                }
+            for (r, line) in buf.chunks_exact_mut(TRANSPOSE_BLOCK).take(ni).enumerate() {
+                masks.write_terms(i0 - q0 + r, factor, &mut line[..nj]);
             }
             let src = ArrayView2::from_shape((ni, nj).strides((TRANSPOSE_BLOCK, 1)), &buf)
                 .expect("the buffer holds ni rows of nj");
@@ -330,17 +316,6 @@ fn cut_to_band<T>(
         any |= a < b;
     }
     any
-}
-
-/// Calls `f(out[j], row[j])` along a row of mask values (`out` may be longer): through
-/// a slice when the row is contiguous, which compiles to a tight loop, unlike
-/// ndarray's general iterator.
-#[inline]
-pub(crate) fn along<T: Copy>(out: &mut [f32], row: ArrayView1<'_, T>, f: impl Fn(&mut f32, T)) {
-    match row.as_slice() {
-        Some(r) => out.iter_mut().zip(r).for_each(|(o, &x)| f(o, x)),
-        None => out.iter_mut().zip(row).for_each(|(o, &x)| f(o, x)),
-    }
 }
 
 #[cfg(test)]

@@ -9,10 +9,11 @@
 //! (see docs/design.md, "Layers").
 
 mod dropout;
+mod mask_term;
 mod mask_tiles;
 
 pub use dropout::Dropout;
-pub(crate) use mask_tiles::along;
+pub(crate) use mask_term::along;
 pub(crate) use mask_tiles::MaskTiles;
 
 use ndarray::{ArrayView2, ArrayView4, ArrayViewD, IxDyn};

@@ -28,7 +28,7 @@
 
 use std::borrow::Cow;
 
-use ndarray::{Array4, ArrayView1, ArrayView3, ArrayView4, Axis, Zip};
+use ndarray::{Array4, ArrayView3, ArrayView4, Zip};
 use rayon::prelude::*;
 
 use super::AttentionGrads;
@@ -341,14 +341,7 @@ unsafe fn task<I: Simd>(
                         Rows::new(dp.as_mut_ptr(), BC),
                         false,
                     );
-                    // The tile's per-score masks as 2-D views, sliced once: a 4-D
-                    // index per score would cost more than the score.
-                    let tile = ndarray::s![b, h, i0..i0 + nr, k0..k0 + nk];
-                    let mask = p.mask.filter(|_| !full).map(|m| m.slice_move(tile));
-                    let bias = p.bias.filter(|_| !full).map(|m| m.slice_move(tile));
-                    let pad = p
-                        .key_padding
-                        .map(|m| m.slice_move(ndarray::s![b, k0..k0 + nk]));
+                    let masks = p.mask_rows((b, h), i0..i0 + nr, k0..k0 + nk);
                     let mut terms = [0.0f32; BC];
                     for r in 0..nr {
                         let i = i0 + r;
@@ -368,12 +361,7 @@ unsafe fn task<I: Simd>(
                             let (lo, hi) = p.key_range(i);
                             let (lo, hi) = (lo.clamp(k0, k0 + nk) - k0, hi.clamp(k0, k0 + nk) - k0);
                             let term = &mut terms[..nk];
-                            mask_terms(
-                                mask.map(|m| m.index_axis_move(Axis(0), r)),
-                                bias.map(|m| m.index_axis_move(Axis(0), r)),
-                                pad,
-                                term,
-                            );
+                            masks.write_terms(r, 1.0, term);
                             let srow_n = std::slice::from_raw_parts_mut(srow, nk);
                             for (jj, (x, &t)) in srow_n.iter_mut().zip(term.iter()).enumerate() {
                                 let logit = *x * ctx.scale + t - l;
@@ -607,31 +595,5 @@ unsafe fn tile<I: Simd, const MR: usize, const NV: usize>(
                 isa.store(c.ptr.add(r * c.ld + v * W), *x);
             }
         }
-    }
-}
-
-/// The additive term of one row of scores from the per-score masks: the additive
-/// mask's value (or 0), −∞ where the boolean mask or key padding drops the key.
-/// Contiguous rows are read as slices, which the compiler vectorises.
-fn mask_terms(
-    keep: Option<ArrayView1<'_, bool>>,
-    add: Option<ArrayView1<'_, f32>>,
-    pad: Option<ArrayView1<'_, bool>>,
-    out: &mut [f32],
-) {
-    match add {
-        Some(a) => along(out, a, |t, x| *t = x),
-        None => out.fill(0.0),
-    }
-    let cut = |t: &mut f32, dropped: bool| {
-        if dropped {
-            *t = f32::NEG_INFINITY;
-        }
-    };
-    if let Some(m) = keep {
-        along(out, m, |t, kept| cut(t, !kept));
-    }
-    if let Some(m) = pad {
-        along(out, m, cut);
     }
 }

@@ -411,8 +411,9 @@ impl<Q: Element, T: Element> Ctx<'_, '_, Q, T> {
         }
     }
 
-    /// Masks the scores of keys `jb..jb + n` for query `i` of head `h`: −∞ outside
-    /// the causal/window range and where a mask drops them, bias (in base 2) added.
+    /// Masks the scores of keys `jb..jb + n` for query `i` of head `h`: the mask
+    /// terms added in base 2 (bias · log₂e, −∞ where a mask drops the key), then
+    /// −∞ outside the causal/window range `[lo, hi)`, whatever the score.
     #[allow(clippy::too_many_arguments)]
     fn mask_block(
         &self,
@@ -424,14 +425,12 @@ impl<Q: Element, T: Element> Ctx<'_, '_, Q, T> {
         (lo, hi): (usize, usize),
         s: &mut [f32],
     ) {
-        for (jj, x) in s.iter_mut().enumerate().take(n) {
-            let j = jb + jj;
-            if j < lo || j >= hi || !self.p.keeps(b, h, i, j) {
-                *x = f32::NEG_INFINITY;
-            } else if self.p.bias.is_some() {
-                *x += self.p.bias_at(b, h, i, j) * std::f32::consts::LOG2_E;
-            }
-        }
+        let s = &mut s[..n];
+        let masks = self.p.mask_rows((b, h), i..i + 1, jb..jb + n);
+        masks.add_terms(0, std::f32::consts::LOG2_E, s);
+        let (lo, hi) = (lo.clamp(jb, jb + n) - jb, hi.clamp(jb, jb + n) - jb);
+        s[..lo].fill(f32::NEG_INFINITY);
+        s[hi.max(lo)..].fill(f32::NEG_INFINITY);
     }
 }
 
