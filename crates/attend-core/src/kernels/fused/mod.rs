@@ -34,10 +34,10 @@
 //! # One driver, one implementation per element type
 //!
 //! The units, the tile sweep with its mask choice, the running statistics and the
-//! write-out are written once ([`drive`]); what an element type does its own way is
-//! the [`Operands`] trait: how a unit holds its queries, the two products, and the
+//! write-out are written once (`drive`); what an element type does its own way is
+//! the `Operands` trait: how a unit holds its queries, the two products, and the
 //! form in which a tile's weights meet its values. `float` implements it for f32
-//! tensors (the description above), [`bf16`] for bf16 tensors (products on pairs).
+//! tensors (the description above), `bf16` for bf16 tensors (products on pairs).
 //! Each implementation is monomorphised into the driver and inlined, so the driver
 //! costs nothing at run time; a new element type is one more implementation.
 
