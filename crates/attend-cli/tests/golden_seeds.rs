@@ -1,5 +1,6 @@
-//! Every case of the PyTorch golden file (`tests/data/seeds.json`, a copy of
-//! `shared/golden/seeds.json`) reproduced through `attend explain --format json`:
+//! Every case of the PyTorch golden file (`tests/data/seeds.json`, recorded with real
+//! PyTorch 2.15 on CPU in float32; its `generated_by` names the versions) reproduced
+//! through `attend explain --format json`:
 //! weights and inputs bit-exact, everything derived from them within
 //! 1e-5 absolute + 1e-5 relative (float32 op-order rounding).
 

