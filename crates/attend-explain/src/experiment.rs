@@ -1,5 +1,7 @@
 //! A notebook experiment from end to end: seed, embed, create weights, attend, and
-//! keep every intermediate. `attend explain` is a thin layer over [`run`].
+//! keep every intermediate. `attend explain` and `attend.explain` fill in an
+//! [`ExperimentSpec`], whose [`build`](ExperimentSpec::build) applies their rules,
+//! and [`run`] it.
 
 use ndarray::{Array2, Array3, ArrayD, ArrayView2};
 use serde_json::{json, Map, Value};
@@ -10,6 +12,9 @@ use attend_core::nn::initialisers::{self, AttentionSpec};
 use attend_core::nn::{Embedding, ModuleTrace, MultiHeadAttention};
 use attend_core::rng::TorchGenerator;
 use attend_core::{init, Error, Result};
+
+mod spec;
+pub use spec::{ExperimentSpec, Named, Spelling};
 
 /// PyTorch's default CPU seed, used when no seed is given.
 pub const TORCH_DEFAULT_SEED: u64 = 67_280_421_310_721;
@@ -77,7 +82,7 @@ pub enum Weights {
     },
 }
 
-/// One experiment, as the `explain` flags describe it.
+/// One experiment, ready to run (an [`ExperimentSpec`] with its rules applied).
 #[derive(Clone, Debug)]
 pub struct Experiment {
     /// The input.

@@ -11,6 +11,7 @@ use ndarray::Array3;
 use serde::Serialize;
 
 use super::Step;
+use crate::experiment::Named;
 use crate::markup::escape;
 use crate::print::format_tensor;
 use crate::viz::html::script_json;
@@ -111,10 +112,7 @@ pub fn walkthrough_page(steps: &[Step], ctx: &PageContext) -> Result<String> {
         title: &ctx.title,
         labels: &ctx.labels,
         scale: ctx.scale,
-        axis: match ctx.softmax_axis {
-            SoftmaxAxis::Keys => "keys",
-            SoftmaxAxis::Queries => "queries",
-        },
+        axis: ctx.softmax_axis.name(),
         in_out: ctx.weights_in_out,
         masks,
         table_tokens: TABLE_TOKENS,
