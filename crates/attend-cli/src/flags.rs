@@ -3,7 +3,9 @@
 //! starts, and every command sees only values it can act on.
 
 use attend::element::Dtype;
+use attend::experiment::Named;
 use attend::limits::MAX_THREADS;
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 
 /// The most timed runs or seconds a benchmark may be asked for: enough for any
 /// measurement, and a bound on how long a typo can keep the machine busy.
@@ -88,6 +90,13 @@ pub fn finite_f32(s: &str) -> Result<f32, String> {
 /// A tensor element type: `f32` (`float32`) or `bf16` (`bfloat16`).
 pub fn dtype(s: &str) -> Result<Dtype, String> {
     Dtype::from_name(s.trim()).map_err(|e| e.to_string())
+}
+
+/// One of the names in the library's table for `T` (`--init`, `--qkv`,
+/// `--softmax-dim`): `--help` lists them and an unknown name's error does.
+pub fn named<T: Named + Clone + Send + Sync>() -> impl TypedValueParser<Value = T> {
+    PossibleValuesParser::new(T::ALL.iter().map(|v| v.name()))
+        .map(|name| T::from_name(&name).expect("clap accepts only the names"))
 }
 
 #[cfg(test)]
