@@ -124,33 +124,6 @@ pub struct Explanation {
     pub key_padding: Option<Array2<bool>>,
 }
 
-/// The total query/key and value widths `(d_k, d_v)` that `explain`'s width flags
-/// give: `d_out` sets both; else `d_k`, and `d_v` (which defaults to `d_k`); each
-/// defaults to the input width `d_in`.
-pub fn widths(
-    d_in: usize,
-    d_out: Option<usize>,
-    d_k: Option<usize>,
-    d_v: Option<usize>,
-) -> (usize, usize) {
-    let k = d_out.or(d_k);
-    let v = d_out.or(d_v).or(d_k);
-    (k.unwrap_or(d_in), v.unwrap_or(d_in))
-}
-
-/// Checks that given weights `w` (`[d_in, width]`, named `name` in the message)
-/// have as many rows as the input is wide.
-pub fn check_given_weight(name: &str, w: &Array2<f32>, input: &Input) -> Result<()> {
-    let d_in = input.width();
-    if w.nrows() != d_in {
-        return Err(Error::shape(format!(
-            "{name} of shape {:?} must have d_in = {d_in} rows to match the input's width",
-            w.shape()
-        )));
-    }
-    Ok(())
-}
-
 /// Runs the experiment through the reference kernel.
 pub fn run(exp: &Experiment) -> Result<Explanation> {
     check_memory(exp)?;

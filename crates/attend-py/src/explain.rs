@@ -7,12 +7,11 @@
 use std::path::PathBuf;
 
 use attend::attention::SoftmaxAxis;
-use attend::experiment::{self, Experiment, Input, Weights, TORCH_DEFAULT_SEED};
+use attend::experiment::{self, ExperimentSpec, Named, Spelling};
 use attend::models::SentenceEncoder;
-use attend::nn::initialisers::{AttentionSpec, QkvLayout, WeightInit};
+use attend::nn::initialisers::{QkvLayout, WeightInit};
 use attend::viz::{html_view, render_svg, AttentionMaps, ColorMode};
 use attend::walkthrough::{self, Step};
-use attend::Error;
 use numpy::{IntoPyArray, PyArrayDyn, PyReadonlyArray2, PyReadonlyArrayDyn};
 use pyo3::prelude::*;
 
@@ -72,111 +71,9 @@ impl Walkthrough {
     }
 }
 
-/// The value named `name` among `choices`, for the arguments that the command line
-/// takes as `ValueEnum`s (same spellings).
-fn choose<T: Copy>(arg: &str, name: &str, choices: &[(&str, T)]) -> attend::Result<T> {
-    choices
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, v)| *v)
-        .ok_or_else(|| {
-            let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
-            Error::value(format!(
-                "{arg} must be one of {}, got {name:?}",
-                names.join(", ")
-            ))
-        })
-}
-
-const INITS: [(&str, WeightInit); 4] = [
-    ("linear", WeightInit::Linear),
-    ("uniform-in-out", WeightInit::UniformInOut),
-    ("uniform-out-in", WeightInit::UniformOutIn),
-    ("torch-mha", WeightInit::TorchMha),
-];
-
-const LAYOUTS: [(&str, QkvLayout); 4] = [
-    ("separate", QkvLayout::Separate),
-    ("fused", QkvLayout::Fused),
-    ("fused-interleaved", QkvLayout::FusedInterleaved),
-    ("per-head", QkvLayout::PerHead),
-];
-
-const AXES: [(&str, SoftmaxAxis); 2] = [
-    ("keys", SoftmaxAxis::Keys),
-    ("queries", SoftmaxAxis::Queries),
-];
-
-/// The source of `x`, from exactly one of `input`, `sentence` and `tokens`.
-fn input(
-    array: Option<PyReadonlyArrayDyn<'_, f32>>,
-    sentence: Option<String>,
-    tokens: Option<PyReadonlyArray2<'_, i64>>,
-    vocab_size: Option<usize>,
-    embed_dim: Option<usize>,
-    padding_idx: Option<i64>,
-) -> attend::Result<Input> {
-    let need_dim = || {
-        embed_dim
-            .filter(|&d| d > 0)
-            .ok_or_else(|| Error::value("embed_dim (at least 1) is needed with sentence or tokens"))
-    };
-    match (array, sentence, tokens) {
-        (Some(a), None, None) => {
-            let a = a.as_array();
-            let x = match a.ndim() {
-                2 => a.insert_axis(ndarray::Axis(0)).to_owned(),
-                3 => a.to_owned(),
-                _ => {
-                    return Err(Error::shape(format!(
-                        "input must be [T, d_in] or [B, T, d_in], got shape {:?}",
-                        a.shape()
-                    )))
-                }
-            };
-            let x = x.into_dimensionality().expect("rank 3 by construction");
-            Ok(Input::Array(x))
-        }
-        (None, Some(text), None) => Ok(Input::Sentence {
-            text,
-            embed_dim: need_dim()?,
-        }),
-        (None, None, Some(ids)) => {
-            let vocab_size = vocab_size.ok_or_else(|| Error::value("tokens needs vocab_size"))?;
-            let ids = ids.as_array();
-            if let Some(&bad) = ids
-                .iter()
-                .find(|&&id| id < 0 || id as u64 >= vocab_size as u64)
-            {
-                return Err(Error::value(format!(
-                    "tokens: id {bad} is out of range for vocab_size {vocab_size}"
-                )));
-            }
-            Ok(Input::Tokens {
-                ids: ids.mapv(|id| id as usize),
-                vocab_size,
-                embed_dim: need_dim()?,
-                padding_idx,
-            })
-        }
-        (None, None, None) => Err(Error::value(
-            "no input: give one of input, sentence, tokens, or model with text",
-        )),
-        _ => Err(Error::value("give only one of input, sentence and tokens")),
-    }
-}
-
-fn given(
-    name: &str,
-    w: PyReadonlyArray2<'_, f32>,
-    input: &Input,
-) -> attend::Result<ndarray::Array2<f32>> {
-    let w = w.as_array().to_owned();
-    experiment::check_given_weight(name, &w, input)?;
-    Ok(w)
-}
-
 /// A notebook experiment (see `attend explain --help`; the arguments are its flags).
+// The defaults are `ExperimentSpec::default()`'s, written out because Python's
+// signature shows only literals (an expression shows as `...`).
 #[pyfunction]
 #[pyo3(signature = (*, input=None, sentence=None, tokens=None, vocab_size=None, embed_dim=None,
     padding_idx=None, seed=None, reseed=None, skip_draws=0, init="linear", wq=None, wk=None,
@@ -212,48 +109,37 @@ pub fn explain_experiment(
     scale: Option<f32>,
 ) -> PyResult<Walkthrough> {
     let err = crate::errors::to_py;
-    let input =
-        self::input(input, sentence, tokens, vocab_size, embed_dim, padding_idx).map_err(err)?;
-    let d_in = input.width();
-    let weights = match (wq, wk, wv) {
-        (Some(q), Some(k), Some(v)) => Weights::Given {
-            w_q: given("wq", q, &input).map_err(err)?,
-            w_k: given("wk", k, &input).map_err(err)?,
-            w_v: given("wv", v, &input).map_err(err)?,
-            heads,
-        },
-        (None, None, None) => {
-            let (d_k, d_v) = experiment::widths(d_in, d_out, d_k, d_v);
-            let init = choose("init", init, &INITS).map_err(err)?;
-            Weights::Init(AttentionSpec {
-                d_in,
-                d_k,
-                d_v,
-                heads,
-                bias: bias || init == WeightInit::TorchMha,
-                out_proj,
-                init,
-                layout: choose("qkv", qkv, &LAYOUTS).map_err(err)?,
-            })
-        }
-        _ => {
-            return Err(err(Error::value(
-                "wq, wk and wv go together: give all three",
-            )))
-        }
-    };
-    let exp = Experiment {
-        input,
-        seed: seed.unwrap_or(TORCH_DEFAULT_SEED),
+    let exp = ExperimentSpec {
+        input: input.map(|a| a.as_array().to_owned()),
+        sentence,
+        tokens: tokens.map(|t| t.as_array().to_owned()),
+        vocab_size,
+        embed_dim,
+        padding_idx,
+        seed,
         reseed,
         skip_draws,
-        weights,
+        init: WeightInit::parse("init", init).map_err(err)?,
+        wq: wq.map(|w| w.as_array().into_dyn().to_owned()),
+        wk: wk.map(|w| w.as_array().into_dyn().to_owned()),
+        wv: wv.map(|w| w.as_array().into_dyn().to_owned()),
+        d_out,
+        d_k,
+        d_v,
+        heads,
+        qkv: QkvLayout::parse("qkv", qkv).map_err(err)?,
+        bias,
+        out_proj,
         causal,
         window,
         mask_padding,
-        softmax_axis: choose("softmax_dim", softmax_dim, &AXES).map_err(err)?,
+        softmax_dim: SoftmaxAxis::parse("softmax_dim", softmax_dim).map_err(err)?,
         scale,
-    };
+        spelling: Spelling::Keywords,
+        ..ExperimentSpec::default()
+    }
+    .build()
+    .map_err(err)?;
     pool::run(py, 1, || {
         let ex = experiment::run(&exp)?;
         let maps = ex.attention_maps("attend explain")?;
