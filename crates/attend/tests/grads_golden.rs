@@ -4,8 +4,8 @@
 
 use attend::attention::{attention_backward_with, BackwardConfig, BackwardKernel, Exec, Saved};
 use attend::attention::{attention_with_lse, AttentionOptions, Causal};
-use attend::experiment::{self, Experiment, Input, Weights};
-use attend::nn::initialisers::{AttentionSpec, QkvLayout, WeightInit};
+use attend::experiment::{self, Experiment, ExperimentSpec, Named};
+use attend::nn::initialisers::WeightInit;
 use ndarray::{Array2, Array3, Array4, ArrayD, IxDyn};
 use serde_json::Value;
 
@@ -78,37 +78,20 @@ fn experiment_from_args(args: &[String]) -> Experiment {
     let (b, t, d) = (batches.len(), batches[0].len(), batches[0][0].len());
     let x = Array3::from_shape_vec((b, t, d), batches.into_iter().flatten().flatten().collect())
         .unwrap();
-    let init = match flag("--init") {
-        "linear" => WeightInit::Linear,
-        "torch-mha" => WeightInit::TorchMha,
-        other => panic!("unexpected --init {other}"),
-    };
-    let width: usize = flag("--d-out").parse().unwrap();
     let heads = args
         .iter()
         .position(|a| a == "--heads")
         .map_or(1, |i| args[i + 1].parse().unwrap());
-    Experiment {
-        input: Input::Array(x),
-        seed: flag("--seed").parse().unwrap(),
-        reseed: None,
-        skip_draws: 0,
-        weights: Weights::Init(AttentionSpec {
-            d_in: d,
-            d_k: width,
-            d_v: width,
-            heads,
-            bias: init == WeightInit::TorchMha,
-            out_proj: false,
-            init,
-            layout: QkvLayout::Separate,
-        }),
-        causal: false,
-        window: None,
-        mask_padding: false,
-        softmax_axis: Default::default(),
-        scale: None,
+    ExperimentSpec {
+        input: Some(x.into_dyn()),
+        seed: Some(flag("--seed").parse().unwrap()),
+        init: WeightInit::parse("--init", flag("--init")).unwrap(),
+        d_out: Some(flag("--d-out").parse().unwrap()),
+        heads,
+        ..ExperimentSpec::default()
     }
+    .build()
+    .unwrap()
 }
 
 fn module_case(id: &str) {
