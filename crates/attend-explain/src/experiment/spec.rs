@@ -160,7 +160,7 @@ impl ExperimentSpec {
     /// with `sentence` or `tokens`, and `vocab_size` above every token id; the
     /// input of rank 2 or 3; `wq`, `wk` and `wv` all or none, each `[d_in, width]`;
     /// else the widths from `d_out`/`d_k`/`d_v` and biases with `torch-mha`.
-    pub fn build(self) -> Result<Experiment> {
+    pub fn build(mut self) -> Result<Experiment> {
         let arg = |field: &str| self.spelling.arg(field);
         let sources = [
             ("input", self.input.is_some()),
@@ -189,8 +189,8 @@ impl ExperimentSpec {
         if let (Some(path), Some(digits)) = (&self.trained, &self.digits) {
             return self.trained_experiment(path, digits);
         }
-        let input = self.input()?;
-        let weights = self.weights(&input)?;
+        let input = self.take_input()?;
+        let weights = self.take_weights(&input)?;
         Ok(Experiment {
             input,
             seed: self.seed.unwrap_or(TORCH_DEFAULT_SEED),
@@ -206,12 +206,13 @@ impl ExperimentSpec {
     }
 
     /// The source of `x`: `input`, `sentence` or `tokens` (at most one is given).
-    fn input(&self) -> Result<Input> {
-        let arg = |field: &str| self.spelling.arg(field);
-        if let Some(a) = &self.input {
+    fn take_input(&mut self) -> Result<Input> {
+        let spelling = self.spelling;
+        let arg = |field: &str| spelling.arg(field);
+        if let Some(a) = self.input.take() {
             let x = match a.ndim() {
-                2 => a.view().insert_axis(Axis(0)).to_owned(),
-                3 => a.clone(),
+                2 => a.insert_axis(Axis(0)),
+                3 => a,
                 _ => {
                     return Err(Error::shape(format!(
                         "{} must be [T, d_in] or [B, T, d_in], got shape {:?}",
@@ -233,9 +234,9 @@ impl ExperimentSpec {
                 ))
             })
         };
-        if let Some(text) = &self.sentence {
+        if let Some(text) = self.sentence.take() {
             return Ok(Input::Sentence {
-                text: text.clone(),
+                text,
                 embed_dim: embed_dim()?,
             });
         }
@@ -267,10 +268,10 @@ impl ExperimentSpec {
     }
 
     /// The weights: given as `wq`, `wk` and `wv`, or created as `init` says.
-    fn weights(&self, input: &Input) -> Result<Weights> {
+    fn take_weights(&mut self, input: &Input) -> Result<Weights> {
         let arg = |field: &str| self.spelling.arg(field);
         let d_in = input.width();
-        match (&self.wq, &self.wk, &self.wv) {
+        match (self.wq.take(), self.wk.take(), self.wv.take()) {
             (Some(q), Some(k), Some(v)) => Ok(Weights::Given {
                 w_q: given(&arg("wq"), q, d_in)?,
                 w_k: given(&arg("wk"), k, d_in)?,
@@ -346,11 +347,11 @@ impl ExperimentSpec {
 }
 
 /// A given weight `[d_in, width]`, whose `d_in` must be the input's width.
-fn given(name: &str, w: &ArrayD<f32>, d_in: usize) -> Result<Array2<f32>> {
-    let w: Array2<f32> = w.clone().into_dimensionality().map_err(|_| {
+fn given(name: &str, w: ArrayD<f32>, d_in: usize) -> Result<Array2<f32>> {
+    let shape = w.shape().to_vec();
+    let w: Array2<f32> = w.into_dimensionality().map_err(|_| {
         Error::shape(format!(
-            "{name} must be a matrix [d_in, width], got shape {:?}",
-            w.shape()
+            "{name} must be a matrix [d_in, width], got shape {shape:?}"
         ))
     })?;
     if w.nrows() != d_in {
