@@ -1,7 +1,8 @@
 //! Attention kernels. [`mod@reference`] is the oracle every other kernel is judged by;
 //! [`fused`] is the fast forward and [`backward`] the gradients, both written once
 //! over the 16-lane vectors of each instruction set (`Isa`); [`decode`] is the
-//! split-KV kernel for short queries against long key caches.
+//! split-KV kernel for short queries against long key caches. `tile` is the
+//! register tile of the backward's products and of the dense layers' (`nn`).
 //!
 //! Kernels take a validated [`Problem`](crate::problem::Problem) and a detected
 //! instruction set; choosing the kernel, the instruction set and the threads is the
@@ -14,6 +15,7 @@ pub(crate) mod merge;
 pub mod reference;
 mod scratch;
 mod stream;
+pub(crate) mod tile;
 
 pub use crate::isa::{Isa, IsaError, MAX_ISA_VAR};
 pub use stream::stream_sum;

@@ -34,6 +34,7 @@ use rayon::prelude::*;
 use super::AttentionGrads;
 use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
 use crate::kernels::scratch::{carve, with_scratch};
+use crate::kernels::tile::{Init, Tile, MR, NR, WIDE};
 use crate::problem::{along, Dims, Dropout, Problem, SoftmaxAxis};
 
 /// Queries per block.
@@ -325,22 +326,24 @@ unsafe fn task<I: Simd>(
                     }
                     let qblk = ctx.q.as_ptr().add((bh * d.q_len + i0) * ep);
                     let doblk = ctx.dout.as_ptr().add((bh * d.q_len + i0) * evp);
-                    gemm(
-                        isa,
-                        [nr, BC, ep],
-                        Strided::new(qblk, ep, 1),
-                        Strided::new(kt.as_ptr(), BC, 1),
-                        Rows::new(s.as_mut_ptr(), BC),
-                        false,
-                    );
-                    gemm(
-                        isa,
-                        [nr, BC, evp],
-                        Strided::new(doblk, evp, 1),
-                        Strided::new(vt.as_ptr(), BC, 1),
-                        Rows::new(dp.as_mut_ptr(), BC),
-                        false,
-                    );
+                    // S = Q Kᵀ and dP = dO Vᵀ, through one copy of the product's code.
+                    let scores = Product {
+                        dims: [nr, BC, ep],
+                        a: (qblk, ep, 1),
+                        b: (kt.as_ptr(), BC),
+                        c: (s.as_mut_ptr(), BC),
+                        init: Init::Zero,
+                    };
+                    let grads = Product {
+                        dims: [nr, BC, evp],
+                        a: (doblk, evp, 1),
+                        b: (vt.as_ptr(), BC),
+                        c: (dp.as_mut_ptr(), BC),
+                        init: Init::Zero,
+                    };
+                    for product in [scores, grads] {
+                        product.run(isa);
+                    }
                     let masks = p.mask_rows((b, h), i0..i0 + nr, k0..k0 + nk);
                     let mut terms = [0.0f32; BC];
                     for r in 0..nr {
@@ -387,31 +390,31 @@ unsafe fn task<I: Simd>(
                         }
                     }
                     // dV += P̃ᵀ dO, dK += dSᵀ Q, dQ += dS K.
-                    gemm(
-                        isa,
-                        [nk, evp, nr],
-                        Strided::new(s.as_ptr(), 1, BC),
-                        Strided::new(doblk, evp, 1),
-                        Rows::new(dv_acc.as_mut_ptr(), evp),
-                        true,
-                    );
-                    gemm(
-                        isa,
-                        [nk, ep, nr],
-                        Strided::new(dp.as_ptr(), 1, BC),
-                        Strided::new(qblk, ep, 1),
-                        Rows::new(dk_acc.as_mut_ptr(), ep),
-                        true,
-                    );
                     let dq_blk = dq.0.add((bh * d.q_len + i0) * ep);
-                    gemm(
-                        isa,
-                        [nr, ep, nk],
-                        Strided::new(dp.as_ptr(), BC, 1),
-                        Strided::new(krow.as_ptr(), ep, 1),
-                        Rows::new(dq_blk, ep),
-                        true,
-                    );
+                    let into_dv = Product {
+                        dims: [nk, evp, nr],
+                        a: (s.as_ptr(), 1, BC),
+                        b: (doblk, evp),
+                        c: (dv_acc.as_mut_ptr(), evp),
+                        init: Init::Add,
+                    };
+                    let into_dk = Product {
+                        dims: [nk, ep, nr],
+                        a: (dp.as_ptr(), 1, BC),
+                        b: (qblk, ep),
+                        c: (dk_acc.as_mut_ptr(), ep),
+                        init: Init::Add,
+                    };
+                    let into_dq = Product {
+                        dims: [nr, ep, nk],
+                        a: (dp.as_ptr(), BC, 1),
+                        b: (krow.as_ptr(), ep),
+                        c: (dq_blk, ep),
+                        init: Init::Add,
+                    };
+                    for product in [into_dv, into_dk, into_dq] {
+                        product.run(isa);
+                    }
                 }
             }
             let kvrow = (b * d.kv_heads + kvh) * d.kv_len + k0;
@@ -456,143 +459,75 @@ unsafe fn ds_row<I: Simd>(isa: I, p: *const f32, dp: *mut f32, dsum: f32, scale:
     }
 }
 
-/// A matrix read through strides: element `(i, j)` at `ptr + i·row + j·col`.
+/// One of the backward's matrix products, `C[m × n] = init + A[m × k] · B[k × n]`
+/// for `[m, n, k]`, `n` a multiple of 16, through the library's register tile
+/// ([`Tile`]): `A` is `(ptr, lda, sa)`, its rows `lda` apart and each row's steps
+/// `sa` apart (so `Aᵀ` costs nothing); `B` and `C` are `(ptr, ld)`, row-major.
 #[derive(Clone, Copy)]
-struct Strided {
-    ptr: *const f32,
-    row: usize,
-    col: usize,
+struct Product {
+    dims: [usize; 3],
+    a: (*const f32, usize, usize),
+    b: (*const f32, usize),
+    c: (*mut f32, usize),
+    /// [`Init::Zero`] to write `C`, [`Init::Add`] to add to it.
+    init: Init<'static>,
 }
 
-impl Strided {
-    fn new(ptr: *const f32, row: usize, col: usize) -> Self {
-        Strided { ptr, row, col }
-    }
-
-    /// The matrix from row `i` and column `j` on.
+impl Product {
+    /// Computes the product: as many panels of 16 columns at a time as the
+    /// registers hold (the tile splits four on 16-register instruction sets), up
+    /// to [`MR`] rows each.
     ///
     /// # Safety
-    /// `(i, j)` must be inside the matrix's allocation.
+    /// `A` must be readable at every `(i, kk)`, `i < m`, `kk < k`; `B` at every
+    /// `(kk, j)`, `j < n`; `C` readable and writable at every `(i, j)`.
     #[inline(always)]
-    unsafe fn at(self, i: usize, j: usize) -> Self {
-        // SAFETY: the caller keeps `(i, j)` inside the allocation.
-        let ptr = unsafe { self.ptr.add(i * self.row + j * self.col) };
-        Strided { ptr, ..self }
-    }
-}
-
-/// A row-major matrix being written: row `i` starts at `ptr + i·ld`.
-#[derive(Clone, Copy)]
-struct Rows {
-    ptr: *mut f32,
-    ld: usize,
-}
-
-impl Rows {
-    fn new(ptr: *mut f32, ld: usize) -> Self {
-        Rows { ptr, ld }
-    }
-
-    /// The matrix from row `i` and column `j` on.
-    ///
-    /// # Safety
-    /// `(i, j)` must be inside the matrix's allocation.
-    #[inline(always)]
-    unsafe fn at(self, i: usize, j: usize) -> Self {
-        // SAFETY: the caller keeps `(i, j)` inside the allocation.
-        let ptr = unsafe { self.ptr.add(i * self.ld + j) };
-        Rows { ptr, ..self }
-    }
-}
-
-/// `C[m × n] (+)= A[m × k] · B[k × n]` for `[m, n, k]`, with `n` a multiple of 16:
-/// `A` through any strides (so `Aᵀ` costs nothing), `B` with unit column stride,
-/// `C` row-major; `acc` adds to `C` instead of overwriting it.
-///
-/// # Safety
-/// `A` must be readable at every `(i, kk)`, `i < m`, `kk < k`; `B` at every
-/// `(kk, j)`, `j < n`; `C` readable and writable at every `(i, j)`.
-#[inline(always)]
-unsafe fn gemm<I: Simd>(isa: I, [m, n, k]: [usize; 3], a: Strided, b: Strided, c: Rows, acc: bool) {
-    // SAFETY: every block below lies inside the caller's `m × n` (and `k`).
-    unsafe {
-        let mut j = 0;
-        while j + 4 * W <= n {
-            rows::<I, 4>(isa, [m, k], a, b.at(0, j), c.at(0, j), acc);
-            j += 4 * W;
-        }
-        while j < n {
-            rows::<I, 1>(isa, [m, k], a, b.at(0, j), c.at(0, j), acc);
-            j += W;
-        }
-    }
-}
-
-/// `C[m × NV·16] (+)= A · B`, four rows at a time.
-///
-/// # Safety
-/// As [`gemm`]'s, with `n = NV·16`.
-#[inline(always)]
-unsafe fn rows<I: Simd, const NV: usize>(
-    isa: I,
-    [m, k]: [usize; 2],
-    a: Strided,
-    b: Strided,
-    c: Rows,
-    acc: bool,
-) {
-    // SAFETY: every tile below lies inside the caller's `m` rows.
-    unsafe {
-        let mut i = 0;
-        while i + 4 <= m {
-            tile::<I, 4, NV>(isa, k, a.at(i, 0), b, c.at(i, 0), acc);
-            i += 4;
-        }
-        while i < m {
-            tile::<I, 1, NV>(isa, k, a.at(i, 0), b, c.at(i, 0), acc);
-            i += 1;
-        }
-    }
-}
-
-/// An `MR × (NV·16)` tile of `C`, held in registers across the `k` loop.
-///
-/// # Safety
-/// As [`gemm`]'s, with `m = MR` and `n = NV·16`.
-#[inline(always)]
-unsafe fn tile<I: Simd, const MR: usize, const NV: usize>(
-    isa: I,
-    k: usize,
-    a: Strided,
-    b: Strided,
-    c: Rows,
-    acc: bool,
-) {
-    // SAFETY: the caller guarantees the tile's reads and writes are in bounds.
-    unsafe {
-        let mut t = [[isa.splat(0.0); NV]; MR];
-        if acc {
-            for (r, row) in t.iter_mut().enumerate() {
-                for (v, x) in row.iter_mut().enumerate() {
-                    *x = isa.load(c.ptr.add(r * c.ld + v * W));
+    unsafe fn run<I: Simd>(self, isa: I) {
+        let n = self.dims[1];
+        debug_assert!(n.is_multiple_of(NR));
+        // SAFETY: every group of panels below lies inside the caller's `n` columns.
+        unsafe {
+            let mut j = 0;
+            while j < n {
+                if n - j >= WIDE * NR {
+                    self.panels::<I, WIDE>(isa, j);
+                    j += WIDE * NR;
+                } else if n - j >= 2 * NR {
+                    self.panels::<I, 2>(isa, j);
+                    j += 2 * NR;
+                } else {
+                    self.panels::<I, 1>(isa, j);
+                    j += NR;
                 }
             }
         }
-        for kk in 0..k {
-            let mut bv = [isa.splat(0.0); NV];
-            for (v, x) in bv.iter_mut().enumerate() {
-                *x = isa.load(b.ptr.add(kk * b.row + v * W));
-            }
-            for (r, row) in t.iter_mut().enumerate() {
-                let av = isa.splat(*a.ptr.add(r * a.row + kk * a.col));
-                for (v, x) in row.iter_mut().enumerate() {
-                    *x = isa.fma(av, bv[v], *x);
-                }
-            }
-        }
-        for (r, row) in t.iter().enumerate() {
-            for (v, x) in row.iter().enumerate() {
-                isa.store(c.ptr.add(r * c.ld + v * W), *x);
+    }
+
+    /// Columns `j .. j + 16·P` of the product, every row.
+    ///
+    /// # Safety
+    /// As [`run`](Self::run)'s, with `j + 16·P ≤ n`.
+    #[inline(always)]
+    unsafe fn panels<I: Simd, const P: usize>(self, isa: I, j: usize) {
+        let [m, _, k] = self.dims;
+        let ((a, lda, sa), (b, ldb), (c, ldc)) = (self.a, self.b, self.c);
+        // SAFETY: each tile's rows, steps and panels are inside the caller's `A`,
+        // `B` and `C` (`rows ≤ MR`, as the tile asks).
+        unsafe {
+            let mut i = 0;
+            while i < m {
+                let rows = MR.min(m - i);
+                let tile = Tile {
+                    a: a.add(i * lda),
+                    lda,
+                    sa,
+                    b: b.add(j),
+                    ldb,
+                    next: NR,
+                    kc: k,
+                };
+                tile.run::<I, P>(isa, rows, c.add(i * ldc + j), ldc, [self.init; P]);
+                i += rows;
             }
         }
     }

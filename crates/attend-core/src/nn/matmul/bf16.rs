@@ -248,6 +248,7 @@ impl Operands for PairOperands<'_> {
         let tile = Tile {
             a: self.x[r * self.lda + s0..].as_ptr(),
             lda: self.lda,
+            sa: 1,
             b: self.w.data[(p * self.lda + s0) * NR..].as_ptr(),
             ldb: NR,
             // The packing keeps each panel's `depth` rows of 16 pairs together.

@@ -34,26 +34,19 @@ use crate::memory::LargePageArray;
 
 mod bf16;
 mod epilogue;
-mod tile;
 
-use tile::Tile;
+use crate::kernels::tile::{self, Init, Step, Tile, MR, NR, WIDE};
 
 pub(crate) use bf16::{linear_bf16, PackedBf16};
 pub(crate) use epilogue::Epilogue;
 
-/// Rows of the register tile.
-const MR: usize = 6;
-/// Columns of the register tile: one 16-lane vector (two AVX2 registers).
-const NR: usize = crate::isa::LANES;
-/// Panels in one register tile on 32-register instruction sets (AVX-512): 6 × 64
-/// outputs are 24 accumulators, and each broadcast of `x` feeds four products.
-const WIDE: usize = 4;
 /// Depth of a block of `k`: a `KC × NR` weight panel is 24 KiB, within L1.
 const KC: usize = 384;
-/// Terms per partial sum of the f32 product (a divisor of [`KC`], so that the
-/// order of operations does not depend on the blocking); the bf16 product sums a
-/// whole block (`tile::Step::PARTIAL`).
-const SUM_BLOCK: usize = 64;
+// The tile's partial sums (64 terms of the f32 product, a whole block of the
+// bf16 one) divide a block, so that the order of operations does not depend on
+// the blocking.
+const _: () =
+    assert!(KC.is_multiple_of(<f32 as Step>::PARTIAL) && KC.is_multiple_of(<u32 as Step>::PARTIAL));
 /// Rows per block when there are many. Every block reads its panels of the weight
 /// (megabytes, from L3 or memory), so the more rows share them the less is read: a
 /// 64-row product reads the weight once (the commit that set 240 instead of 48
@@ -465,6 +458,7 @@ impl Operands for F32Operands<'_, '_> {
             // SAFETY: the caller keeps `r` and `s0` inside `x`.
             a: unsafe { self.x.add(r * self.lda + s0) },
             lda: self.lda,
+            sa: 1,
             b,
             ldb,
             next,
@@ -636,15 +630,6 @@ impl<O: Operands> Problem<'_, O> {
         // every element has been written.
         unsafe { y.assume_init() }
     }
-}
-
-/// What the accumulators are added to.
-#[derive(Clone, Copy)]
-enum Init<'a> {
-    /// The bias (the first block of `k`).
-    Bias(&'a [f32; NR]),
-    /// The partial sums already in the output.
-    Add,
 }
 
 #[cfg(test)]

@@ -1,6 +1,8 @@
-//! The register tile of both dense-layer products: `R ≤ 6` rows of the input times
-//! `P` (1, 2 or 4) adjacent 16-wide weight panels, written once over what one step of the sum
-//! multiplies ([`Step`]: an f32 number, or a bf16 pair through [`Simd::dot2`]).
+//! The register tile of the library's matrix products (the dense layers' f32 and
+//! bf16 products in `nn::matmul`, the fused backward's five products): `R ≤ 6` rows
+//! of `a` times `P` (1, 2 or 4) adjacent 16-wide panels of `b`, written once over
+//! what one step of the sum multiplies ([`Step`]: an f32 number, or a bf16 pair
+//! through [`Simd::dot2`]).
 //!
 //! With one panel a step loads as many numbers as it multiplies (one panel vector,
 //! `R` broadcasts, `R` products); with four, each broadcast feeds four products, so
@@ -8,28 +10,39 @@
 //! runs over the same steps in the same order whatever the tile's shape, so the bits
 //! do not depend on it.
 
-use super::{Init, MR, NR};
+use crate::isa::{Simd, LANES};
+
+/// Rows of the register tile.
+pub(crate) const MR: usize = 6;
+/// Columns of a panel: one 16-lane vector (two AVX2 registers).
+pub(crate) const NR: usize = LANES;
+/// Panels in one register tile on 32-register instruction sets (AVX-512): 6 × 64
+/// outputs are 24 accumulators, and each broadcast of `a` feeds four products.
+pub(crate) const WIDE: usize = 4;
+/// Terms per partial sum of the f32 product (see [`Step::PARTIAL`]).
+pub(crate) const SUM_BLOCK: usize = 64;
+/// Pairs per partial sum of the bf16 product (see [`Step::PARTIAL`]).
+pub(crate) const PAIR_SUM_BLOCK: usize = 384;
 
 /// Most rows of one tile: two panels of 12 rows are 24 accumulators, as four
 /// panels of 6, on 32-register instruction sets.
-pub(super) const TALL_ROWS: usize = 2 * MR;
+pub(crate) const TALL_ROWS: usize = 2 * MR;
 
 /// Whether `rows` rows fit one tile of two panels on `I` (see [`TALL_ROWS`]).
-pub(super) fn tall<I: Simd>(rows: usize) -> bool {
+pub(crate) fn tall<I: Simd>(rows: usize) -> bool {
     I::REGISTERS >= 32 && rows <= TALL_ROWS
 }
 
 /// Steps ahead of the sum at which a tile asks for its panels' next lines.
 const PREFETCH: usize = 16;
-use crate::isa::Simd;
 
 /// One step of a dot product: what `a` and `b` hold and how they multiply.
-pub(super) trait Step: Copy {
+pub(crate) trait Step: Copy {
     /// The vector of 16 steps' `b` operands (one per output column).
     type B<I: Simd>: Copy;
-    /// Steps in a partial sum before it joins the output: a divisor of the
-    /// operands' `BLOCK`, so that the order of operations does not depend on the
-    /// blocking. Each join loads, adds and stores every accumulator.
+    /// Steps in a partial sum before it joins the output: a divisor of any blocking
+    /// of the sum a caller makes, so that the order of operations does not depend
+    /// on the blocking. Each join loads, adds and stores every accumulator.
     const PARTIAL: usize;
     /// Rows a 16-register instruction set can hold in one tile.
     const ROWS_16: usize;
@@ -46,7 +59,7 @@ pub(super) trait Step: Copy {
 
 impl Step for f32 {
     type B<I: Simd> = I::V;
-    const PARTIAL: usize = super::SUM_BLOCK;
+    const PARTIAL: usize = SUM_BLOCK;
     const ROWS_16: usize = 6;
     #[inline(always)]
     unsafe fn load<I: Simd>(isa: I, p: *const f32) -> I::V {
@@ -66,12 +79,12 @@ impl Step for f32 {
 /// A bf16 pair (its bits, low element in the low half): two products per step.
 impl Step for u32 {
     type B<I: Simd> = I::P;
-    /// A whole block of the sum (384 pairs). Rounding each operand to bf16 moves
+    /// A whole block of the dense layers' sum (384 pairs). Rounding each operand to bf16 moves
     /// it by up to 2⁻⁹ of itself, so a product by about 2⁻⁸; the f32 sum adds at
     /// most `k · 2⁻²⁴` of the sum of the products' sizes (4.7 % of 2⁻⁸ at
     /// `k = 3072`). Shorter partial sums would buy nothing that shows, while each
     /// join costs the tile time (the commit that set this gives the A/B).
-    const PARTIAL: usize = super::KC;
+    const PARTIAL: usize = PAIR_SUM_BLOCK;
     /// Six rows' accumulators, the panel's pairs widened to f32 and a row's pair do
     /// not fit in 16 registers: four rows, then the rest.
     const ROWS_16: usize = 4;
@@ -90,12 +103,27 @@ impl Step for u32 {
     }
 }
 
-/// One register tile's operands: rows of `a` (`lda` apart), a panel of `b` (rows of
-/// 16 elements `ldb` apart, the next panel `next` elements further), `kc` steps.
+/// What the accumulators are added to.
 #[derive(Clone, Copy)]
-pub(super) struct Tile<E> {
+pub(crate) enum Init<'a> {
+    /// Nothing: the output is written, not read (the first block of a sum
+    /// without a bias).
+    Zero,
+    /// A bias, the same in every row (the first block of a dense layer's sum).
+    Bias(&'a [f32; NR]),
+    /// The partial sums already in the output.
+    Add,
+}
+
+/// One register tile's operands: rows of `a` (`lda` apart, each row's steps `sa`
+/// apart: 1 for rows stored along the sum, the row length to read a transposed
+/// matrix), a panel of `b` (rows of 16 elements `ldb` apart, the next panel `next`
+/// elements further), `kc` steps.
+#[derive(Clone, Copy)]
+pub(crate) struct Tile<E> {
     pub a: *const E,
     pub lda: usize,
+    pub sa: usize,
     pub b: *const E,
     pub ldb: usize,
     pub next: usize,
@@ -107,7 +135,8 @@ impl<E: Step> Tile<E> {
     /// stride `ldc`, each panel with its own `init`.
     ///
     /// # Safety
-    /// `a` must be readable for `rows` rows of `kc` elements `lda` apart, `b` for
+    /// `a` must be readable for `rows` rows of `kc` elements `sa` apart, the rows
+    /// `lda` apart, `b` for
     /// `kc` rows of 16 elements `ldb` apart in each of the `P` panels, and `c`
     /// readable and writable for `rows` rows of `16·P` floats `ldc` apart;
     /// `rows ≤ 6`, or `rows ≤ TALL_ROWS` with `P = 2` on 32-register
@@ -208,8 +237,8 @@ impl<E: Step> Tile<E> {
             let mut left = self.kc;
             // Partial sums of `PARTIAL` steps, each added to the output: the error
             // of an f32 sum of k terms then grows like SUM_BLOCK + k/SUM_BLOCK, not
-            // like k.
-            while left > 0 {
+            // like k. At least one, so that `kc = 0` still writes `init`.
+            loop {
                 let steps = left.min(E::PARTIAL);
                 let mut acc = [[isa.splat(0.0); R]; P];
                 for _ in 0..steps {
@@ -238,13 +267,20 @@ impl<E: Step> Tile<E> {
                             acc[q][i] = E::mul_add(isa, acc[q][i], ai, bv[q]);
                         }
                     }
-                    a = a.add(1);
-                    b = b.add(self.ldb);
+                    // Past the last step these point beyond the operands (a
+                    // transposed `a` by a whole row), where they are not read:
+                    // `wrapping_add` makes that no UB.
+                    a = a.wrapping_add(self.sa);
+                    b = b.wrapping_add(self.ldb);
                 }
                 for (q, (start, sums)) in init.iter().zip(&acc).enumerate() {
                     for (i, sum) in sums.iter().enumerate() {
                         let ci = c.add(i * ldc + q * NR);
                         let start = match start {
+                            Init::Zero => {
+                                isa.store(ci, *sum);
+                                continue;
+                            }
                             Init::Bias(bias) => isa.load(bias.as_ptr()),
                             Init::Add => isa.load(ci),
                         };
@@ -253,6 +289,9 @@ impl<E: Step> Tile<E> {
                 }
                 init = [Init::Add; P];
                 left -= steps;
+                if left == 0 {
+                    break;
+                }
             }
         }
     }
