@@ -8,22 +8,11 @@ use std::process::ExitCode;
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser, Subcommand};
 
-mod attention_cmd;
-mod bench;
-mod bench_decode;
-mod embed;
-mod embed_corpus;
-mod experiment_args;
-mod explain;
-mod flags;
-mod json_input;
-mod model_args;
-mod model_dir;
-mod outputs;
-mod progress;
-mod sdpa;
-mod train;
-mod view;
+mod args;
+mod commands;
+mod io;
+
+use commands::{attention, bench, embed, explain, sdpa, train, view};
 
 /// Self-attention, faithful to PyTorch and fast on CPU.
 #[derive(Parser)]
@@ -46,7 +35,7 @@ enum Command {
     /// Sentence embeddings from a BERT-family model (e.g. all-MiniLM-L6-v2), of sentences or a whole corpus (--input).
     Embed(embed::Args),
     /// One head's attention weights for a sentence, from a BERT-family model.
-    Attention(attention_cmd::Args),
+    Attention(attention::Args),
     /// Train a small attention model to reverse digit sequences.
     Train(train::Args),
 }
@@ -100,7 +89,7 @@ fn main() -> ExitCode {
         Command::Sdpa(args) => sdpa::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Embed(args) => embed::run(args),
-        Command::Attention(args) => attention_cmd::run(args),
+        Command::Attention(args) => attention::run(args),
         Command::Train(args) => train::run(args),
     };
     match result {

@@ -10,9 +10,9 @@ use attend::walkthrough;
 use attend::Error;
 use clap::ValueEnum;
 
-use crate::experiment_args::{experiment, ExperimentArgs};
-use crate::model_args::{ModelArgs, ModelRun};
-use crate::outputs::Outputs;
+use crate::args::experiment::{experiment, ExperimentArgs};
+use crate::args::model::{ModelArgs, ModelRun};
+use crate::io::outputs::Outputs;
 
 /// Flags of `attend explain`.
 #[derive(clap::Args, Debug)]
@@ -107,7 +107,7 @@ fn explain_model(args: &Args, run: &ModelRun, outputs: Outputs) -> Result<(), Er
                 };
                 let rows: ndarray::ArrayView2<f32> =
                     rows.into_dimensionality().expect("1-D and 2-D steps");
-                let json = crate::model_dir::json_matrix(rows.rows());
+                let json = crate::io::model_dir::json_matrix(rows.rows());
                 let mut value: serde_json::Value = serde_json::from_str(&json).expect("valid JSON");
                 if vector {
                     value = value[0].take();

@@ -9,8 +9,8 @@ use std::time::Instant;
 use attend::train::{evaluate, loss_curve_svg, save, train, TrainConfig, EVAL_SEQUENCES};
 use attend::Error;
 
-use crate::flags;
-use crate::outputs::Outputs;
+use crate::args::flags;
+use crate::io::outputs::Outputs;
 
 /// Flags of `attend train`.
 #[derive(clap::Args, Debug)]

@@ -2,8 +2,10 @@
 //! NaN, infinite or absurd value is refused with the flag named before any command
 //! starts, and every command sees only values it can act on.
 
+use attend::attention::Causal;
 use attend::element::Dtype;
 use attend::experiment::Named;
+use attend::kernels::Isa;
 use attend::limits::MAX_THREADS;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 
@@ -90,6 +92,37 @@ pub fn finite_f32(s: &str) -> Result<f32, String> {
 /// A tensor element type: `f32` (`float32`) or `bf16` (`bfloat16`).
 pub fn dtype(s: &str) -> Result<Dtype, String> {
     Dtype::from_name(s.trim()).map_err(|e| e.to_string())
+}
+
+/// An instruction set this CPU has (`--isa`), by its name.
+pub fn isa(s: &str) -> Result<Isa, String> {
+    let isa = Isa::from_name(s.trim()).map_err(|e| e.to_string())?;
+    if !isa.is_available() {
+        let has: Vec<&str> = Isa::available().iter().map(|i| i.name()).collect();
+        return Err(format!(
+            "--isa {s} is not available on this CPU (it has: {})",
+            has.join(", ")
+        ));
+    }
+    Ok(isa)
+}
+
+/// `--causal`: `top-left` (PyTorch's is_causal) or `bottom-right`.
+pub fn causal(s: &str) -> Result<Causal, String> {
+    match s.trim() {
+        "top-left" => Ok(Causal::TopLeft),
+        "bottom-right" => Ok(Causal::BottomRight),
+        _ => Err(format!("must be top-left or bottom-right, got {s:?}")),
+    }
+}
+
+/// `--window LEFT,RIGHT`: two non-negative integers.
+pub fn window(s: &str) -> Result<(usize, usize), String> {
+    let bad = || format!("must be two non-negative integers LEFT,RIGHT, got {s:?}");
+    let (l, r) = s.split_once(',').ok_or_else(bad)?;
+    let l = l.trim().parse::<usize>().map_err(|_| bad())?;
+    let r = r.trim().parse::<usize>().map_err(|_| bad())?;
+    Ok((l, r))
 }
 
 /// One of the names in the library's table for `T` (`--init`, `--qkv`,

@@ -1,14 +1,18 @@
 //! `attend embed`: sentence embeddings from a BERT-family model, of the sentences
-//! on the command line or of a whole corpus (`--input`, see [`crate::embed_corpus`]).
+//! on the command line or of a whole corpus (`--input`, see [`corpus`]).
 
 use std::path::PathBuf;
 
 use attend::models::SentenceEncoder;
 use attend::Error;
 
-use crate::embed_corpus;
-use crate::model_args::PrecisionArg;
-use crate::model_dir::{self, Format};
+use crate::args::model::PrecisionArg;
+use crate::io::model_dir::{self, Format};
+
+mod corpus;
+mod format;
+
+use format::EmbedFormat;
 
 /// Flags of `attend embed`.
 #[derive(clap::Args)]
@@ -53,23 +57,10 @@ pub struct Args {
     chunk_size: usize,
 }
 
-/// `--format`: the sentence formats and the corpus formats.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum EmbedFormat {
-    /// Sentences: one line of numbers per sentence.
-    Text,
-    /// Sentences: one JSON object.
-    Json,
-    /// --output: a float32 .npy array.
-    Npy,
-    /// --output: one JSON object per text.
-    Jsonl,
-}
-
 /// Runs `attend embed`.
 pub fn run(args: Args) -> Result<(), Error> {
     if let (Some(input), Some(output)) = (args.input, args.output) {
-        let job = embed_corpus::Job {
+        let job = corpus::Job {
             model: model_dir::resolve(args.model),
             precision: args.precision.into(),
             input,
@@ -79,7 +70,7 @@ pub fn run(args: Args) -> Result<(), Error> {
             batch_size: args.batch_size,
             chunk_size: args.chunk_size,
         };
-        return embed_corpus::run(job);
+        return corpus::run(job);
     }
     let format = match args.format {
         None | Some(EmbedFormat::Text) => Format::Text,
@@ -87,7 +78,7 @@ pub fn run(args: Args) -> Result<(), Error> {
         Some(other) => {
             return Err(Error::value(format!(
                 "--format {} is for --input/--output; sentences print as text or json",
-                format_name(other)
+                other.name()
             )))
         }
     };
@@ -113,14 +104,4 @@ pub fn run(args: Args) -> Result<(), Error> {
         }
     }
     Ok(())
-}
-
-/// The flag value naming `format`.
-pub fn format_name(format: EmbedFormat) -> &'static str {
-    match format {
-        EmbedFormat::Text => "text",
-        EmbedFormat::Json => "json",
-        EmbedFormat::Npy => "npy",
-        EmbedFormat::Jsonl => "jsonl",
-    }
 }

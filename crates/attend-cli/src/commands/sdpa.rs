@@ -16,8 +16,8 @@ use attend::io::npy::{self, NpyArray};
 use attend::Error;
 use ndarray::{Array3, Array4, ArrayD, Ix4};
 
-use crate::flags;
-use crate::outputs::Outputs;
+use crate::args::flags;
+use crate::io::outputs::Outputs;
 
 /// Flags of `attend sdpa`.
 #[derive(clap::Args)]
@@ -36,11 +36,11 @@ pub struct Args {
     #[arg(long)]
     mask: Option<PathBuf>,
     /// Causal masking: `top-left` (PyTorch's is_causal) or `bottom-right`.
-    #[arg(long, value_name = "ALIGN")]
-    causal: Option<String>,
+    #[arg(long, value_name = "ALIGN", value_parser = flags::causal)]
+    causal: Option<Causal>,
     /// Sliding window `LEFT,RIGHT` (keys each query sees on either side).
-    #[arg(long, value_name = "L,R", allow_hyphen_values = true)]
-    window: Option<String>,
+    #[arg(long, value_name = "L,R", allow_hyphen_values = true, value_parser = flags::window)]
+    window: Option<(usize, usize)>,
     /// Score scale (default 1/√E).
     #[arg(long, allow_hyphen_values = true, value_parser = flags::finite_f32)]
     scale: Option<f32>,
@@ -83,30 +83,6 @@ fn rank4(name: &str, what: &str, a: ArrayD<f32>) -> Result<Array4<f32>, Error> {
     })
 }
 
-/// Parses `--causal`.
-pub fn parse_causal(s: &str) -> Result<Causal, Error> {
-    match s {
-        "top-left" => Ok(Causal::TopLeft),
-        "bottom-right" => Ok(Causal::BottomRight),
-        _ => Err(Error::value(format!(
-            "--causal must be top-left or bottom-right, got {s:?}"
-        ))),
-    }
-}
-
-/// Parses `--window L,R` (both non-negative integers).
-pub fn parse_window(s: &str) -> Result<(usize, usize), Error> {
-    let bad = || {
-        Error::value(format!(
-            "--window must be two non-negative integers LEFT,RIGHT, got {s:?}"
-        ))
-    };
-    let (l, r) = s.split_once(',').ok_or_else(bad)?;
-    let l = l.trim().parse::<usize>().map_err(|_| bad())?;
-    let r = r.trim().parse::<usize>().map_err(|_| bad())?;
-    Ok((l, r))
-}
-
 /// Runs `attend sdpa`.
 pub fn run(args: Args) -> Result<(), Error> {
     let outputs = Outputs::new(&[
@@ -116,8 +92,7 @@ pub fn run(args: Args) -> Result<(), Error> {
         ("--dk", args.dk.as_deref()),
         ("--dv", args.dv.as_deref()),
     ])?;
-    let causal = args.causal.as_deref().map(parse_causal).transpose()?;
-    let window = args.window.as_deref().map(parse_window).transpose()?;
+    let (causal, window) = (args.causal, args.window);
     let bf16 = args.dtype == Dtype::Bf16;
     let read = |path: &PathBuf, name: &str, what: &str| -> Result<Array4<f32>, Error> {
         let a = rank4(name, what, npy::read_f32(path)?)?;

@@ -15,7 +15,9 @@ use attend::timing::median_seconds;
 use attend::{limits, Error};
 use ndarray::{Array2, Array4};
 
-use crate::flags;
+use crate::args::flags;
+
+mod decode;
 
 /// Flags of `attend bench`.
 #[derive(clap::Args)]
@@ -43,15 +45,15 @@ pub struct Args {
     causal: bool,
     /// A per-score mask `[L, S]`, broadcast over batch and heads: `bool` (every
     /// tenth score dropped) or `additive` (a bias on every score).
-    #[arg(long, value_parser = ["bool", "additive"], conflicts_with = "decode")]
-    mask: Option<String>,
+    #[arg(long, value_enum, conflicts_with = "decode")]
+    mask: Option<MaskKind>,
     /// Worker threads.
     #[arg(long, default_value_t = 2, value_parser = flags::threads)]
     threads: usize,
     /// Instruction set: avx512bf16, avx512, avx2 or portable (default: the best
     /// available).
-    #[arg(long)]
-    isa: Option<String>,
+    #[arg(long, value_parser = flags::isa)]
+    isa: Option<Isa>,
     /// Element type: f32 or bf16 (the forward on bf16 tensors: bf16 products, f32
     /// accumulation); with --decode, the type of the cached keys and values (the
     /// query stays f32).
@@ -82,19 +84,24 @@ pub struct Args {
     format: String,
 }
 
-fn parse_isa(s: &str) -> Result<Isa, Error> {
-    let isa = Isa::from_name(s).map_err(|e| Error::value(format!("--isa: {e}")))?;
-    if !isa.is_available() {
-        return Err(Error::value(format!(
-            "--isa {s} is not available on this CPU (it has: {})",
-            Isa::available()
-                .iter()
-                .map(|i| i.name())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )));
+/// `--mask`: the per-score mask a run makes, as `scripts/bench/py/torch_sdpa.py
+/// --mask` makes PyTorch's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum MaskKind {
+    /// Every tenth score dropped: `(7i + 13j) mod 10 = 0`.
+    Bool,
+    /// A bias on every score: `-0.25 · ((i + j) mod 5)`.
+    Additive,
+}
+
+impl MaskKind {
+    /// The flag value naming the mask, as the JSON record spells it.
+    fn name(self) -> &'static str {
+        match self {
+            MaskKind::Bool => "bool",
+            MaskKind::Additive => "additive",
+        }
     }
-    Ok(isa)
 }
 
 /// How `--dtype` is spelt in the JSON record (as `torch_sdpa.py` spells it).
@@ -136,10 +143,10 @@ fn needed_bytes(args: &Args) -> u128 {
     let q_like = bytes(&[b, h, l, e], 4); // q, the output; dout and dq in backward
     let kv_like = bytes(&[b, hkv, s, e], 4); // k, v; dk and dv in backward
     let sets: u128 = if args.backward { 4 } else { 2 };
-    let mask = match args.mask.as_deref() {
-        Some("bool") => bytes(&[l, s], 1),
-        Some("additive") => bytes(&[l, s], 4),
-        _ => 0,
+    let mask = match args.mask {
+        Some(MaskKind::Bool) => bytes(&[l, s], 1),
+        Some(MaskKind::Additive) => bytes(&[l, s], 4),
+        None => 0,
     };
     // The reference keeps scores and weights in f64 (and their gradients).
     let reference = if args.reference {
@@ -165,10 +172,7 @@ pub fn run(args: Args) -> Result<(), Error> {
         "--batch × --heads × --seq × --kv-len × --head-dim",
         needed_bytes(&args),
     )?;
-    let isa = match &args.isa {
-        Some(s) => parse_isa(s)?,
-        None => Isa::detect(),
-    };
+    let isa = args.isa.unwrap_or_else(Isa::detect);
     let bf16 = args.dtype == Dtype::Bf16;
     if bf16 && args.backward {
         return Err(Error::value(
@@ -176,7 +180,7 @@ pub fn run(args: Args) -> Result<(), Error> {
         ));
     }
     if args.decode {
-        let record = crate::bench_decode::run(&crate::bench_decode::DecodeArgs {
+        let record = decode::run(&decode::DecodeArgs {
             batch: args.batch,
             heads: args.heads,
             kv_heads: args.kv_heads,
@@ -221,9 +225,9 @@ pub fn run(args: Args) -> Result<(), Error> {
     });
     // Only the mask asked for is made: at L = S = 65536 an [L, S] mask is 4 GiB
     // (bool) or 16 GiB (additive), far more than the attention itself needs.
-    let keep = (args.mask.as_deref() == Some("bool"))
+    let keep = (args.mask == Some(MaskKind::Bool))
         .then(|| Array2::from_shape_fn((l, s), |(i, j)| (7 * i + 13 * j) % 10 != 0));
-    let bias = (args.mask.as_deref() == Some("additive"))
+    let bias = (args.mask == Some(MaskKind::Additive))
         .then(|| Array2::from_shape_fn((l, s), |(i, j)| ((i + j) % 5) as f32 * -0.25));
     let opts = AttentionOptions {
         causal: args.causal.then_some(Causal::TopLeft),
@@ -285,7 +289,7 @@ pub fn run(args: Args) -> Result<(), Error> {
         let j = serde_json::json!({
             "what": "sdpa", "impl": "attend", "isa": isa.name(), "threads": args.threads,
             "dtype": dtype_flag(args.dtype), "batch": b, "heads": h, "kv_heads": hkv, "q_len": l, "kv_len": s,
-            "head_dim": e, "causal": args.causal, "mask": args.mask, "backward": args.backward, "ms": median * 1e3, "gflops": gflops,
+            "head_dim": e, "causal": args.causal, "mask": args.mask.map(MaskKind::name), "backward": args.backward, "ms": median * 1e3, "gflops": gflops,
             "peak_rss_bytes": limits::peak_rss(),
         });
         println!("{j}");
@@ -295,7 +299,7 @@ pub fn run(args: Args) -> Result<(), Error> {
             isa.name(),
             dtype_flag(args.dtype),
             args.causal,
-            args.mask.as_deref().unwrap_or("none"),
+            args.mask.map_or("none", MaskKind::name),
             args.threads,
             median * 1e3,
             gflops,

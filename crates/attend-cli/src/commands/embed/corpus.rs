@@ -17,9 +17,9 @@ use attend::io::npy::RowWriter;
 use attend::models::SentenceEncoder;
 use attend::Error;
 
-use crate::embed::{format_name, EmbedFormat};
-use crate::outputs::Outputs;
-use crate::progress::ProgressBar;
+use super::format::EmbedFormat;
+use crate::io::outputs::Outputs;
+use crate::io::progress::ProgressBar;
 
 /// One corpus run, from the flags.
 pub struct Job {
@@ -128,7 +128,7 @@ fn output_format(flag: Option<EmbedFormat>, output: &Path) -> Result<OutputForma
         Some(EmbedFormat::Jsonl) => Ok(OutputFormat::Jsonl),
         Some(other) => Err(Error::value(format!(
             "--format {} is for sentences; --output takes npy or jsonl",
-            format_name(other)
+            other.name()
         ))),
         None => OutputFormat::from_extension(output).ok_or_else(|| {
             Error::value(format!(

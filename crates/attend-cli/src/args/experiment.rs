@@ -8,9 +8,8 @@ use attend::Error;
 use clap::ArgGroup;
 use ndarray::Array2;
 
-use crate::flags;
-use crate::json_input::parse_array;
-use crate::sdpa::parse_window;
+use crate::args::flags;
+use crate::io::json_input::parse_array;
 
 /// The flags that describe a notebook experiment (the names are a contract; see
 /// the README). Shared by `explain` and `view`.
@@ -98,8 +97,8 @@ pub struct ExperimentArgs {
     #[arg(long)]
     causal: bool,
     /// Sliding window LEFT,RIGHT: query i sees keys i − LEFT to i + RIGHT.
-    #[arg(long, value_name = "LEFT,RIGHT")]
-    window: Option<String>,
+    #[arg(long, value_name = "LEFT,RIGHT", value_parser = flags::window)]
+    window: Option<(usize, usize)>,
     /// Mask keys whose token id is --padding-idx.
     #[arg(long, requires = "padding_idx")]
     mask_padding: bool,
@@ -172,7 +171,7 @@ pub fn experiment(args: &ExperimentArgs) -> Result<Experiment, Error> {
         bias: args.bias,
         out_proj: args.out_proj,
         causal: args.causal,
-        window: args.window.as_deref().map(parse_window).transpose()?,
+        window: args.window,
         mask_padding: args.mask_padding,
         softmax_dim: args.softmax_dim,
         scale: args.scale,

@@ -10,9 +10,9 @@ use std::path::PathBuf;
 use attend::experiment;
 use attend::viz::{self, AttentionMaps, ColorMode};
 
-use crate::experiment_args::{self, ExperimentArgs};
-use crate::model_args::ModelArgs;
-use crate::outputs::Outputs;
+use crate::args::experiment::{self as experiment_args, ExperimentArgs};
+use crate::args::model::ModelArgs;
+use crate::io::outputs::Outputs;
 use attend::{Error, Result};
 
 /// Flags of `attend view`.

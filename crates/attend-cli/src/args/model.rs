@@ -7,7 +7,7 @@ use attend::models::{SentenceEncoder, SentenceTrace};
 use attend::viz::AttentionMaps;
 use attend::Error;
 
-use crate::experiment_args::MODULE_FLAGS;
+use crate::args::experiment::MODULE_FLAGS;
 
 /// The flags that pick a real model and the text it reads.
 #[derive(clap::Args, Debug)]

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use attend::models::SentenceEncoder;
 use attend::viz::AttentionMaps;
 
-use crate::model_dir::{self, Format};
-use crate::outputs::Outputs;
+use crate::io::model_dir::{self, Format};
+use crate::io::outputs::Outputs;
 
 /// Flags of `attend attention`.
 #[derive(clap::Args)]
