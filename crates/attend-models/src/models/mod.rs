@@ -10,22 +10,25 @@
 //!   layer's and head's Q, K, V, scores and attention weights
 //!   ([`SentenceEncoder::trace`], [`SentenceTrace::head`]).
 
-mod bert;
+mod batch;
 mod config;
+mod encoder;
 mod family;
 mod modules;
+mod pooling;
 mod positions;
 #[cfg(feature = "tokenizers")]
 mod sentence;
 #[cfg(feature = "tokenizers")]
 pub mod tokenize;
+mod weights;
 
-pub use bert::{
-    pool, BertEmbeddings, BertLayer, BertModel, BertTrace, Pooling, Timings, TokenBatch,
-};
+pub use batch::TokenBatch;
 pub use config::BertConfig;
+pub use encoder::{BertEmbeddings, BertLayer, BertModel, BertTrace, Timings};
 pub use family::{Family, SUPPORTED_MODEL_TYPES};
 pub use modules::{Dense, DenseActivation, SentenceModules};
+pub use pooling::{pool, Pooling};
 
 /// A checkpoint directory's last component, as a readable model name for titles.
 pub fn model_name(dir: &std::path::Path) -> String {

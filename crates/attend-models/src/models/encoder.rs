@@ -8,66 +8,16 @@ use std::path::Path;
 
 use rayon::prelude::*;
 
-use ndarray::{s, Array2, Array3, Array4, ArrayView2, ArrayView4, Axis, ShapeBuilder};
+use ndarray::{s, Array2, Array3, Array4, ArrayView4, Axis, ShapeBuilder};
 
 use super::family::{self, Family};
 use super::positions::{mpnet_bias, position_ids, sinusoidal_table, MPNET_BUCKETS};
-use super::BertConfig;
+use super::weights::Weights;
+use super::{BertConfig, TokenBatch};
 use attend_core::attention::{attention, AttentionOptions, Precision};
 use attend_core::io::safetensors::SafeTensors;
-use attend_core::nn::state_dict::load_linear;
 use attend_core::nn::{LayerNorm, Linear, ModuleTrace, MultiHeadAttention};
 use attend_core::{Error, Result};
-
-/// Token ids of a batch of sequences, right-padded to a common length `T`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TokenBatch {
-    /// `[B, T]` token ids; positions at or past a sequence's length are padding.
-    pub ids: Array2<u32>,
-    /// `[B, T]` token-type (segment) ids.
-    pub type_ids: Array2<u32>,
-    /// Number of real tokens of each sequence, each ≤ `T`.
-    pub lengths: Vec<usize>,
-}
-
-impl TokenBatch {
-    /// Pads `sequences` of `(ids, type_ids)` on the right with `pad_id` (type 0).
-    pub fn from_sequences(sequences: &[(Vec<u32>, Vec<u32>)], pad_id: u32) -> Result<Self> {
-        let t = sequences
-            .iter()
-            .map(|(ids, _)| ids.len())
-            .max()
-            .unwrap_or(0);
-        let mut ids = Array2::from_elem((sequences.len(), t), pad_id);
-        let mut type_ids = Array2::zeros((sequences.len(), t));
-        let mut lengths = Vec::with_capacity(sequences.len());
-        for (b, (i, ty)) in sequences.iter().enumerate() {
-            if i.len() != ty.len() {
-                return Err(Error::shape(format!(
-                    "sequence {b} has {} ids but {} type ids",
-                    i.len(),
-                    ty.len()
-                )));
-            }
-            ids.slice_mut(s![b, ..i.len()]).assign(&ndarray::aview1(i));
-            type_ids
-                .slice_mut(s![b, ..i.len()])
-                .assign(&ndarray::aview1(ty));
-            lengths.push(i.len());
-        }
-        Ok(TokenBatch {
-            ids,
-            type_ids,
-            lengths,
-        })
-    }
-
-    /// `[B, T]`, `true` at padding positions (the attention API's `key_padding`).
-    pub fn padding_mask(&self) -> Array2<bool> {
-        let (b, t) = self.ids.dim();
-        Array2::from_shape_fn((b, t), |(bi, ti)| ti >= self.lengths[bi])
-    }
-}
 
 /// Word, position and token-type embeddings, summed and normalised.
 #[derive(Clone, Debug)]
@@ -192,95 +142,35 @@ impl BertModel {
     ) -> Result<Self> {
         let family = config.family;
         let names = family.names();
-        let root = if file.contains(family::WORD_EMBEDDINGS) {
-            ""
-        } else if file.contains(&format!("{}{}", family.prefix(), family::WORD_EMBEDDINGS)) {
-            family.prefix()
-        } else {
-            return Err(Error::format(format!(
-                "{}: no tensor {}: not a {} checkpoint",
-                file.origin(),
-                family::WORD_EMBEDDINGS,
-                family.model_type()
-            )));
-        };
-        // NaN or infinite weights would give NaN embeddings that look like results.
-        let layers_root = names.layers.split('.').next().unwrap_or_default();
-        let used = [
-            format!("{root}embeddings."),
-            format!("{root}{layers_root}."),
-        ];
-        for name in file.names() {
-            if used.iter().any(|p| name.starts_with(p.as_str())) {
-                file.check_finite(name)?;
-            }
-        }
+        let weights = Weights::new(file, family)?;
         let d = config.hidden_size;
-        let eps = config.layer_norm_eps;
-        let matrix = |name: &str, rows: usize, cols: usize| -> Result<Array2<f32>> {
-            let full = format!("{root}{name}");
-            file.tensor_shaped(&full, &[rows, cols])?
-                .into_dimensionality()
-                .map_err(|_| Error::shape(format!("{}: {full}: expected two axes", file.origin())))
-        };
-        let norm = |prefix: &str| -> Result<LayerNorm> {
-            // Old checkpoints call the LayerNorm parameters gamma and beta.
-            let pick = |a: &str, b: &str| {
-                let first = format!("{root}{prefix}.{a}");
-                if file.contains(&first) {
-                    first
-                } else {
-                    format!("{root}{prefix}.{b}")
-                }
-            };
-            let w = file.tensor_shaped(&pick("weight", "gamma"), &[d])?;
-            let b = file.tensor_shaped(&pick("bias", "beta"), &[d])?;
-            LayerNorm::new(
-                w.into_dimensionality().expect("checked"),
-                b.into_dimensionality().expect("checked"),
-                eps,
-            )
-        };
-        let loaded = |prefix: &str, out: usize, inp: usize| -> Result<Linear> {
-            let l = load_linear(file, &format!("{root}{prefix}."))?;
-            if l.weight.dim() != (out, inp) || l.bias.is_none() {
-                return Err(Error::shape(format!(
-                    "{}: {root}{prefix}.weight has shape {:?}, expected [{out}, {inp}] with a bias",
-                    file.origin(),
-                    l.weight.shape()
-                )));
-            }
-            Ok(l)
-        };
+        let norm = |prefix: &str| weights.norm(prefix, d, config.layer_norm_eps);
         let linear = |prefix: &str, out: usize, inp: usize| -> Result<Linear> {
-            Ok(loaded(prefix, out, inp)?.for_inference_with(precision))
+            Ok(weights
+                .linear(prefix, out, inp)?
+                .for_inference_with(precision))
         };
-        let position = if config.sinusoidal_positions
-            && !file.contains(&format!("{root}{}", family::POSITION_EMBEDDINGS))
-        {
-            // The only table sized by config.json alone, not by a tensor in the file.
-            let rows = config.max_position_embeddings;
-            attend_core::limits::check_memory(
-                "config.json's max_position_embeddings (the sinusoidal position table)",
-                attend_core::limits::array_bytes(&[rows, d], 4),
-            )?;
-            sinusoidal_table(rows, d)
-        } else {
-            matrix(
-                family::POSITION_EMBEDDINGS,
-                config.max_position_embeddings,
-                d,
-            )?
-        };
+        let position =
+            if config.sinusoidal_positions && !weights.contains(family::POSITION_EMBEDDINGS) {
+                // The only table sized by config.json alone, not by a tensor in the file.
+                let rows = config.max_position_embeddings;
+                attend_core::limits::check_memory(
+                    "config.json's max_position_embeddings (the sinusoidal position table)",
+                    attend_core::limits::array_bytes(&[rows, d], 4),
+                )?;
+                sinusoidal_table(rows, d)
+            } else {
+                weights.matrix(
+                    family::POSITION_EMBEDDINGS,
+                    config.max_position_embeddings,
+                    d,
+                )?
+            };
         let embeddings = BertEmbeddings {
-            word: matrix(family::WORD_EMBEDDINGS, config.vocab_size, d)?,
+            word: weights.matrix(family::WORD_EMBEDDINGS, config.vocab_size, d)?,
             position,
             token_type: if family.has_token_types() {
-                Some(matrix(
-                    family::TOKEN_TYPE_EMBEDDINGS,
-                    config.type_vocab_size,
-                    d,
-                )?)
+                Some(weights.matrix(family::TOKEN_TYPE_EMBEDDINGS, config.type_vocab_size, d)?)
             } else {
                 None
             },
@@ -293,7 +183,7 @@ impl BertModel {
                     config.relative_attention_buckets
                 )));
             }
-            Some(matrix(
+            Some(weights.matrix(
                 family::RELATIVE_ATTENTION_BIAS,
                 config.relative_attention_buckets,
                 config.num_attention_heads,
@@ -312,7 +202,7 @@ impl BertModel {
             let (attention, feed_forward) = rayon::join(
                 || -> Result<_> {
                     let [q, k, v] = [names.query, names.key, names.value]
-                        .map(|name| loaded(&format!("{p}.{name}"), d, d));
+                        .map(|name| weights.linear(&format!("{p}.{name}"), d, d));
                     let (q, k, v) = (q?, k?, v?);
                     let qkv = Linear::stacked(&[&q, &k, &v])?.for_inference_with(precision);
                     // The three alone serve the traced forward, so in bf16 they are
@@ -752,101 +642,6 @@ impl Clock {
     }
 }
 
-/// How a sentence embedding is made from the token vectors
-/// (sentence-transformers' `Pooling` module).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Pooling {
-    /// Mean over the real tokens.
-    Mean,
-    /// The first token (`[CLS]`).
-    Cls,
-    /// Element-wise maximum over the real tokens.
-    Max,
-    /// Sum over the real tokens divided by √(count).
-    MeanSqrtLen,
-    /// Mean over the real tokens weighted by position, 1 for the first token.
-    WeightedMean,
-    /// The last real token (decoder-style embedding models).
-    LastToken,
-}
-
-impl Pooling {
-    /// The mode of a sentence-transformers `pooling_mode` name.
-    pub fn from_name(name: &str) -> Option<Self> {
-        Some(match name {
-            "cls" => Pooling::Cls,
-            "max" => Pooling::Max,
-            "mean" => Pooling::Mean,
-            "mean_sqrt_len_tokens" => Pooling::MeanSqrtLen,
-            "weightedmean" => Pooling::WeightedMean,
-            "lasttoken" => Pooling::LastToken,
-            _ => return None,
-        })
-    }
-}
-
-/// Pools `hidden [B, T, d]` over the first `lengths[b]` tokens of each sequence,
-/// then L2-normalises each row if `normalize` (as `torch.nn.functional.normalize`,
-/// dividing by `max(‖x‖, 1e-12)`).
-pub fn pool(
-    hidden: ndarray::ArrayView3<'_, f32>,
-    lengths: &[usize],
-    pooling: Pooling,
-    normalize: bool,
-) -> Result<Array2<f32>> {
-    let (b, t, d) = hidden.dim();
-    if lengths.len() != b || lengths.iter().any(|&l| l > t) {
-        return Err(Error::shape(format!(
-            "lengths {lengths:?} do not fit hidden states {:?}",
-            hidden.shape()
-        )));
-    }
-    let mut out = Array2::zeros((b, d));
-    for (bi, &len) in lengths.iter().enumerate() {
-        let tokens: ArrayView2<'_, f32> = hidden.slice(s![bi, ..len, ..]);
-        let mut row = out.row_mut(bi);
-        match pooling {
-            Pooling::Cls => {
-                if len > 0 {
-                    row.assign(&tokens.row(0));
-                }
-            }
-            Pooling::LastToken => {
-                if len > 0 {
-                    row.assign(&tokens.row(len - 1));
-                }
-            }
-            Pooling::WeightedMean => {
-                for (i, token) in tokens.rows().into_iter().enumerate() {
-                    row.scaled_add((i + 1) as f32, &token);
-                }
-                let total = (len * (len + 1) / 2) as f32;
-                row /= total.max(1e-9);
-            }
-            Pooling::Max => {
-                if len > 0 {
-                    row.assign(&tokens.fold_axis(Axis(0), f32::NEG_INFINITY, |a, &x| a.max(x)));
-                }
-            }
-            Pooling::Mean | Pooling::MeanSqrtLen => {
-                let sum = tokens.sum_axis(Axis(0));
-                let n = (len as f32).max(1e-9);
-                let div = if pooling == Pooling::Mean {
-                    n
-                } else {
-                    n.sqrt()
-                };
-                row.assign(&(sum / div));
-            }
-        }
-        if normalize {
-            let norm = row.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
-            row /= norm;
-        }
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1180,25 +975,5 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("output projection"));
-    }
-
-    #[test]
-    fn pooling_modes() {
-        let h = Array3::from_shape_fn((2, 3, 2), |(b, t, d)| (b * 6 + t * 2 + d) as f32);
-        let mean = pool(h.view(), &[2, 3], Pooling::Mean, false).unwrap();
-        assert_eq!(mean.row(0).to_vec(), [1.0, 2.0]);
-        let cls = pool(h.view(), &[2, 3], Pooling::Cls, false).unwrap();
-        assert_eq!(cls.row(1).to_vec(), [6.0, 7.0]);
-        let max = pool(h.view(), &[2, 3], Pooling::Max, false).unwrap();
-        assert_eq!(max.row(0).to_vec(), [2.0, 3.0]);
-        let last = pool(h.view(), &[2, 3], Pooling::LastToken, false).unwrap();
-        assert_eq!(last.row(0).to_vec(), [2.0, 3.0]);
-        assert_eq!(last.row(1).to_vec(), [10.0, 11.0]);
-        // Tokens [0, 1], [2, 3] weighted 1 and 2: (0 + 4) / 3, (1 + 6) / 3.
-        let weighted = pool(h.view(), &[2, 3], Pooling::WeightedMean, false).unwrap();
-        assert_eq!(weighted.row(0).to_vec(), [4.0 / 3.0, 7.0 / 3.0]);
-        let norm = pool(h.view(), &[2, 3], Pooling::Mean, true).unwrap();
-        assert!((norm.row(1).dot(&norm.row(1)) - 1.0).abs() < 1e-6);
-        assert!(pool(h.view(), &[4, 1], Pooling::Mean, false).is_err());
     }
 }
