@@ -8,15 +8,18 @@ use std::path::Path;
 
 use rayon::prelude::*;
 
-use ndarray::{s, Array2, Array3, Array4, ArrayView4, Axis, ShapeBuilder};
+use ndarray::{s, Array2, Array3, Array4, ArrayView2, ArrayView4, Axis, ShapeBuilder};
 
 use super::family::{self, Family};
 use super::positions::{mpnet_bias, position_ids, sinusoidal_table, MPNET_BUCKETS};
+use super::probe::{Probe, Stopwatch, Timings, Watch, Work};
 use super::weights::Weights;
 use super::{BertConfig, TokenBatch};
 use attend_core::attention::{attention, AttentionOptions, Precision};
 use attend_core::io::safetensors::SafeTensors;
-use attend_core::nn::{LayerNorm, Linear, ModuleTrace, MultiHeadAttention};
+use attend_core::kernels::reference;
+use attend_core::nn::{merge_heads, LayerNorm, Linear, ModuleTrace, MultiHeadAttention};
+use attend_core::problem::Problem;
 use attend_core::{Error, Result};
 
 /// Word, position and token-type embeddings, summed and normalised.
@@ -339,30 +342,49 @@ impl BertModel {
     /// else is in the batch, and padding costs nothing until the output is laid
     /// out as `[B, T, d]`.
     pub fn forward(&self, batch: &TokenBatch) -> Result<Array3<f32>> {
-        self.forward_timed(batch, &mut Timings::default())
+        Ok(self.forward_watched(batch, || ())?.0)
     }
 
     /// [`forward`](Self::forward), adding the time spent in each kind of work to
     /// `timings` (for benchmarks: where does the time go?).
     pub fn forward_timed(&self, batch: &TokenBatch, timings: &mut Timings) -> Result<Array3<f32>> {
+        let (out, watches) = self.forward_watched(batch, Stopwatch::new)?;
+        // The threads' mean, so that the kinds still add up to the forward's time.
+        let ways = watches.len() as u32;
+        for watch in &watches {
+            timings.matmul += watch.spent.matmul / ways;
+            timings.attention += watch.spent.attention / ways;
+            timings.other += watch.spent.other / ways;
+        }
+        Ok(out)
+    }
+
+    /// [`forward`](Self::forward) with a stopwatch from `watch` on each group of
+    /// sequences, returned with the output.
+    fn forward_watched<W: Watch + Send>(
+        &self,
+        batch: &TokenBatch,
+        watch: impl Fn() -> W + Send + Sync,
+    ) -> Result<(Array3<f32>, Vec<W>)> {
         if rayon::current_thread_index().is_none() {
             // Run on a worker of the thread pool: each parallel step is then a join
             // the worker completes itself if the other thread is late, where a call
             // from outside the pool would hand each step over and wait for it.
-            return rayon::scope(|_| self.forward_timed(batch, timings));
+            return rayon::scope(|_| self.forward_watched(batch, watch));
         }
         self.check(batch)?;
         // MPNet's bias for the batch's T, made once and shared by every group.
         let bias = self.position_bias(batch.ids.ncols());
         let groups = sequence_groups(&batch.lengths, rayon::current_num_threads());
         if groups.len() < 2 {
-            return self.forward_rows(batch, bias.as_ref(), timings);
+            let (out, spent) = self.forward_rows(batch, bias.as_ref(), watch())?;
+            return Ok((out, vec![spent]));
         }
         // Groups of whole sequences side by side, one per thread: each product
         // then runs on one core, where the whole batch's would make the threads
         // meet at every product. A sequence's result does not depend on its
         // group, so the output is the same.
-        let parts: Vec<(Array3<f32>, Timings)> = groups
+        let parts: Vec<(Array3<f32>, W)> = groups
             .par_iter()
             .with_max_len(1)
             .map(|range| {
@@ -371,61 +393,40 @@ impl BertModel {
                     type_ids: batch.type_ids.slice(s![range.clone(), ..]).to_owned(),
                     lengths: batch.lengths[range.clone()].to_vec(),
                 };
-                let mut spent = Timings::default();
-                let out = self.forward_rows(&group, bias.as_ref(), &mut spent)?;
-                Ok((out, spent))
+                self.forward_rows(&group, bias.as_ref(), watch())
             })
             .collect::<Result<_>>()?;
         let views: Vec<_> = parts.iter().map(|(out, _)| out.view()).collect();
         let out = ndarray::concatenate(Axis(0), &views).expect("groups share T and d");
-        // The threads' mean, so that the kinds still add up to the forward's time.
-        let ways = parts.len() as u32;
-        for (_, spent) in &parts {
-            timings.matmul += spent.matmul / ways;
-            timings.attention += spent.attention / ways;
-            timings.other += spent.other / ways;
-        }
-        Ok(out)
+        Ok((out, parts.into_iter().map(|(_, spent)| spent).collect()))
     }
 
-    /// [`forward_timed`](Self::forward_timed) of a checked batch with its position
-    /// bias, every product split over the thread pool.
-    fn forward_rows(
+    /// The forward of a checked batch with its position bias, every product split
+    /// over the thread pool, timed by `watch`.
+    fn forward_rows<W: Watch>(
         &self,
         batch: &TokenBatch,
         bias: Option<&Array4<f32>>,
-        timings: &mut Timings,
-    ) -> Result<Array3<f32>> {
-        let mut clock = Clock::new();
+        watch: W,
+    ) -> Result<(Array3<f32>, W)> {
+        let mut probe = Packed {
+            model: self,
+            lengths: &batch.lengths,
+            bias,
+            watch,
+        };
         let (b, t) = batch.ids.dim();
         let d = self.config.hidden_size;
         let rows: Vec<(usize, usize)> = (0..b)
             .flat_map(|bi| (0..batch.lengths[bi]).map(move |ti| (bi, ti)))
             .collect();
         if rows.is_empty() {
-            return Ok(Array3::zeros((b, t, d)));
+            return Ok((Array3::zeros((b, t, d)), probe.watch));
         }
         let mut h = self.embed_rows(batch, &rows)?;
-        clock.lap(&mut timings.other);
+        probe.done(Work::Other);
         for layer in &self.layers {
-            let m = &layer.attention;
-            let qkv = layer.qkv.forward(h.view())?;
-            clock.lap(&mut timings.matmul);
-            let merged = self.attend_sequences(&qkv, &batch.lengths, bias)?;
-            clock.lap(&mut timings.attention);
-            let out_proj = m.out_proj.as_ref().ok_or_else(no_out_proj)?;
-            let a =
-                out_proj.forward_residual_norm(merged.view(), h.view(), &layer.attention_norm)?;
-            clock.lap(&mut timings.matmul);
-            // The activation is applied to each block of the product while in cache.
-            let inter = layer
-                .intermediate
-                .forward_activated(a.view(), self.config.hidden_act)?;
-            clock.lap(&mut timings.matmul);
-            h = layer
-                .output
-                .forward_residual_norm(inter.view(), a.view(), &layer.output_norm)?;
-            clock.lap(&mut timings.matmul);
+            h = self.layer(layer, h.view(), &mut probe)?;
         }
         // Each sequence's rows, then zeros for its padding.
         let src = h.as_slice().expect("Linear returns row-major arrays");
@@ -436,8 +437,37 @@ impl BertModel {
             out.resize(out.len() + (t - len) * d, 0.0);
             r += len;
         }
-        clock.lap(&mut timings.other);
-        Ok(Array3::from_shape_vec((b, t, d), out).expect("B·T rows of d"))
+        probe.done(Work::Other);
+        let out = Array3::from_shape_vec((b, t, d), out).expect("B·T rows of d");
+        Ok((out, probe.watch))
+    }
+
+    /// One encoder layer on rows `h [n, d]`: self-attention (run by the probe),
+    /// then the feed-forward block, each added to its input and normalised. Both
+    /// forwards are loops over this function; only their probes differ.
+    fn layer<P: Probe>(
+        &self,
+        layer: &BertLayer,
+        h: ArrayView2<'_, f32>,
+        probe: &mut P,
+    ) -> Result<Array2<f32>> {
+        let qkv = layer.qkv.forward(h)?;
+        probe.done(Work::Matmul);
+        let context = probe.attention(layer, &qkv)?;
+        probe.done(Work::Attention);
+        let out_proj = layer.attention.out_proj.as_ref().ok_or_else(no_out_proj)?;
+        let a = out_proj.forward_residual_norm(context.view(), h, &layer.attention_norm)?;
+        probe.done(Work::Matmul);
+        // The activation is applied to each block of the product while in cache.
+        let inter = layer
+            .intermediate
+            .forward_activated(a.view(), self.config.hidden_act)?;
+        probe.done(Work::Matmul);
+        let out = layer
+            .output
+            .forward_residual_norm(inter.view(), a.view(), &layer.output_norm)?;
+        probe.done(Work::Matmul);
+        Ok(out)
     }
 
     /// One layer's attention over the packed rows of the stacked projections
@@ -475,9 +505,9 @@ impl BertModel {
                     ..Default::default()
                 };
                 attention(
-                    projection_heads(rows, len, 0, heads),
-                    projection_heads(rows, len, 1, heads),
-                    projection_heads(rows, len, 2, heads),
+                    projection_heads(rows, 1, len, 0, heads),
+                    projection_heads(rows, 1, len, 1, heads),
+                    projection_heads(rows, 1, len, 2, heads),
                     &opts,
                 )
             })
@@ -508,19 +538,6 @@ impl BertModel {
             .map(|table| mpnet_bias(table.view(), t))
     }
 
-    /// `LayerNorm(a + output(act(intermediate(a))))` on rows `[n, d]`.
-    fn feed_forward(&self, layer: &BertLayer, a: Array2<f32>) -> Result<Array2<f32>> {
-        let mut inter = layer.intermediate.forward(a.view())?;
-        self.config
-            .hidden_act
-            .apply(inter.as_slice_mut().expect("fresh arrays are contiguous"));
-        let mut out = layer.output.forward(inter.view())?;
-        layer
-            .output_norm
-            .forward_inplace(out.view_mut(), Some(a.view()))?;
-        Ok(out)
-    }
-
     /// [`forward`](Self::forward) on the padded batch through the reference attention,
     /// keeping every intermediate: the per-layer, per-head Q, K, V, scores and
     /// attention weights that `attend explain` and the HTML viewer show.
@@ -533,45 +550,100 @@ impl BertModel {
             .collect();
         let padding = batch.padding_mask();
         let bias = self.position_bias(t);
-        let opts = AttentionOptions {
-            key_padding: Some(padding.view()),
-            bias: bias.as_ref().map(|a| a.view().into_dyn()),
-            ..Default::default()
+        let mut probe = Tracer {
+            batch: b,
+            tokens: t,
+            heads: self.config.num_attention_heads,
+            opts: AttentionOptions {
+                key_padding: Some(padding.view()),
+                bias: bias.as_ref().map(|a| a.view().into_dyn()),
+                ..Default::default()
+            },
+            layers: Vec::with_capacity(self.layers.len()),
         };
-        let mut h = self
-            .embed_rows(batch, &rows)?
-            .into_shape_with_order((b, t, d))
-            .expect("B·T rows");
+        let to_batch = |rows: Array2<f32>| rows.into_shape_with_order((b, t, d)).expect("B·T rows");
+        let mut h = self.embed_rows(batch, &rows)?;
         let mut inputs = Vec::with_capacity(self.layers.len());
-        let mut traces = Vec::with_capacity(self.layers.len());
         for layer in &self.layers {
-            let tr = layer.attention.trace(h.view(), &opts)?;
-            let mut a = tr
-                .output
-                .clone()
-                .ok_or_else(no_out_proj)?
-                .into_shape_with_order((b * t, d))
-                .expect("standard layout");
-            let flat_h = h
-                .view()
-                .into_shape_with_order((b * t, d))
-                .expect("standard layout");
-            layer
-                .attention_norm
-                .forward_inplace(a.view_mut(), Some(flat_h))?;
-            let out = self.feed_forward(layer, a)?;
-            inputs.push(std::mem::replace(
-                &mut h,
-                out.into_shape_with_order((b, t, d)).expect("B·T rows"),
-            ));
-            traces.push(tr);
+            let out = self.layer(layer, h.view(), &mut probe)?;
+            inputs.push(to_batch(std::mem::replace(&mut h, out)));
         }
         Ok(BertTrace {
             inputs,
-            attention: traces,
-            hidden: h,
+            attention: probe.layers,
+            hidden: to_batch(h),
             position_bias: bias,
         })
+    }
+}
+
+/// The fast forward's probe: each sequence's attention through the fused kernel
+/// on its own rows (packed, no padding), timed by `watch`.
+struct Packed<'a, W> {
+    model: &'a BertModel,
+    /// The rows of each sequence, one sequence after another.
+    lengths: &'a [usize],
+    /// MPNet's position bias for the batch.
+    bias: Option<&'a Array4<f32>>,
+    watch: W,
+}
+
+impl<W: Watch> Probe for Packed<'_, W> {
+    #[inline(always)]
+    fn done(&mut self, work: Work) {
+        self.watch.lap(work);
+    }
+
+    fn attention(&mut self, _: &BertLayer, qkv: &Array2<f32>) -> Result<Array2<f32>> {
+        self.model.attend_sequences(qkv, self.lengths, self.bias)
+    }
+}
+
+/// The traced forward's probe: attention on the padded batch through the
+/// reference kernel, each layer's Q, K, V, scores, weights, context and output
+/// projection kept.
+struct Tracer<'a> {
+    batch: usize,
+    /// The padded length `T`.
+    tokens: usize,
+    heads: usize,
+    /// The padding keys masked, MPNet's bias added.
+    opts: AttentionOptions<'a>,
+    /// Each layer's record so far.
+    layers: Vec<ModuleTrace>,
+}
+
+impl Probe for Tracer<'_> {
+    fn done(&mut self, _: Work) {}
+
+    fn attention(&mut self, layer: &BertLayer, qkv: &Array2<f32>) -> Result<Array2<f32>> {
+        let (b, t, heads) = (self.batch, self.tokens, self.heads);
+        let all = qkv.as_slice().expect("Linear returns row-major arrays");
+        let [q, k, v] = [0, 1, 2].map(|which| {
+            projection_heads(all, b, t, which, heads)
+                .as_standard_layout()
+                .into_owned()
+        });
+        let attention = reference::run(&Problem::new(q.view(), k.view(), v.view(), &self.opts)?);
+        let context = merge_heads(attention.output.view());
+        let rows =
+            Array2::from_shape_vec((b * t, qkv.ncols() / 3), context.iter().copied().collect())
+                .expect("B·T rows of d");
+        // The layer adds the output projection to its residual as it computes it,
+        // so the projection alone, which the record keeps, is computed here again.
+        let output = match &layer.attention.out_proj {
+            Some(o) => Some(o.forward(context.view())?),
+            None => None,
+        };
+        self.layers.push(ModuleTrace {
+            q,
+            k,
+            v,
+            attention,
+            context,
+            output,
+        });
+        Ok(rows)
     }
 }
 
@@ -599,14 +671,21 @@ fn sequence_groups(lengths: &[usize], threads: usize) -> Vec<std::ops::Range<usi
     groups
 }
 
-/// Projection `which` (0 queries, 1 keys, 2 values) of one sequence's stacked
-/// projections (`len` rows of `3d`) as `[1, H, len, d/H]`: a view, no copy.
-fn projection_heads(rows: &[f32], len: usize, which: usize, heads: usize) -> ArrayView4<'_, f32> {
-    let width = rows.len() / len;
+/// Projection `which` (0 queries, 1 keys, 2 values) of `batch` sequences of
+/// `len` rows each of stacked projections (`3d` wide) as `[batch, H, len, d/H]`:
+/// a view, no copy.
+fn projection_heads(
+    rows: &[f32],
+    batch: usize,
+    len: usize,
+    which: usize,
+    heads: usize,
+) -> ArrayView4<'_, f32> {
+    let width = rows.len() / (batch * len);
     let d = width / 3;
     let dh = d / heads;
     ArrayView4::from_shape(
-        (1, heads, len, dh).strides((len * width, dh, width, 1)),
+        (batch, heads, len, dh).strides((len * width, dh, width, 1)),
         &rows[which * d..],
     )
     .expect("the heads of one projection lie inside the stacked rows")
@@ -614,32 +693,6 @@ fn projection_heads(rows: &[f32], len: usize, which: usize, heads: usize) -> Arr
 
 fn no_out_proj() -> Error {
     Error::value("an encoder layer's attention needs an output projection (out_proj is None)")
-}
-
-/// Time spent in each kind of work by [`BertModel::forward_timed`], accumulated.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Timings {
-    /// Dense layers (`Linear`): Q/K/V, output projection, feed-forward (its
-    /// activation included: it is applied inside the product).
-    pub matmul: std::time::Duration,
-    /// The `attention` call (scores, softmax, weighted sum).
-    pub attention: std::time::Duration,
-    /// Everything else: embeddings, LayerNorms, residuals, packing and unpacking.
-    pub other: std::time::Duration,
-}
-
-struct Clock(std::time::Instant);
-
-impl Clock {
-    fn new() -> Self {
-        Clock(std::time::Instant::now())
-    }
-
-    fn lap(&mut self, into: &mut std::time::Duration) {
-        let now = std::time::Instant::now();
-        *into += now - self.0;
-        self.0 = now;
-    }
 }
 
 #[cfg(test)]

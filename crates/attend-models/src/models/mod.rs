@@ -17,6 +17,7 @@ mod family;
 mod modules;
 mod pooling;
 mod positions;
+mod probe;
 #[cfg(feature = "tokenizers")]
 mod sentence;
 #[cfg(feature = "tokenizers")]
@@ -25,10 +26,11 @@ mod weights;
 
 pub use batch::TokenBatch;
 pub use config::BertConfig;
-pub use encoder::{BertEmbeddings, BertLayer, BertModel, BertTrace, Timings};
+pub use encoder::{BertEmbeddings, BertLayer, BertModel, BertTrace};
 pub use family::{Family, SUPPORTED_MODEL_TYPES};
 pub use modules::{Dense, DenseActivation, SentenceModules};
 pub use pooling::{pool, Pooling};
+pub use probe::Timings;
 
 /// A checkpoint directory's last component, as a readable model name for titles.
 pub fn model_name(dir: &std::path::Path) -> String {
