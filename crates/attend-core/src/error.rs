@@ -82,6 +82,27 @@ impl Error {
         Error::Format(msg.into())
     }
 
+    /// This error with `what` put before its message (`"{what}: {message}"`), its
+    /// variant kept: for a caller that knows what was being read (a file, a
+    /// tensor) when a function that does not know it failed. An `Io` error
+    /// already names its file, and `IsaUnavailable` and `Unsupported` name no
+    /// argument, so those are returned as they are.
+    pub fn context(self, what: impl std::fmt::Display) -> Self {
+        match self {
+            Error::Shape { arg, got, want } => Error::Shape {
+                arg: format!("{what}: {arg}"),
+                got,
+                want,
+            },
+            Error::ShapeMismatch(m) => Error::ShapeMismatch(format!("{what}: {m}")),
+            Error::Value(m) => Error::Value(format!("{what}: {m}")),
+            Error::Format(m) => Error::Format(format!("{what}: {m}")),
+            other @ (Error::Io { .. } | Error::IsaUnavailable(_) | Error::Unsupported { .. }) => {
+                other
+            }
+        }
+    }
+
     /// An I/O failure on `path`: an [`std::io::Error`] is kept as the source, as
     /// is; anything else (a message such as `"not found"`) becomes one.
     pub fn io(
@@ -114,5 +135,22 @@ mod tests {
         assert!(err.to_string().starts_with("model/config.json: "), "{err}");
         let err = Error::io("tokenizer.json", "tokenizer file not found");
         assert_eq!(err.to_string(), "tokenizer.json: tokenizer file not found");
+    }
+
+    #[test]
+    fn context_keeps_the_variant() {
+        let err = Error::value("eps is NaN").context("model.safetensors");
+        assert!(matches!(err, Error::Value(_)), "{err:?}");
+        assert_eq!(err.to_string(), "model.safetensors: eps is NaN");
+        let err = Error::Shape {
+            arg: "w".into(),
+            got: vec![2],
+            want: "[3]".into(),
+        }
+        .context("f");
+        assert!(matches!(err, Error::Shape { .. }), "{err:?}");
+        assert_eq!(err.to_string(), "f: w of shape [2] must be [3]");
+        let err = Error::io("a.bin", "not found").context("b");
+        assert_eq!(err.to_string(), "a.bin: not found");
     }
 }

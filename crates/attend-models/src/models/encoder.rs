@@ -113,16 +113,7 @@ impl BertModel {
         }
         let config = BertConfig::from_file(dir.join("config.json"))?;
         let weights = SafeTensors::open(dir.join("model.safetensors"))?;
-        // Some checks (a LayerNorm's, the attention module's) know the tensor but
-        // not the file: every error of the model file names it.
-        Self::from_safetensors_with(config, &weights, precision).map_err(|e| {
-            let message = e.to_string();
-            if message.starts_with(weights.origin()) {
-                e
-            } else {
-                Error::format(format!("{}: {message}", weights.origin()))
-            }
-        })
+        Self::from_safetensors_with(config, &weights, precision)
     }
 
     /// Builds the model from Hugging Face tensor names of `config.family` (with or
@@ -207,7 +198,11 @@ impl BertModel {
                     let [q, k, v] = [names.query, names.key, names.value]
                         .map(|name| weights.linear(&format!("{p}.{name}"), d, d));
                     let (q, k, v) = (q?, k?, v?);
-                    let qkv = Linear::stacked(&[&q, &k, &v])?.for_inference_with(precision);
+                    // The checks of the stacked layer, the attention module and the
+                    // LayerNorms know the tensors but not the file: the file is added.
+                    let qkv = Linear::stacked(&[&q, &k, &v])
+                        .map_err(|e| e.context(weights.origin()))?
+                        .for_inference_with(precision);
                     // The three alone serve the traced forward, so in bf16 they are
                     // rounded as the stacked product is; in f32 they stay unpacked
                     // (the fast forward does not read them).
@@ -222,7 +217,8 @@ impl BertModel {
                         Some(linear(&format!("{p}.{}", names.attention_output), d, d)?),
                         heads,
                         heads,
-                    )?;
+                    )
+                    .map_err(|e| e.context(weights.origin()))?;
                     Ok((attention, qkv))
                 },
                 || -> Result<_> {

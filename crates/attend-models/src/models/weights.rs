@@ -90,7 +90,8 @@ impl<'a> Weights<'a> {
         };
         let w = self.vector(&pick("weight", "gamma"), d)?;
         let b = self.vector(&pick("bias", "beta"), d)?;
-        LayerNorm::new(w, b, eps)
+        // LayerNorm's own checks know the tensors but not the file.
+        LayerNorm::new(w, b, eps).map_err(|e| e.context(self.origin()))
     }
 
     /// The dense layer `prefix` (`prefix.weight`, `prefix.bias`), which must be
