@@ -28,7 +28,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_py_models import SENTENCES, OtherLoad, alternate, cpu_name  # noqa: E402
+from bench_py_models import SENTENCES, OtherLoad, alternate, cpu_name, encoders  # noqa: E402
 
 import numpy as np  # noqa: E402
 import sentence_transformers  # noqa: E402
@@ -65,16 +65,7 @@ def main() -> None:
     others = OtherLoad()
     rows = []
     for model_dir in args.model_dirs:
-        st = SentenceTransformer(model_dir, device="cpu")
-        enc = attend.SentenceEncoder(model_dir)
-
-        def st_encode():
-            with torch.inference_mode():
-                return st.encode(SENTENCES, batch_size=32, convert_to_numpy=True)
-
-        def attend_encode():
-            return enc.encode(SENTENCES, batch_size=32)
-
+        st_encode, attend_encode = encoders(model_dir)
         diff = float(np.abs(st_encode().astype(np.float64) - attend_encode().astype(np.float64)).max())
         assert diff <= EMBEDDING_TOLERANCE, f"{model_dir}: embeddings disagree by {diff:.3g}"
         sides = {"sentence-transformers": st_encode, "attend": attend_encode}

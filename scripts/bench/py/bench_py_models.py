@@ -24,7 +24,7 @@ import os
 import statistics
 import subprocess
 import sys
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Tuple
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # the local directory only, never the hub
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -145,6 +145,22 @@ class OtherLoad:
         return max(0.0, (busy - own) / total)
 
 
+def encoders(model_dir: str) -> Tuple[Callable[[], np.ndarray], Callable[[], np.ndarray]]:
+    """sentence-transformers' and attend's encode of SENTENCES (one batch of 32),
+    each a call of no arguments, for the model in `model_dir`."""
+    st = SentenceTransformer(model_dir, device="cpu")
+    enc = attend.SentenceEncoder(model_dir)
+
+    def st_encode():
+        with torch.inference_mode():
+            return st.encode(SENTENCES, batch_size=32, convert_to_numpy=True)
+
+    def attend_encode():
+        return enc.encode(SENTENCES, batch_size=32)
+
+    return st_encode, attend_encode
+
+
 def alternate(sides: Dict[str, Callable[[], object]], rounds: int, reps: int) -> Dict[str, List[float]]:
     """Per-round medians of each side; the order of the sides flips every round."""
     names = list(sides)
@@ -199,16 +215,7 @@ def main() -> None:
     forward_ms = alternate({"sdpa": lambda: forward("sdpa"), "attend": lambda: forward("attend")}, args.rounds, args.reps)
 
     # (ii) sentence embeddings: sentence-transformers against attend.SentenceEncoder.
-    st = SentenceTransformer(model_dir, device="cpu")
-    enc = attend.SentenceEncoder(model_dir)
-
-    def st_encode():
-        with torch.inference_mode():
-            return st.encode(SENTENCES, batch_size=32, convert_to_numpy=True)
-
-    def attend_encode():
-        return enc.encode(SENTENCES, batch_size=32)
-
+    st_encode, attend_encode = encoders(model_dir)
     st_vec, attend_vec = st_encode(), attend_encode()
     assert st_vec.shape == attend_vec.shape == (32, 384), (st_vec.shape, attend_vec.shape)
     embed_diff = float(np.abs(st_vec.astype(np.float64) - attend_vec.astype(np.float64)).max())
