@@ -87,6 +87,11 @@ struct Bf16Unit<'s> {
     /// The head's keys and values as bf16 bits: base pointer and row stride.
     k: (*const u16, isize),
     v: (*const u16, isize),
+    /// The head width `E`, the value width `Ev` and `Ev` rounded up to 16 (the
+    /// value pairs' row length), read once per unit rather than per register block.
+    e: usize,
+    ev: usize,
+    evp: usize,
 }
 
 impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
@@ -148,6 +153,9 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
             tile_values: std::ptr::null(),
             k: head(&self.p.k),
             v: head(&self.p.v),
+            e,
+            ev: d.value_dim,
+            evp: d.value_dim.next_multiple_of(LANES),
         }
     }
 
@@ -165,8 +173,7 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
         // of `e` contiguous bf16 (`reads_in_place`) `krs` apart.
         unsafe {
             let k = (kp.offset(j as isize * krs), krs);
-            let e = self.p.dims().head_dim;
-            qk_rows::<I, NQ, MR>(isa, u.qp.as_ptr(), e, k, self.scale, s, mask)
+            qk_rows::<I, NQ, MR>(isa, u.qp.as_ptr(), u.e, k, self.scale, s, mask)
         }
     }
 
@@ -189,7 +196,6 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
         u.tile_values = match self.values.tile((at.b, at.kvh), (j0, j1)) {
             Some(pairs) => pairs.as_ptr(),
             None => {
-                let ev = self.p.dims().value_dim;
                 let (vp, vrs) = u.v;
                 // SAFETY: value rows `j0..j1` are inside the head, `ev` contiguous
                 // bf16 each (`reads_in_place`); `vp` holds `pairs(BK) ≥ pairs(nk)`
@@ -198,9 +204,9 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
                     pack_value_pairs(
                         isa,
                         (vp.offset(j0 as isize * vrs), vrs),
-                        (nk, ev),
+                        (nk, u.ev),
                         u.vp.as_mut_ptr(),
-                        ev.next_multiple_of(LANES),
+                        u.evp,
                     )
                 };
                 u.vp.as_ptr()
@@ -219,12 +225,11 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
         ot: *mut f32,
         alpha: *const f32,
     ) {
-        let evp = self.p.dims().value_dim.next_multiple_of(LANES);
         // SAFETY: `pp` holds `pairs(nk)` rows of `16·NQ` pairs and the tile's values
         // (either source) as many rows of `evp ≥ c0 + MC` pairs (the caller's
         // contract on `c0`).
         unsafe {
-            let v = (u.tile_values.add(c0), evp);
+            let v = (u.tile_values.add(c0), u.evp);
             pv_cols::<I, NQ, MC>(isa, u.pp.as_ptr(), pairs(j1 - j0), v, ot, alpha)
         }
     }
