@@ -1,8 +1,11 @@
 //! The register tile of the library's matrix products (the dense layers' f32 and
-//! bf16 products in `nn::matmul`, the fused backward's five products): `R ≤ 6` rows
-//! of `a` times `P` (1, 2 or 4) adjacent 16-wide panels of `b`, written once over
-//! what one step of the sum multiplies ([`Step`]: an f32 number, or a bf16 pair
-//! through [`Simd::dot2`]).
+//! bf16 products in `nn::matmul`, the fused backward's five products, the fused
+//! forward's f32 products and its bf16 weights-times-values): `R` rows of `a`
+//! times `P` (1, 2 or 4) adjacent 16-wide panels of `b`, written once over what
+//! one step of the sum multiplies ([`Step`]: an f32 number, or a bf16 pair through
+//! [`Simd::dot2`]). [`Tile::run`] takes up to 6 rows (12 with two panels on
+//! 32-register instruction sets) and splits for 16-register ones; the fused
+//! forward, which sizes its register blocks itself, calls [`Tile::rows`].
 //!
 //! With one panel a step loads as many numbers as it multiplies (one panel vector,
 //! `R` broadcasts, `R` products); with four, each broadcast feeds four products, so
@@ -103,36 +106,63 @@ impl Step for u32 {
     }
 }
 
-/// What the accumulators are added to.
+/// What the accumulators are added to: the same kind for every panel of a tile
+/// (so that a tile's write-out is one plain loop, which the compiler unrolls and
+/// keeps the accumulators in registers for), with per-column numbers, panel `q`'s
+/// at index `q`, where the kind has any.
 #[derive(Clone, Copy)]
 pub(crate) enum Init<'a> {
     /// Nothing: the output is written, not read (the first block of a sum
     /// without a bias).
     Zero,
     /// A bias, the same in every row (the first block of a dense layer's sum).
-    Bias(&'a [f32; NR]),
+    Bias(&'a [[f32; NR]]),
     /// The partial sums already in the output.
     Add,
+    /// The output scaled lane by lane, the same factors in every row: `c = α ⊙ c +
+    /// a·b` (the fused forward's rescaled `Oᵀ`, one factor per query).
+    Scaled(&'a [[f32; NR]]),
+}
+
+impl<'a> Init<'a> {
+    /// The numbers of panel `q` onwards.
+    fn panels_from(self, q: usize) -> Init<'a> {
+        match self {
+            Init::Bias(bias) => Init::Bias(&bias[q..]),
+            Init::Scaled(alpha) => Init::Scaled(&alpha[q..]),
+            other => other,
+        }
+    }
 }
 
 /// One register tile's operands: rows of `a` (`lda` apart, each row's steps `sa`
 /// apart: 1 for rows stored along the sum, the row length to read a transposed
-/// matrix), a panel of `b` (rows of 16 elements `ldb` apart, the next panel `next`
-/// elements further), `kc` steps.
+/// matrix; either may be negative, as an array view's strides may), a panel of `b`
+/// (rows of 16 elements `ldb` apart, the next panel `next` elements further), `kc`
+/// steps.
 #[derive(Clone, Copy)]
 pub(crate) struct Tile<E> {
     pub a: *const E,
-    pub lda: usize,
-    pub sa: usize,
+    pub lda: isize,
+    pub sa: isize,
     pub b: *const E,
     pub ldb: usize,
     pub next: usize,
     pub kc: usize,
+    /// Steps in each partial sum: [`Step::PARTIAL`] for the dense layers' and
+    /// the backward's products, shorter where a caller wants shorter sums (the
+    /// fused forward's scores).
+    pub partial: usize,
+    /// Whether `b` streams from memory, read once (a dense layer's weights): the
+    /// tile then asks for its panels' lines ahead of the sum. Panels already in
+    /// the L1 cache (the attention kernels' blocks) would only spend an
+    /// instruction slot per panel and step on it.
+    pub stream: bool,
 }
 
 impl<E: Step> Tile<E> {
     /// `c[rows, 16·P] = init + a·b` for `P` adjacent panels, `c` with row
-    /// stride `ldc`, each panel with its own `init`.
+    /// stride `ldc`.
     ///
     /// # Safety
     /// `a` must be readable for `rows` rows of `kc` elements `sa` apart, the rows
@@ -148,34 +178,34 @@ impl<E: Step> Tile<E> {
         rows: usize,
         c: *mut f32,
         ldc: usize,
-        init: [Init<'_>; P],
+        init: Init<'_>,
     ) {
         // SAFETY: the caller's guarantees, split by panel and by rows below (no
         // recursion: a recursive call could not be inlined into the instruction
         // set's entry point, and would run without its features).
         unsafe {
             if I::REGISTERS < 32 && (P > 1 || rows > E::ROWS_16) {
-                for (q, &init) in init.iter().enumerate() {
+                for q in 0..P {
+                    let init = init.panels_from(q);
                     let panel = Tile {
                         b: self.b.add(q * self.next),
                         ..*self
                     };
                     let c = c.add(q * NR);
                     let top = rows.min(E::ROWS_16);
-                    panel.fixed::<I, 1>(isa, top, c, ldc, [init]);
+                    panel.fixed::<I, 1>(isa, top, c, ldc, init);
                     if rows > top {
                         let rest = Tile {
-                            a: panel.a.add(top * self.lda),
+                            a: panel.a.offset(top as isize * self.lda),
                             ..panel
                         };
-                        rest.fixed::<I, 1>(isa, rows - top, c.add(top * ldc), ldc, [init]);
+                        rest.fixed::<I, 1>(isa, rows - top, c.add(top * ldc), ldc, init);
                     }
                 }
                 return;
             }
             if rows > MR {
                 debug_assert!(P == 2 && tall::<I>(rows));
-                let init = [init[0], init[P - 1]];
                 match rows {
                     12 => self.rows::<I, 12, 2>(isa, c, ldc, init),
                     11 => self.rows::<I, 11, 2>(isa, c, ldc, init),
@@ -201,7 +231,7 @@ impl<E: Step> Tile<E> {
         rows: usize,
         c: *mut f32,
         ldc: usize,
-        init: [Init<'_>; P],
+        init: Init<'_>,
     ) {
         // SAFETY: the caller's guarantees, for `R = rows`.
         unsafe {
@@ -216,17 +246,19 @@ impl<E: Step> Tile<E> {
         }
     }
 
-    /// [`run`](Self::run) for `R` rows.
+    /// [`run`](Self::run) for a number of rows the caller knows at compile time
+    /// (the fused forward's register blocks), with no dispatch on it: `R` rows of
+    /// `P` panels must fit the registers, which the caller sees to.
     ///
     /// # Safety
     /// As [`run`](Self::run)'s, with `rows = R`.
     #[inline(always)]
-    unsafe fn rows<I: Simd, const R: usize, const P: usize>(
+    pub unsafe fn rows<I: Simd, const R: usize, const P: usize>(
         &self,
         isa: I,
         c: *mut f32,
         ldc: usize,
-        init: [Init<'_>; P],
+        init: Init<'_>,
     ) {
         // SAFETY: every read and write below is inside the caller's `R` rows of `a`
         // and `c` and `kc` rows of each panel of `b`.
@@ -235,11 +267,11 @@ impl<E: Step> Tile<E> {
             let mut b = self.b;
             let mut init = init;
             let mut left = self.kc;
-            // Partial sums of `PARTIAL` steps, each added to the output: the error
+            // Partial sums of `partial` steps, each added to the output: the error
             // of an f32 sum of k terms then grows like SUM_BLOCK + k/SUM_BLOCK, not
             // like k. At least one, so that `kc = 0` still writes `init`.
             loop {
-                let steps = left.min(E::PARTIAL);
+                let steps = left.min(self.partial);
                 let mut acc = [[isa.splat(0.0); R]; P];
                 for _ in 0..steps {
                     // A short text reads each weight once, straight from memory:
@@ -248,11 +280,13 @@ impl<E: Step> Tile<E> {
                     // prefetch past the panel's end is harmless (no fault, no UB
                     // with `wrapping_add`).
                     #[cfg(target_arch = "x86_64")]
-                    for q in 0..P {
+                    if self.stream {
                         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-                        _mm_prefetch::<_MM_HINT_T0>(
-                            b.wrapping_add(q * self.next + PREFETCH * self.ldb).cast(),
-                        );
+                        for q in 0..P {
+                            _mm_prefetch::<_MM_HINT_T0>(
+                                b.wrapping_add(q * self.next + PREFETCH * self.ldb).cast(),
+                            );
+                        }
                     }
                     let mut bv = [E::splat(isa, *a); P];
                     for (q, v) in bv.iter_mut().enumerate() {
@@ -262,7 +296,7 @@ impl<E: Step> Tile<E> {
                     // array kept it on the stack (a store after every product).
                     #[allow(clippy::needless_range_loop)]
                     for i in 0..R {
-                        let ai = E::splat(isa, *a.add(i * self.lda));
+                        let ai = E::splat(isa, *a.offset(i as isize * self.lda));
                         for q in 0..P {
                             acc[q][i] = E::mul_add(isa, acc[q][i], ai, bv[q]);
                         }
@@ -270,24 +304,48 @@ impl<E: Step> Tile<E> {
                     // Past the last step these point beyond the operands (a
                     // transposed `a` by a whole row), where they are not read:
                     // `wrapping_add` makes that no UB.
-                    a = a.wrapping_add(self.sa);
+                    a = a.wrapping_offset(self.sa);
                     b = b.wrapping_add(self.ldb);
                 }
-                for (q, (start, sums)) in init.iter().zip(&acc).enumerate() {
-                    for (i, sum) in sums.iter().enumerate() {
-                        let ci = c.add(i * ldc + q * NR);
-                        let start = match start {
-                            Init::Zero => {
-                                isa.store(ci, *sum);
-                                continue;
+                // One match, then plain loops: a match per panel inside the loop
+                // over panels kept that loop rolled for four panels, indexing the
+                // accumulators at run time, which then lived on the stack.
+                let at = |q: usize, i: usize| c.add(i * ldc + q * NR);
+                #[allow(clippy::needless_range_loop)]
+                match init {
+                    Init::Zero => {
+                        for q in 0..P {
+                            for i in 0..R {
+                                isa.store(at(q, i), acc[q][i]);
                             }
-                            Init::Bias(bias) => isa.load(bias.as_ptr()),
-                            Init::Add => isa.load(ci),
-                        };
-                        isa.store(ci, isa.add(start, *sum));
+                        }
+                    }
+                    Init::Bias(bias) => {
+                        for q in 0..P {
+                            let bias = isa.load(bias[q].as_ptr());
+                            for i in 0..R {
+                                isa.store(at(q, i), isa.add(bias, acc[q][i]));
+                            }
+                        }
+                    }
+                    Init::Add => {
+                        for q in 0..P {
+                            for i in 0..R {
+                                isa.store(at(q, i), isa.add(isa.load(at(q, i)), acc[q][i]));
+                            }
+                        }
+                    }
+                    Init::Scaled(alpha) => {
+                        for q in 0..P {
+                            let alpha = isa.load(alpha[q].as_ptr());
+                            for i in 0..R {
+                                let ci = at(q, i);
+                                isa.store(ci, isa.fma(isa.load(ci), alpha, acc[q][i]));
+                            }
+                        }
                     }
                 }
-                init = [Init::Add; P];
+                init = Init::Add;
                 left -= steps;
                 if left == 0 {
                     break;

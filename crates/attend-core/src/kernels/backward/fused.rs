@@ -34,7 +34,7 @@ use rayon::prelude::*;
 use super::AttentionGrads;
 use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
 use crate::kernels::scratch::{carve, with_scratch};
-use crate::kernels::tile::{Init, Tile, MR, NR, WIDE};
+use crate::kernels::tile::{Init, Tile, MR, NR, SUM_BLOCK, WIDE};
 use crate::problem::{along, Dims, Dropout, Problem, SoftmaxAxis};
 
 /// Queries per block.
@@ -519,14 +519,16 @@ impl Product {
                 let rows = MR.min(m - i);
                 let tile = Tile {
                     a: a.add(i * lda),
-                    lda,
-                    sa,
+                    lda: lda as isize,
+                    sa: sa as isize,
                     b: b.add(j),
                     ldb,
                     next: NR,
                     kc: k,
+                    partial: SUM_BLOCK,
+                    stream: true,
                 };
-                tile.run::<I, P>(isa, rows, c.add(i * ldc + j), ldc, [self.init; P]);
+                tile.run::<I, P>(isa, rows, c.add(i * ldc + j), ldc, self.init);
                 i += rows;
             }
         }

@@ -25,6 +25,7 @@ use super::{Operands, Stats, UnitAt, BK};
 use crate::element::bf16;
 use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
 use crate::kernels::scratch::carve;
+use crate::kernels::tile::{Init, Tile, PAIR_SUM_BLOCK};
 use crate::problem::{Dims, Problem};
 
 /// Pairs (two products each) a dot product sums in registers before it joins its
@@ -225,12 +226,26 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
         ot: *mut f32,
         alpha: *const f32,
     ) {
-        // SAFETY: `pp` holds `pairs(nk)` rows of `16·NQ` pairs and the tile's values
-        // (either source) as many rows of `evp ≥ c0 + MC` pairs (the caller's
-        // contract on `c0`).
+        let w = NQ * LANES;
+        // Oᵀ = α·Oᵀ + Vᵀ·Pᵀ over pairs of keys: value columns against the weights'
+        // panels. SAFETY: `pp` holds `pairs(nk)` rows of `16·NQ` pairs and the
+        // tile's values (either source) as many rows of `evp ≥ c0 + MC` pairs (the
+        // caller's contract on `c0`); `ot` holds `MC` rows of `16·NQ` floats and
+        // `alpha` one.
         unsafe {
-            let v = (u.tile_values.add(c0), u.evp);
-            pv_cols::<I, NQ, MC>(isa, u.pp.as_ptr(), pairs(j1 - j0), v, ot, alpha)
+            let tile = Tile {
+                a: u.tile_values.add(c0),
+                lda: 1,
+                sa: u.evp as isize,
+                b: u.pp.as_ptr(),
+                ldb: w,
+                next: LANES,
+                kc: pairs(j1 - j0),
+                partial: PAIR_SUM_BLOCK,
+                stream: false,
+            };
+            let alpha = std::slice::from_raw_parts(alpha.cast(), NQ);
+            tile.rows::<I, MC, NQ>(isa, ot, w, Init::Scaled(alpha));
         }
     }
 }
@@ -401,6 +416,11 @@ unsafe fn pack_value_pairs<I: Simd>(
 /// keys (`mb` holds the mask terms in base 2), over pairs of columns. The bf16
 /// queries are not pre-scaled as the f32 kernel's are: that would round them again.
 ///
+/// Not on the register tile (`kernels::tile`), unlike the other products: the
+/// key pairs are read in place from rows of bf16 that need not start on a pair
+/// (an odd row stride), the last pair of an odd width has a zero half, and the
+/// scale joins at the end; the tile's operand `a` is whole steps at fixed strides.
+///
 /// # Safety
 /// `k.0` must be valid for `MR` rows of `e` contiguous bf16, `k.1` elements apart;
 /// `qp` for `⌈e/2⌉` rows of `16·NQ` pairs; `s` and (when not null) `mb.0` for `MR`
@@ -468,49 +488,6 @@ unsafe fn qk_rows<I: Simd, const NQ: usize, const MR: usize>(
                 }
             }
             c0 = c1.max(c0 + 1);
-        }
-    }
-}
-
-/// `ot[c][·] = alpha · ot[c][·] + Σ_t vp[t][c] · pp[t][·]` over `np` pairs of keys,
-/// for `MC` value columns.
-///
-/// # Safety
-/// `pp` valid for `np` rows of `16·NQ` pairs; `v.0` for `np` rows of `MC` pairs,
-/// `v.1` apart; `ot` for `MC` rows and `alpha` for one row of `16·NQ` floats.
-#[inline(always)]
-unsafe fn pv_cols<I: Simd, const NQ: usize, const MC: usize>(
-    isa: I,
-    pp: *const u32,
-    np: usize,
-    v: (*const u32, usize),
-    ot: *mut f32,
-    alpha: *const f32,
-) {
-    // SAFETY: the caller upholds this function's contract (see # Safety).
-    unsafe {
-        let w = NQ * LANES;
-        let zero = isa.splat(0.0);
-        let mut acc = [[zero; NQ]; MC];
-        for t in 0..np {
-            let mut pv = [isa.splat_pair(0); NQ];
-            for (x, pr) in pv.iter_mut().enumerate() {
-                *pr = isa.load_pairs(pp.add(t * w + x * LANES));
-            }
-            let vrow = v.0.add(t * v.1);
-            for (c, row) in acc.iter_mut().enumerate() {
-                let vb = isa.splat_pair(*vrow.add(c));
-                for x in 0..NQ {
-                    row[x] = isa.dot2(row[x], pv[x], vb);
-                }
-            }
-        }
-        for (c, row) in acc.iter().enumerate() {
-            for (x, &val) in row.iter().enumerate() {
-                let o = ot.add(c * w + x * LANES);
-                let a = isa.load(alpha.add(x * LANES));
-                isa.store(o, isa.fma(isa.load(o), a, val));
-            }
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The fused forward's operands for f32 tensors: `Qᵀ` packed once per unit with
 //! the scores' scale folded in, `K` and `V` read in place through their strides, and
-//! both products broadcast one element of `K` or `V` against rows of queries.
+//! both products on the library's register tile (`kernels::tile`), which
+//! broadcasts one element of `K` or `V` against rows of queries.
 
 use std::f32::consts::LOG2_E;
 
@@ -11,12 +12,13 @@ use super::{Operands, Stats, UnitAt};
 use crate::isa::transpose::transpose;
 use crate::isa::{IsaToken, Simd, LANES};
 use crate::kernels::scratch::carve;
+use crate::kernels::tile::{Init, Tile, SUM_BLOCK};
 use crate::problem::{Dims, Dropout, Problem};
 
-/// Products summed in registers before joining a dot product's running total: the
-/// blocks keep long dot products (E = 128, 256) well below the naive sum's error,
-/// and each join costs a load, an add and a store per accumulator (32 rather than
-/// 16 halved those at E = 64; docs/fused-forward.md).
+/// Products in each partial sum of a score's dot product before it joins the
+/// score's running total: the blocks keep long dot products (E = 64 and up) well
+/// below the naive sum's error, and each join costs a load, an add and a store per
+/// accumulator (32 rather than 16 halved those at E = 64; docs/fused-forward.md).
 const DOT_CHUNK: usize = 32;
 
 /// Keys a register block holds at least where the unit can be narrowed for it
@@ -134,18 +136,27 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
         mask: (*const f32, usize),
     ) {
         let (kp, krs, kcs) = u.k;
-        // SAFETY: keys `j..j + MR` are inside the head (the caller's contract), read
-        // through the view's own strides; `qt` holds `e` rows of `16·NQ` floats.
+        let w = NQ * LANES;
+        // Sᵀ = K·Qᵀ: key rows against the query panels, the sum along the keys'
+        // columns. SAFETY: keys `j..j + MR` are inside the head (the caller's
+        // contract), read through the view's own strides; `qt` holds `e` rows of
+        // `16·NQ` floats, `s` (and the mask terms, when there are any) `MR`.
         unsafe {
-            qk_rows::<I, NQ, MR>(
-                isa,
-                u.qt.as_ptr(),
-                u.e,
-                kp.offset(j as isize * krs),
-                (krs, kcs),
-                s,
-                mask,
-            )
+            let tile = Tile {
+                a: kp.offset(j as isize * krs),
+                lda: krs,
+                sa: kcs,
+                b: u.qt.as_ptr(),
+                ldb: w,
+                next: LANES,
+                kc: u.e,
+                partial: DOT_CHUNK,
+                stream: false,
+            };
+            tile.rows::<I, MR, NQ>(isa, s, w, Init::Zero);
+            if !mask.0.is_null() {
+                add_mask_terms::<I, NQ, MR>(isa, s, mask);
+            }
         }
     }
 
@@ -188,11 +199,26 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
         alpha: *const f32,
     ) {
         let (vp, vrs, vcs) = u.v;
-        // SAFETY: value rows `j0..j1` and columns `c0..c0 + MC` are inside the head
-        // (the caller's contract), read through the view's own strides.
+        let w = NQ * LANES;
+        // Oᵀ = α·Oᵀ + Vᵀ·Pᵀ: value columns against the weights' panels, the sum
+        // along the keys. SAFETY: value rows `j0..j1` and columns `c0..c0 + MC` are
+        // inside the head (the caller's contract), read through the view's own
+        // strides; `s` holds `j1 - j0` rows of `16·NQ` weights, `ot` `MC` rows and
+        // `alpha` one.
         unsafe {
-            let vp = vp.offset(j0 as isize * vrs + c0 as isize * vcs);
-            pv_cols::<I, NQ, MC>(isa, s, j1 - j0, vp, (vrs, vcs), ot, alpha)
+            let tile = Tile {
+                a: vp.offset(j0 as isize * vrs + c0 as isize * vcs),
+                lda: vcs,
+                sa: vrs,
+                b: s,
+                ldb: w,
+                next: LANES,
+                kc: j1 - j0,
+                partial: SUM_BLOCK,
+                stream: false,
+            };
+            let alpha = std::slice::from_raw_parts(alpha.cast(), NQ);
+            tile.rows::<I, MC, NQ>(isa, ot, w, Init::Scaled(alpha));
         }
     }
 }
@@ -208,63 +234,27 @@ fn head_ptr(a: &ndarray::ArrayView4<'_, f32>, b: usize, h: usize) -> (*const f32
     (base, st[2], st[3])
 }
 
-/// `s[r][·] = Σ_c k[r, c] · qt[c][·] (+ mb[r][·])`, base-2 scores for `MR` keys
-/// (`qt` carries the scale, `mb` the mask terms in base 2), rows of `16·NQ` (the
-/// mask's rows `mbs` floats apart).
+/// `s[r][·] = masked(s[r][·] + mb[r][·])` for `MR` rows of base-2 scores of
+/// `16·NQ` queries: each score with its mask term ([`masked_score`]), the mask's
+/// rows `mbs` floats apart.
 ///
 /// # Safety
-/// `k` must be valid for `MR` rows × `e` columns with the strides `(krs, kcs)`;
-/// `qt`, `s` and (when not null) `mb` for `e`, `MR` and `MR` rows of `16·NQ` floats.
+/// `s` and `mb` must be valid for `MR` rows of `16·NQ` floats.
 #[inline(always)]
-unsafe fn qk_rows<I: Simd, const NQ: usize, const MR: usize>(
+unsafe fn add_mask_terms<I: Simd, const NQ: usize, const MR: usize>(
     isa: I,
-    qt: *const f32,
-    e: usize,
-    k: *const f32,
-    (krs, kcs): (isize, isize),
     s: *mut f32,
     (mb, mbs): (*const f32, usize),
 ) {
-    // SAFETY: the caller upholds this function's contract (see # Safety).
-    unsafe {
-        let w = NQ * LANES;
-        let zero = isa.splat(0.0);
-        let mut kc = k;
-        // Blocked summation: each chunk of `DOT_CHUNK` products is summed in registers,
-        // then added to the running total in `s`. This keeps the rounding error of long
-        // dot products (E = 128, 256) well below the naive sequential sum's.
-        let mut c0 = 0;
-        while c0 < e.max(1) {
-            let c1 = (c0 + DOT_CHUNK).min(e);
-            let mut acc = [[zero; NQ]; MR];
-            for c in c0..c1 {
-                let mut qv = [zero; NQ];
-                for (v, q) in qv.iter_mut().enumerate() {
-                    *q = isa.load(qt.add(c * w + v * LANES));
-                }
-                for (r, row) in acc.iter_mut().enumerate() {
-                    let kb = isa.splat(*kc.offset(r as isize * krs));
-                    for v in 0..NQ {
-                        row[v] = isa.fma(qv[v], kb, row[v]);
-                    }
-                }
-                kc = kc.offset(kcs);
+    let w = NQ * LANES;
+    for r in 0..MR {
+        for v in 0..NQ {
+            // SAFETY: row `r < MR`, vector `v < NQ` (the caller's contract).
+            unsafe {
+                let at = s.add(r * w + v * LANES);
+                let term = isa.load(mb.add(r * mbs + v * LANES));
+                isa.store(at, masked_score(isa, isa.load(at), term));
             }
-            let (first, last) = (c0 == 0, c1 >= e);
-            for (r, row) in acc.iter().enumerate() {
-                for (v, &x) in row.iter().enumerate() {
-                    let off = r * w + v * LANES;
-                    let mut x = x;
-                    if !first {
-                        x = isa.add(isa.load(s.add(off)), x);
-                    }
-                    if last && !mb.is_null() {
-                        x = masked_score(isa, x, isa.load(mb.add(r * mbs + v * LANES)));
-                    }
-                    isa.store(s.add(off), x);
-                }
-            }
-            c0 = c1.max(c0 + 1);
         }
     }
 }
@@ -298,55 +288,6 @@ unsafe fn softmax_tile<I: Simd, const NQ: usize>(
             }
             isa.store(l.add(o), isa.fma(isa.load(l.add(o)), a, sum));
             isa.store(alpha.add(o), a);
-        }
-    }
-}
-
-/// `ot[c][·] = alpha · ot[c][·] + Σ_j v[j, c] · p[j][·]` for `MC` value columns.
-///
-/// # Safety
-/// `v` valid for `nk` rows × `MC` columns with the strides `(vrs, vcs)`; `p` for
-/// `nk` rows and `ot` for `MC` rows of `16·NQ` floats; `alpha` for `16·NQ`.
-#[inline(always)]
-unsafe fn pv_cols<I: Simd, const NQ: usize, const MC: usize>(
-    isa: I,
-    p: *const f32,
-    nk: usize,
-    v: *const f32,
-    (vrs, vcs): (isize, isize),
-    ot: *mut f32,
-    alpha: *const f32,
-) {
-    // SAFETY: the caller upholds this function's contract (see # Safety).
-    unsafe {
-        let w = NQ * LANES;
-        let zero = isa.splat(0.0);
-        let mut a = [zero; NQ];
-        for (x, al) in a.iter_mut().enumerate() {
-            *al = isa.load(alpha.add(x * LANES));
-        }
-        // The tile's sum starts from zero and joins `alpha · ot` at the end (blocked
-        // summation over keys, as for the dot products).
-        let mut acc = [[zero; NQ]; MC];
-        let mut vj = v;
-        for j in 0..nk {
-            let mut pv = [zero; NQ];
-            for (x, pp) in pv.iter_mut().enumerate() {
-                *pp = isa.load(p.add(j * w + x * LANES));
-            }
-            for (c, row) in acc.iter_mut().enumerate() {
-                let vb = isa.splat(*vj.offset(c as isize * vcs));
-                for x in 0..NQ {
-                    row[x] = isa.fma(pv[x], vb, row[x]);
-                }
-            }
-            vj = vj.offset(vrs);
-        }
-        for (c, row) in acc.iter().enumerate() {
-            for (x, &val) in row.iter().enumerate() {
-                let o = ot.add(c * w + x * LANES);
-                isa.store(o, isa.fma(isa.load(o), a[x], val));
-            }
         }
     }
 }

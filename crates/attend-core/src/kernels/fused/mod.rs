@@ -18,13 +18,14 @@
 //!   multiplication per query element instead of one per score;
 //! * for each tile of keys (`tile_keys`: 128 or 64),
 //!   `Sᵀ[j][·] = Σ_e K[j, e] · Qᵀ[e][·] (+ log₂e · mask)`: broadcast one key
-//!   element, multiply a row of queries (`qk_rows`, `MR` keys × `NQ` vectors in
-//!   registers), then add the mask term, which the mask tiles hold in base 2
-//!   already. `K` is read in place through its strides, never copied;
+//!   element, multiply a row of queries (the library's register tile,
+//!   `kernels::tile`, `MR` keys × `NQ` vectors in registers), then add the mask
+//!   term, which the mask tiles hold in base 2 already. `K` is read in place
+//!   through its strides, never copied;
 //! * the online-softmax update works down the columns of `Sᵀ`, so the running
 //!   max and sum per query are plain lane-wise vector operations (`softmax_tile`);
-//! * `Oᵀ[c][·] = α·Oᵀ[c][·] + Σ_j V[j, c] · Pᵀ[j][·]` (`pv_cols`), again with `V`
-//!   broadcast from its own strides.
+//! * `Oᵀ[c][·] = α·Oᵀ[c][·] + Σ_j V[j, c] · Pᵀ[j][·]`, on the same tile, again
+//!   with `V` broadcast from its own strides.
 //!
 //! Tiles that causality or the window hide from every query of the unit are never
 //! visited; tiles inside the band with no other mask skip all per-score masking.

@@ -25,6 +25,7 @@ use rayon::prelude::*;
 
 use super::{bias_only, Epilogue, Init, Operands, Problem, Tile, KC, NR, PARALLEL_MIN};
 use crate::isa::{bf16_bits, dispatch, IsaToken, Scalar, Simd};
+use crate::kernels::tile;
 use crate::memory::LargePageArray;
 
 /// Pairs in a row of `k` numbers.
@@ -243,17 +244,19 @@ impl Operands for PairOperands<'_> {
         sc: usize,
         c: *mut f32,
         ldc: usize,
-        init: [Init<'_>; P],
+        init: Init<'_>,
     ) {
         let tile = Tile {
             a: self.x[r * self.lda + s0..].as_ptr(),
-            lda: self.lda,
+            lda: self.lda as isize,
             sa: 1,
             b: self.w.data[(p * self.lda + s0) * NR..].as_ptr(),
             ldb: NR,
             // The packing keeps each panel's `depth` rows of 16 pairs together.
             next: self.lda * NR,
             kc: sc,
+            partial: tile::PAIR_SUM_BLOCK,
+            stream: true,
         };
         // SAFETY: the caller's guarantees (rows of `x`, panels of `w`, steps within
         // the depth) are the tile's.

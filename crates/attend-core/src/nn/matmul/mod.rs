@@ -409,7 +409,7 @@ trait Operands: Sync {
         sc: usize,
         c: *mut f32,
         ldc: usize,
-        init: [Init<'_>; P],
+        init: Init<'_>,
     );
 }
 
@@ -442,7 +442,7 @@ impl Operands for F32Operands<'_, '_> {
         sc: usize,
         c: *mut f32,
         ldc: usize,
-        init: [Init<'_>; P],
+        init: Init<'_>,
     ) {
         let (b, ldb) = self.panels.at(p, s0);
         // Full panels lie in one buffer (packed) or one weight (in place), each
@@ -457,12 +457,14 @@ impl Operands for F32Operands<'_, '_> {
         let tile = Tile {
             // SAFETY: the caller keeps `r` and `s0` inside `x`.
             a: unsafe { self.x.add(r * self.lda + s0) },
-            lda: self.lda,
+            lda: self.lda as isize,
             sa: 1,
             b,
             ldb,
             next,
             kc: sc,
+            partial: tile::SUM_BLOCK,
+            stream: true,
         };
         // SAFETY: the caller's guarantees are the tile's.
         unsafe { tile.run::<I, P>(isa, rows, c, ldc, init) }
@@ -555,12 +557,7 @@ impl<O: Operands> Problem<'_, O> {
                 }
             }
             let first = s0 == 0;
-            let mut init = [Init::Add; P];
-            if first {
-                for (i, bq) in init.iter_mut().zip(&bias) {
-                    *i = Init::Bias(bq);
-                }
-            }
+            let init = if first { Init::Bias(&bias) } else { Init::Add };
             let width = P * NR;
             let step = if P == 2 && tile::tall::<I>(b.rows.len()) {
                 b.rows.len()
