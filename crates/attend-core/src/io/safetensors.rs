@@ -8,6 +8,10 @@
 //! header longer than the file, bad JSON, a tensor whose bytes run past the end or do
 //! not match its shape) is reported as one line naming the file and the tensor.
 //!
+//! A module's tensors are read through a [`Scope`] (the file under a prefix,
+//! [`SafeTensors::scope`]) and gathered for writing through a [`ScopeMut`] of a
+//! [`StateDict`], so a module's reader or writer names only its own tensors.
+//!
 //! ```
 //! use attend_core::io::safetensors::{self, SafeTensors};
 //! use ndarray::array;
@@ -27,6 +31,9 @@ use std::path::Path;
 use ndarray::{Array1, Array2, ArrayD, ArrayViewD, IxDyn};
 
 use crate::{Error, Result};
+
+mod scope;
+pub use scope::{Scope, ScopeMut, StateDict};
 
 /// Where one tensor sits in the file.
 #[derive(Clone, Debug, PartialEq, Eq)]

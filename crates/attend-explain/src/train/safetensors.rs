@@ -1,6 +1,8 @@
 //! Saving and loading a [`Reverser`] as safetensors.
 //!
-//! Reading and writing go through [`attend_core::io::safetensors`]. Tensors, all `F32`:
+//! Reading goes through a [`Scope`] of the file and writing through a [`StateDict`],
+//! the attention module under `attention.` with [`state_dict`]'s own names for
+//! it. Tensors, all `F32`:
 //!
 //! | name | shape |
 //! |---|---|
@@ -15,10 +17,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use ndarray::ArrayD;
-
 use super::Reverser;
-use attend_core::io::safetensors::{self, SafeTensors};
+use attend_core::io::safetensors::{self, SafeTensors, Scope, StateDict};
+use attend_core::nn::state_dict::{self, ProjectionNames};
 use attend_core::nn::{Embedding, Linear, MultiHeadAttention};
 use attend_core::{Error, Result};
 
@@ -40,54 +41,25 @@ pub const TENSOR_NAMES: [&str; 12] = [
 
 const FORMAT: &str = "attend-reverser/1";
 
-fn tensors(m: &Reverser) -> Vec<(String, ArrayD<f32>)> {
-    let mut out = vec![
-        (
-            "tokens.weight".to_owned(),
-            m.tokens.weight.clone().into_dyn(),
-        ),
-        (
-            "positions.weight".to_owned(),
-            m.positions.weight.clone().into_dyn(),
-        ),
-    ];
-    let a = &m.attention;
-    let projs = [
-        ("q_proj", Some(&a.q_proj)),
-        ("k_proj", Some(&a.k_proj)),
-        ("v_proj", Some(&a.v_proj)),
-        ("out_proj", a.out_proj.as_ref()),
-    ];
-    for (name, l) in projs {
-        if let Some(l) = l {
-            out.push((
-                format!("attention.{name}.weight"),
-                l.weight.clone().into_dyn(),
-            ));
-            if let Some(b) = &l.bias {
-                out.push((format!("attention.{name}.bias"), b.clone().into_dyn()));
-            }
-        }
-    }
-    out.push(("head.weight".to_owned(), m.head.weight.clone().into_dyn()));
-    if let Some(b) = &m.head.bias {
-        out.push(("head.bias".to_owned(), b.clone().into_dyn()));
-    }
-    out
+/// The tensors of `m` under [`TENSOR_NAMES`], in that order.
+fn tensors(m: &Reverser) -> Result<StateDict> {
+    let mut dict = StateDict::default();
+    let mut root = dict.scope("");
+    root.push("tokens.weight", m.tokens.weight.clone().into_dyn());
+    root.push("positions.weight", m.positions.weight.clone().into_dyn());
+    let names = ProjectionNames::Separate;
+    state_dict::push_attention(&mut root.at("attention."), &m.attention, names)?;
+    state_dict::push_linear(&mut root.at("head."), &m.head);
+    Ok(dict)
 }
 
 /// Writes `model` to `path` as safetensors.
 pub fn save(model: &Reverser, path: impl AsRef<Path>) -> Result<()> {
-    let tensors = tensors(model);
-    let views: Vec<(&str, _)> = tensors
-        .iter()
-        .map(|(n, t)| (n.as_str(), t.view()))
-        .collect();
     let metadata = BTreeMap::from([
         ("format".to_owned(), FORMAT.to_owned()),
         ("heads".to_owned(), model.attention.heads.to_string()),
     ]);
-    safetensors::write(path, &views, Some(&metadata))
+    safetensors::write(path, &tensors(model)?.views(), Some(&metadata))
 }
 
 /// Reads a model written by [`save`]: the attention module, the embeddings and the
@@ -106,23 +78,24 @@ pub fn load(path: impl AsRef<Path>) -> Result<Reverser> {
         .get("heads")
         .and_then(|h| h.parse().ok())
         .ok_or_else(|| bad("metadata lacks heads"))?;
-    let linear = |name: &str| -> Result<Linear> {
-        Linear::new(
-            file.tensor2(&format!("{name}.weight"))?,
-            Some(file.tensor1(&format!("{name}.bias"))?),
-        )
+    // Every linear map here has a bias: a missing one is a broken file, not a
+    // model without biases, so this is stricter than `state_dict::load_linear`.
+    let linear = |scope: Scope<'_>| -> Result<Linear> {
+        Linear::new(scope.tensor2("weight")?, Some(scope.tensor1("bias")?))
     };
+    let root = file.scope("");
+    let attention = root.at("attention.");
     let attention = MultiHeadAttention::new(
-        linear("attention.q_proj")?,
-        linear("attention.k_proj")?,
-        linear("attention.v_proj")?,
-        Some(linear("attention.out_proj")?),
+        linear(attention.at("q_proj."))?,
+        linear(attention.at("k_proj."))?,
+        linear(attention.at("v_proj."))?,
+        Some(linear(attention.at("out_proj."))?),
         heads,
         heads,
     )?;
-    let head = linear("head")?;
-    let tokens = file.tensor2("tokens.weight")?;
-    let positions = file.tensor2("positions.weight")?;
+    let head = linear(root.at("head."))?;
+    let tokens = root.tensor2("tokens.weight")?;
+    let positions = root.tensor2("positions.weight")?;
     for (what, width) in [
         ("tokens.weight", tokens.ncols()),
         ("positions.weight", positions.ncols()),

@@ -138,11 +138,9 @@ impl BertModel {
         let names = family.names();
         let weights = Weights::new(file, family)?;
         let d = config.hidden_size;
-        let norm = |prefix: &str| weights.norm(prefix, d, config.layer_norm_eps);
-        let linear = |prefix: &str, out: usize, inp: usize| -> Result<Linear> {
-            Ok(weights
-                .linear(prefix, out, inp)?
-                .for_inference_with(precision))
+        let norm = |w: &Weights<'_>, name: &str| w.norm(name, d, config.layer_norm_eps);
+        let linear = |w: &Weights<'_>, name: &str, out: usize, inp: usize| -> Result<Linear> {
+            Ok(w.linear(name, out, inp)?.for_inference_with(precision))
         };
         let position =
             if config.sinusoidal_positions && !weights.contains(family::POSITION_EMBEDDINGS) {
@@ -168,7 +166,7 @@ impl BertModel {
             } else {
                 None
             },
-            norm: norm(family::EMBEDDINGS_NORM)?,
+            norm: norm(&weights, family::EMBEDDINGS_NORM)?,
         };
         let relative_attention_bias = if family == Family::MpNet {
             if config.relative_attention_buckets < MPNET_BUCKETS {
@@ -189,14 +187,14 @@ impl BertModel {
         // front would let a wrong count claim memory before a missing tensor is found.
         let mut layers = Vec::new();
         for i in 0..config.num_hidden_layers {
-            let p = format!("{}.{i}", names.layers);
+            let layer = weights.at(&format!("{}.{i}.", names.layers));
             let heads = config.num_attention_heads;
             // The attention's weights and the feed-forward's are read and packed
             // on both threads at once (start-up).
             let (attention, feed_forward) = rayon::join(
                 || -> Result<_> {
-                    let [q, k, v] = [names.query, names.key, names.value]
-                        .map(|name| weights.linear(&format!("{p}.{name}"), d, d));
+                    let [q, k, v] =
+                        [names.query, names.key, names.value].map(|name| layer.linear(name, d, d));
                     let (q, k, v) = (q?, k?, v?);
                     // The checks of the stacked layer, the attention module and the
                     // LayerNorms know the tensors but not the file: the file is added.
@@ -214,7 +212,7 @@ impl BertModel {
                         alone(q),
                         alone(k),
                         alone(v),
-                        Some(linear(&format!("{p}.{}", names.attention_output), d, d)?),
+                        Some(linear(&layer, names.attention_output, d, d)?),
                         heads,
                         heads,
                     )
@@ -222,16 +220,9 @@ impl BertModel {
                     Ok((attention, qkv))
                 },
                 || -> Result<_> {
-                    let intermediate = linear(
-                        &format!("{p}.{}", names.intermediate),
-                        config.intermediate_size,
-                        d,
-                    )?;
-                    let output = linear(
-                        &format!("{p}.{}", names.output),
-                        d,
-                        config.intermediate_size,
-                    )?;
+                    let intermediate =
+                        linear(&layer, names.intermediate, config.intermediate_size, d)?;
+                    let output = linear(&layer, names.output, d, config.intermediate_size)?;
                     Ok((intermediate, output))
                 },
             );
@@ -240,10 +231,10 @@ impl BertModel {
             layers.push(BertLayer {
                 attention,
                 qkv,
-                attention_norm: norm(&format!("{p}.{}", names.attention_norm))?,
+                attention_norm: norm(&layer, names.attention_norm)?,
                 intermediate,
                 output,
-                output_norm: norm(&format!("{p}.{}", names.output_norm))?,
+                output_norm: norm(&layer, names.output_norm)?,
             });
         }
         Ok(BertModel {

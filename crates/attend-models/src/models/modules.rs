@@ -273,7 +273,7 @@ fn read_dense(dir: &Path, width: usize) -> Result<Dense> {
         ));
     }
     let file = SafeTensors::open(&weights)?;
-    let linear = load_linear(&file, "linear.")?;
+    let linear = load_linear(&file.scope("linear."))?;
     if linear.in_features() != width {
         return Err(Error::shape(format!(
             "{}: linear.weight takes vectors of width {}, but the modules before it give {width}",

@@ -3,19 +3,18 @@
 //! none for a bare encoder's), each checked against the shape the configuration
 //! gives it.
 
-use ndarray::{Array1, Array2};
+use ndarray::Array2;
 
 use super::family::{self, Family};
-use attend_core::io::safetensors::SafeTensors;
-use attend_core::nn::state_dict::load_linear;
+use attend_core::io::safetensors::{SafeTensors, Scope};
+use attend_core::nn::state_dict::{load_layer_norm, load_linear};
 use attend_core::nn::{LayerNorm, Linear};
 use attend_core::{Error, Result};
 
-/// A checkpoint's tensors of one family's encoder, named without the prefix.
+/// A checkpoint's tensors of one family's encoder (or of a part of it), named
+/// from the encoder's root: a scope of the file whose readers check shapes.
 pub(crate) struct Weights<'a> {
-    file: &'a SafeTensors,
-    /// What precedes the encoder's names in the file: `""` or the family's prefix.
-    root: &'static str,
+    scope: Scope<'a>,
 }
 
 impl<'a> Weights<'a> {
@@ -24,85 +23,70 @@ impl<'a> Weights<'a> {
     /// finite: NaN or infinite weights would give NaN embeddings that look like
     /// results.
     pub(crate) fn new(file: &'a SafeTensors, family: Family) -> Result<Self> {
-        let root = if file.contains(family::WORD_EMBEDDINGS) {
-            ""
-        } else if file.contains(&format!("{}{}", family.prefix(), family::WORD_EMBEDDINGS)) {
-            family.prefix()
-        } else {
-            return Err(Error::format(format!(
-                "{}: no tensor {}: not a {} checkpoint",
-                file.origin(),
-                family::WORD_EMBEDDINGS,
-                family.model_type()
-            )));
-        };
+        let scope = [file.scope(""), file.scope(family.prefix())]
+            .into_iter()
+            .find(|s| s.contains(family::WORD_EMBEDDINGS))
+            .ok_or_else(|| {
+                Error::format(format!(
+                    "{}: no tensor {}: not a {} checkpoint",
+                    file.origin(),
+                    family::WORD_EMBEDDINGS,
+                    family.model_type()
+                ))
+            })?;
         let layers_root = family.names().layers.split('.').next().unwrap_or_default();
-        let used = [
-            format!("{root}embeddings."),
-            format!("{root}{layers_root}."),
-        ];
-        for name in file.names() {
-            if used.iter().any(|p| name.starts_with(p.as_str())) {
-                file.check_finite(name)?;
+        for part in [
+            scope.at("embeddings."),
+            scope.at(&format!("{layers_root}.")),
+        ] {
+            for name in part.names() {
+                part.check_finite(name)?;
             }
         }
-        Ok(Weights { file, root })
+        Ok(Weights { scope })
+    }
+
+    /// The part of the encoder under `prefix` (with its trailing dot).
+    pub(crate) fn at(&self, prefix: &str) -> Weights<'a> {
+        Weights {
+            scope: self.scope.at(prefix),
+        }
     }
 
     /// The file's name, for messages.
     pub(crate) fn origin(&self) -> &str {
-        self.file.origin()
+        self.scope.origin()
     }
 
     /// Whether the file has the tensor `name`.
     pub(crate) fn contains(&self, name: &str) -> bool {
-        self.file.contains(&format!("{}{name}", self.root))
+        self.scope.contains(name)
     }
 
     /// The matrix `name`, which must be `[rows, cols]`.
     pub(crate) fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Array2<f32>> {
-        let full = format!("{}{name}", self.root);
-        self.file
-            .tensor_shaped(&full, &[rows, cols])?
-            .into_dimensionality()
-            .map_err(|_| Error::shape(format!("{}: {full}: expected two axes", self.origin())))
-    }
-
-    /// The vector `name`, which must have `len` entries.
-    fn vector(&self, name: &str, len: usize) -> Result<Array1<f32>> {
         Ok(self
-            .file
-            .tensor_shaped(name, &[len])?
+            .scope
+            .tensor_shaped(name, &[rows, cols])?
             .into_dimensionality()
-            .expect("checked"))
+            .expect("shape checked"))
     }
 
-    /// The LayerNorm `prefix` of width `d`.
-    pub(crate) fn norm(&self, prefix: &str, d: usize, eps: f32) -> Result<LayerNorm> {
-        // Old checkpoints call the LayerNorm parameters gamma and beta.
-        let pick = |a: &str, b: &str| {
-            let first = format!("{}{prefix}.{a}", self.root);
-            if self.file.contains(&first) {
-                first
-            } else {
-                format!("{}{prefix}.{b}", self.root)
-            }
-        };
-        let w = self.vector(&pick("weight", "gamma"), d)?;
-        let b = self.vector(&pick("bias", "beta"), d)?;
-        // LayerNorm's own checks know the tensors but not the file.
-        LayerNorm::new(w, b, eps).map_err(|e| e.context(self.origin()))
+    /// The LayerNorm `name` of width `d`.
+    pub(crate) fn norm(&self, name: &str, d: usize, eps: f32) -> Result<LayerNorm> {
+        load_layer_norm(&self.scope.at(&format!("{name}.")), d, eps)
     }
 
-    /// The dense layer `prefix` (`prefix.weight`, `prefix.bias`), which must be
+    /// The dense layer `name` (`name.weight`, `name.bias`), which must be
     /// `out × inp` with a bias.
-    pub(crate) fn linear(&self, prefix: &str, out: usize, inp: usize) -> Result<Linear> {
-        let root = self.root;
-        let l = load_linear(self.file, &format!("{root}{prefix}."))?;
+    pub(crate) fn linear(&self, name: &str, out: usize, inp: usize) -> Result<Linear> {
+        let scope = self.scope.at(&format!("{name}."));
+        let l = load_linear(&scope)?;
         if l.weight.dim() != (out, inp) || l.bias.is_none() {
             return Err(Error::shape(format!(
-                "{}: {root}{prefix}.weight has shape {:?}, expected [{out}, {inp}] with a bias",
+                "{}: {} has shape {:?}, expected [{out}, {inp}] with a bias",
                 self.origin(),
+                scope.name("weight"),
                 l.weight.shape()
             )));
         }
