@@ -7,6 +7,13 @@
 //! 32-register instruction sets) and splits for 16-register ones; the fused
 //! forward, which sizes its register blocks itself, calls [`Tile::rows`].
 //!
+//! How a tile's sums meet its output is the caller's [`WriteOut`], monomorphised
+//! into the tile: the dense layers and the backward use [`Init`] per panel, the
+//! forward [`Rescale`]. One enum for all (with the forward's rescaling as a fourth
+//! case) cost the dense layers a quarter of their speed and the forward half of
+//! its: the compiler then kept the accumulators on the stack, or shuffled them
+//! between registers at every step (the commit that split them gives the A/B).
+//!
 //! With one panel a step loads as many numbers as it multiplies (one panel vector,
 //! `R` broadcasts, `R` products); with four, each broadcast feeds four products, so
 //! 32-register instruction sets take four full panels at a time (24 accumulators). Every output's sum
@@ -106,31 +113,149 @@ impl Step for u32 {
     }
 }
 
-/// What the accumulators are added to: the same kind for every panel of a tile
-/// (so that a tile's write-out is one plain loop, which the compiler unrolls and
-/// keeps the accumulators in registers for), with per-column numbers, panel `q`'s
-/// at index `q`, where the kind has any.
+/// What a tile's partial sums are added to, written once per tile and step of
+/// the sum: the tile hands it the accumulators of each partial sum in turn.
+pub(crate) trait WriteOut<const P: usize>: Copy {
+    /// The write-out of every partial sum after the first.
+    fn then(self) -> Self;
+    /// Asks for the lines of the output the first join reads, before the sum
+    /// starts, where they may be far from the core.
+    fn prefetch<const R: usize>(self, _c: *const f32, _ldc: usize) {}
+    /// Joins the accumulators `acc` (`acc[q][i]`: panel `q`, row `i`) to `c`
+    /// (rows `ldc` apart, panel `q` at column `16·q`).
+    ///
+    /// # Safety
+    /// `c` must be readable and writable for `R` rows of `16·P` floats `ldc` apart.
+    unsafe fn join<I: Simd, const R: usize>(
+        self,
+        isa: I,
+        acc: &[[I::V; R]; P],
+        c: *mut f32,
+        ldc: usize,
+    );
+}
+
+/// What one panel's accumulators are added to (the dense layers and the
+/// backward: `[Init; P]`, one per panel).
 #[derive(Clone, Copy)]
 pub(crate) enum Init<'a> {
     /// Nothing: the output is written, not read (the first block of a sum
     /// without a bias).
     Zero,
     /// A bias, the same in every row (the first block of a dense layer's sum).
-    Bias(&'a [[f32; NR]]),
+    Bias(&'a [f32; NR]),
     /// The partial sums already in the output.
     Add,
-    /// The output scaled lane by lane, the same factors in every row: `c = α ⊙ c +
-    /// a·b` (the fused forward's rescaled `Oᵀ`, one factor per query).
-    Scaled(&'a [[f32; NR]]),
 }
 
-impl<'a> Init<'a> {
-    /// The numbers of panel `q` onwards.
-    fn panels_from(self, q: usize) -> Init<'a> {
-        match self {
-            Init::Bias(bias) => Init::Bias(&bias[q..]),
-            Init::Scaled(alpha) => Init::Scaled(&alpha[q..]),
-            other => other,
+impl<const P: usize> WriteOut<P> for [Init<'_>; P] {
+    #[inline(always)]
+    fn then(self) -> Self {
+        [Init::Add; P]
+    }
+
+    /// An output added to may be far (the backward's dQ of a long sequence, a
+    /// dense layer's partial sums): asked for now, it arrives while the sum runs.
+    #[inline(always)]
+    fn prefetch<const R: usize>(self, c: *const f32, ldc: usize) {
+        #[cfg(target_arch = "x86_64")]
+        for (q, init) in self.iter().enumerate() {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            if matches!(init, Init::Add) {
+                for i in 0..R {
+                    // SAFETY: a prefetch reads nothing; `wrapping_add` makes an
+                    // address past the output no UB.
+                    unsafe { _mm_prefetch::<_MM_HINT_T0>(c.wrapping_add(i * ldc + q * NR).cast()) };
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn join<I: Simd, const R: usize>(
+        self,
+        isa: I,
+        acc: &[[I::V; R]; P],
+        c: *mut f32,
+        ldc: usize,
+    ) {
+        // SAFETY: every store is inside the caller's `R` rows of `16·P` floats.
+        unsafe {
+            for (q, (start, sums)) in self.iter().zip(acc).enumerate() {
+                for (i, sum) in sums.iter().enumerate() {
+                    let ci = c.add(i * ldc + q * NR);
+                    let start = match start {
+                        Init::Zero => {
+                            isa.store(ci, *sum);
+                            continue;
+                        }
+                        Init::Bias(bias) => isa.load(bias.as_ptr()),
+                        Init::Add => isa.load(ci),
+                    };
+                    isa.store(ci, isa.add(start, *sum));
+                }
+            }
+        }
+    }
+}
+
+/// The fused forward's write-out: the first partial sum replaces the output
+/// (`None`) or joins it rescaled lane by lane, the same factors in every row (`c =
+/// α ⊙ c + a·b`: the running `Oᵀ`, one factor per query; `alpha[q]` for panel
+/// `q`); later ones add to it.
+#[derive(Clone, Copy)]
+pub(crate) enum Rescale<'a> {
+    /// Write the sum (the scores).
+    None,
+    /// `c = α ⊙ c + a·b`.
+    By(&'a [[f32; NR]]),
+    /// `c = c + a·b`.
+    Add,
+}
+
+impl<const P: usize> WriteOut<P> for Rescale<'_> {
+    #[inline(always)]
+    fn then(self) -> Self {
+        Rescale::Add
+    }
+
+    #[inline(always)]
+    unsafe fn join<I: Simd, const R: usize>(
+        self,
+        isa: I,
+        acc: &[[I::V; R]; P],
+        c: *mut f32,
+        ldc: usize,
+    ) {
+        let at = |q: usize, i: usize| c.wrapping_add(i * ldc + q * NR);
+        // SAFETY: every access is inside the caller's `R` rows of `16·P` floats.
+        // One match, then plain loops that unroll (see the module docs).
+        #[allow(clippy::needless_range_loop)]
+        unsafe {
+            match self {
+                Rescale::None => {
+                    for q in 0..P {
+                        for i in 0..R {
+                            isa.store(at(q, i), acc[q][i]);
+                        }
+                    }
+                }
+                Rescale::By(alpha) => {
+                    for q in 0..P {
+                        let alpha = isa.load(alpha[q].as_ptr());
+                        for i in 0..R {
+                            isa.store(at(q, i), isa.fma(isa.load(at(q, i)), alpha, acc[q][i]));
+                        }
+                    }
+                }
+                Rescale::Add => {
+                    for q in 0..P {
+                        for i in 0..R {
+                            isa.store(at(q, i), isa.add(isa.load(at(q, i)), acc[q][i]));
+                        }
+                    }
+                }
+            }
         }
     }
 }
@@ -153,16 +278,11 @@ pub(crate) struct Tile<E> {
     /// the backward's products, shorter where a caller wants shorter sums (the
     /// fused forward's scores).
     pub partial: usize,
-    /// Whether `b` streams from memory, read once (a dense layer's weights): the
-    /// tile then asks for its panels' lines ahead of the sum. Panels already in
-    /// the L1 cache (the attention kernels' blocks) would only spend an
-    /// instruction slot per panel and step on it.
-    pub stream: bool,
 }
 
 impl<E: Step> Tile<E> {
     /// `c[rows, 16·P] = init + a·b` for `P` adjacent panels, `c` with row
-    /// stride `ldc`.
+    /// stride `ldc`, each panel with its own `init`.
     ///
     /// # Safety
     /// `a` must be readable for `rows` rows of `kc` elements `sa` apart, the rows
@@ -178,41 +298,41 @@ impl<E: Step> Tile<E> {
         rows: usize,
         c: *mut f32,
         ldc: usize,
-        init: Init<'_>,
+        init: [Init<'_>; P],
     ) {
         // SAFETY: the caller's guarantees, split by panel and by rows below (no
         // recursion: a recursive call could not be inlined into the instruction
         // set's entry point, and would run without its features).
         unsafe {
             if I::REGISTERS < 32 && (P > 1 || rows > E::ROWS_16) {
-                for q in 0..P {
-                    let init = init.panels_from(q);
+                for (q, &init) in init.iter().enumerate() {
                     let panel = Tile {
                         b: self.b.add(q * self.next),
                         ..*self
                     };
                     let c = c.add(q * NR);
                     let top = rows.min(E::ROWS_16);
-                    panel.fixed::<I, 1>(isa, top, c, ldc, init);
+                    panel.fixed::<I, 1>(isa, top, c, ldc, [init]);
                     if rows > top {
                         let rest = Tile {
                             a: panel.a.offset(top as isize * self.lda),
                             ..panel
                         };
-                        rest.fixed::<I, 1>(isa, rows - top, c.add(top * ldc), ldc, init);
+                        rest.fixed::<I, 1>(isa, rows - top, c.add(top * ldc), ldc, [init]);
                     }
                 }
                 return;
             }
             if rows > MR {
                 debug_assert!(P == 2 && tall::<I>(rows));
+                let init = [init[0], init[P - 1]];
                 match rows {
-                    12 => self.rows::<I, 12, 2>(isa, c, ldc, init),
-                    11 => self.rows::<I, 11, 2>(isa, c, ldc, init),
-                    10 => self.rows::<I, 10, 2>(isa, c, ldc, init),
-                    9 => self.rows::<I, 9, 2>(isa, c, ldc, init),
-                    8 => self.rows::<I, 8, 2>(isa, c, ldc, init),
-                    _ => self.rows::<I, 7, 2>(isa, c, ldc, init),
+                    12 => self.rows::<I, 12, 2, _>(isa, c, ldc, init),
+                    11 => self.rows::<I, 11, 2, _>(isa, c, ldc, init),
+                    10 => self.rows::<I, 10, 2, _>(isa, c, ldc, init),
+                    9 => self.rows::<I, 9, 2, _>(isa, c, ldc, init),
+                    8 => self.rows::<I, 8, 2, _>(isa, c, ldc, init),
+                    _ => self.rows::<I, 7, 2, _>(isa, c, ldc, init),
                 }
                 return;
             }
@@ -231,34 +351,35 @@ impl<E: Step> Tile<E> {
         rows: usize,
         c: *mut f32,
         ldc: usize,
-        init: Init<'_>,
+        init: [Init<'_>; P],
     ) {
         // SAFETY: the caller's guarantees, for `R = rows`.
         unsafe {
             match rows {
-                6 => self.rows::<I, 6, P>(isa, c, ldc, init),
-                5 => self.rows::<I, 5, P>(isa, c, ldc, init),
-                4 => self.rows::<I, 4, P>(isa, c, ldc, init),
-                3 => self.rows::<I, 3, P>(isa, c, ldc, init),
-                2 => self.rows::<I, 2, P>(isa, c, ldc, init),
-                _ => self.rows::<I, 1, P>(isa, c, ldc, init),
+                6 => self.rows::<I, 6, P, _>(isa, c, ldc, init),
+                5 => self.rows::<I, 5, P, _>(isa, c, ldc, init),
+                4 => self.rows::<I, 4, P, _>(isa, c, ldc, init),
+                3 => self.rows::<I, 3, P, _>(isa, c, ldc, init),
+                2 => self.rows::<I, 2, P, _>(isa, c, ldc, init),
+                _ => self.rows::<I, 1, P, _>(isa, c, ldc, init),
             }
         }
     }
 
     /// [`run`](Self::run) for a number of rows the caller knows at compile time
-    /// (the fused forward's register blocks), with no dispatch on it: `R` rows of
-    /// `P` panels must fit the registers, which the caller sees to.
+    /// (the fused forward's register blocks), with no dispatch on it, and any
+    /// [`WriteOut`]: `R` rows of `P` panels must fit the registers, which the
+    /// caller sees to.
     ///
     /// # Safety
     /// As [`run`](Self::run)'s, with `rows = R`.
     #[inline(always)]
-    pub unsafe fn rows<I: Simd, const R: usize, const P: usize>(
+    pub unsafe fn rows<I: Simd, const R: usize, const P: usize, W: WriteOut<P>>(
         &self,
         isa: I,
         c: *mut f32,
         ldc: usize,
-        init: Init<'_>,
+        init: W,
     ) {
         // SAFETY: every read and write below is inside the caller's `R` rows of `a`
         // and `c` and `kc` rows of each panel of `b`.
@@ -267,6 +388,7 @@ impl<E: Step> Tile<E> {
             let mut b = self.b;
             let mut init = init;
             let mut left = self.kc;
+            init.prefetch::<R>(c, ldc);
             // Partial sums of `partial` steps, each added to the output: the error
             // of an f32 sum of k terms then grows like SUM_BLOCK + k/SUM_BLOCK, not
             // like k. At least one, so that `kc = 0` still writes `init`.
@@ -280,13 +402,11 @@ impl<E: Step> Tile<E> {
                     // prefetch past the panel's end is harmless (no fault, no UB
                     // with `wrapping_add`).
                     #[cfg(target_arch = "x86_64")]
-                    if self.stream {
+                    for q in 0..P {
                         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-                        for q in 0..P {
-                            _mm_prefetch::<_MM_HINT_T0>(
-                                b.wrapping_add(q * self.next + PREFETCH * self.ldb).cast(),
-                            );
-                        }
+                        _mm_prefetch::<_MM_HINT_T0>(
+                            b.wrapping_add(q * self.next + PREFETCH * self.ldb).cast(),
+                        );
                     }
                     let mut bv = [E::splat(isa, *a); P];
                     for (q, v) in bv.iter_mut().enumerate() {
@@ -307,45 +427,8 @@ impl<E: Step> Tile<E> {
                     a = a.wrapping_offset(self.sa);
                     b = b.wrapping_add(self.ldb);
                 }
-                // One match, then plain loops: a match per panel inside the loop
-                // over panels kept that loop rolled for four panels, indexing the
-                // accumulators at run time, which then lived on the stack.
-                let at = |q: usize, i: usize| c.add(i * ldc + q * NR);
-                #[allow(clippy::needless_range_loop)]
-                match init {
-                    Init::Zero => {
-                        for q in 0..P {
-                            for i in 0..R {
-                                isa.store(at(q, i), acc[q][i]);
-                            }
-                        }
-                    }
-                    Init::Bias(bias) => {
-                        for q in 0..P {
-                            let bias = isa.load(bias[q].as_ptr());
-                            for i in 0..R {
-                                isa.store(at(q, i), isa.add(bias, acc[q][i]));
-                            }
-                        }
-                    }
-                    Init::Add => {
-                        for q in 0..P {
-                            for i in 0..R {
-                                isa.store(at(q, i), isa.add(isa.load(at(q, i)), acc[q][i]));
-                            }
-                        }
-                    }
-                    Init::Scaled(alpha) => {
-                        for q in 0..P {
-                            let alpha = isa.load(alpha[q].as_ptr());
-                            for i in 0..R {
-                                let ci = at(q, i);
-                                isa.store(ci, isa.fma(isa.load(ci), alpha, acc[q][i]));
-                            }
-                        }
-                    }
-                }
-                init = Init::Add;
+                init.join::<I, R>(isa, &acc, c, ldc);
+                init = init.then();
                 left -= steps;
                 if left == 0 {
                     break;

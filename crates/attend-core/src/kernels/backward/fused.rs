@@ -526,9 +526,8 @@ impl Product {
                     next: NR,
                     kc: k,
                     partial: SUM_BLOCK,
-                    stream: true,
                 };
-                tile.run::<I, P>(isa, rows, c.add(i * ldc + j), ldc, self.init);
+                tile.run::<I, P>(isa, rows, c.add(i * ldc + j), ldc, [self.init; P]);
                 i += rows;
             }
         }

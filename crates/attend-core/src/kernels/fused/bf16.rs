@@ -25,7 +25,7 @@ use super::{Operands, Stats, UnitAt, BK};
 use crate::element::bf16;
 use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
 use crate::kernels::scratch::carve;
-use crate::kernels::tile::{Init, Tile, PAIR_SUM_BLOCK};
+use crate::kernels::tile::{Rescale, Tile, PAIR_SUM_BLOCK};
 use crate::problem::{Dims, Problem};
 
 /// Pairs (two products each) a dot product sums in registers before it joins its
@@ -242,10 +242,9 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
                 next: LANES,
                 kc: pairs(j1 - j0),
                 partial: PAIR_SUM_BLOCK,
-                stream: false,
             };
             let alpha = std::slice::from_raw_parts(alpha.cast(), NQ);
-            tile.rows::<I, MC, NQ>(isa, ot, w, Init::Scaled(alpha));
+            tile.rows::<I, MC, NQ, _>(isa, ot, w, Rescale::By(alpha));
         }
     }
 }

@@ -12,7 +12,7 @@ use super::{Operands, Stats, UnitAt};
 use crate::isa::transpose::transpose;
 use crate::isa::{IsaToken, Simd, LANES};
 use crate::kernels::scratch::carve;
-use crate::kernels::tile::{Init, Tile, SUM_BLOCK};
+use crate::kernels::tile::{Rescale, Tile, SUM_BLOCK};
 use crate::problem::{Dims, Dropout, Problem};
 
 /// Products in each partial sum of a score's dot product before it joins the
@@ -151,9 +151,8 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
                 next: LANES,
                 kc: u.e,
                 partial: DOT_CHUNK,
-                stream: false,
             };
-            tile.rows::<I, MR, NQ>(isa, s, w, Init::Zero);
+            tile.rows::<I, MR, NQ, _>(isa, s, w, Rescale::None);
             if !mask.0.is_null() {
                 add_mask_terms::<I, NQ, MR>(isa, s, mask);
             }
@@ -215,10 +214,9 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
                 next: LANES,
                 kc: j1 - j0,
                 partial: SUM_BLOCK,
-                stream: false,
             };
             let alpha = std::slice::from_raw_parts(alpha.cast(), NQ);
-            tile.rows::<I, MC, NQ>(isa, ot, w, Init::Scaled(alpha));
+            tile.rows::<I, MC, NQ, _>(isa, ot, w, Rescale::By(alpha));
         }
     }
 }

@@ -244,7 +244,7 @@ impl Operands for PairOperands<'_> {
         sc: usize,
         c: *mut f32,
         ldc: usize,
-        init: Init<'_>,
+        init: [Init<'_>; P],
     ) {
         let tile = Tile {
             a: self.x[r * self.lda + s0..].as_ptr(),
@@ -256,7 +256,6 @@ impl Operands for PairOperands<'_> {
             next: self.lda * NR,
             kc: sc,
             partial: tile::PAIR_SUM_BLOCK,
-            stream: true,
         };
         // SAFETY: the caller's guarantees (rows of `x`, panels of `w`, steps within
         // the depth) are the tile's.

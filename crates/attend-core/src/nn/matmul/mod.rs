@@ -409,7 +409,7 @@ trait Operands: Sync {
         sc: usize,
         c: *mut f32,
         ldc: usize,
-        init: Init<'_>,
+        init: [Init<'_>; P],
     );
 }
 
@@ -442,7 +442,7 @@ impl Operands for F32Operands<'_, '_> {
         sc: usize,
         c: *mut f32,
         ldc: usize,
-        init: Init<'_>,
+        init: [Init<'_>; P],
     ) {
         let (b, ldb) = self.panels.at(p, s0);
         // Full panels lie in one buffer (packed) or one weight (in place), each
@@ -464,7 +464,6 @@ impl Operands for F32Operands<'_, '_> {
             next,
             kc: sc,
             partial: tile::SUM_BLOCK,
-            stream: true,
         };
         // SAFETY: the caller's guarantees are the tile's.
         unsafe { tile.run::<I, P>(isa, rows, c, ldc, init) }
@@ -557,7 +556,12 @@ impl<O: Operands> Problem<'_, O> {
                 }
             }
             let first = s0 == 0;
-            let init = if first { Init::Bias(&bias) } else { Init::Add };
+            let mut init = [Init::Add; P];
+            if first {
+                for (i, bq) in init.iter_mut().zip(&bias) {
+                    *i = Init::Bias(bq);
+                }
+            }
             let width = P * NR;
             let step = if P == 2 && tile::tall::<I>(b.rows.len()) {
                 b.rows.len()
