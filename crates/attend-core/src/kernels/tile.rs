@@ -327,12 +327,12 @@ impl<E: Step> Tile<E> {
                 debug_assert!(P == 2 && tall::<I>(rows));
                 let init = [init[0], init[P - 1]];
                 match rows {
-                    12 => self.rows::<I, 12, 2, _>(isa, c, ldc, init),
-                    11 => self.rows::<I, 11, 2, _>(isa, c, ldc, init),
-                    10 => self.rows::<I, 10, 2, _>(isa, c, ldc, init),
-                    9 => self.rows::<I, 9, 2, _>(isa, c, ldc, init),
-                    8 => self.rows::<I, 8, 2, _>(isa, c, ldc, init),
-                    _ => self.rows::<I, 7, 2, _>(isa, c, ldc, init),
+                    12 => self.rows::<I, 12, 2, _, true>(isa, c, ldc, init),
+                    11 => self.rows::<I, 11, 2, _, true>(isa, c, ldc, init),
+                    10 => self.rows::<I, 10, 2, _, true>(isa, c, ldc, init),
+                    9 => self.rows::<I, 9, 2, _, true>(isa, c, ldc, init),
+                    8 => self.rows::<I, 8, 2, _, true>(isa, c, ldc, init),
+                    _ => self.rows::<I, 7, 2, _, true>(isa, c, ldc, init),
                 }
                 return;
             }
@@ -356,12 +356,12 @@ impl<E: Step> Tile<E> {
         // SAFETY: the caller's guarantees, for `R = rows`.
         unsafe {
             match rows {
-                6 => self.rows::<I, 6, P, _>(isa, c, ldc, init),
-                5 => self.rows::<I, 5, P, _>(isa, c, ldc, init),
-                4 => self.rows::<I, 4, P, _>(isa, c, ldc, init),
-                3 => self.rows::<I, 3, P, _>(isa, c, ldc, init),
-                2 => self.rows::<I, 2, P, _>(isa, c, ldc, init),
-                _ => self.rows::<I, 1, P, _>(isa, c, ldc, init),
+                6 => self.rows::<I, 6, P, _, true>(isa, c, ldc, init),
+                5 => self.rows::<I, 5, P, _, true>(isa, c, ldc, init),
+                4 => self.rows::<I, 4, P, _, true>(isa, c, ldc, init),
+                3 => self.rows::<I, 3, P, _, true>(isa, c, ldc, init),
+                2 => self.rows::<I, 2, P, _, true>(isa, c, ldc, init),
+                _ => self.rows::<I, 1, P, _, true>(isa, c, ldc, init),
             }
         }
     }
@@ -369,12 +369,19 @@ impl<E: Step> Tile<E> {
     /// [`run`](Self::run) for a number of rows the caller knows at compile time
     /// (the fused forward's register blocks), with no dispatch on it, and any
     /// [`WriteOut`]: `R` rows of `P` panels must fit the registers, which the
-    /// caller sees to.
+    /// caller sees to. `STREAM`: whether `b` streams from memory, read once (a
+    /// dense layer's weights), so that the tile asks for its lines ahead.
     ///
     /// # Safety
     /// As [`run`](Self::run)'s, with `rows = R`.
     #[inline(always)]
-    pub unsafe fn rows<I: Simd, const R: usize, const P: usize, W: WriteOut<P>>(
+    pub unsafe fn rows<
+        I: Simd,
+        const R: usize,
+        const P: usize,
+        W: WriteOut<P>,
+        const STREAM: bool,
+    >(
         &self,
         isa: I,
         c: *mut f32,
@@ -400,13 +407,17 @@ impl<E: Step> Tile<E> {
                     // asking for each panel's line PREFETCH steps ahead keeps more
                     // reads in flight than the hardware prefetcher does alone. A
                     // prefetch past the panel's end is harmless (no fault, no UB
-                    // with `wrapping_add`).
+                    // with `wrapping_add`). Panels already in the L1 cache (the
+                    // fused forward's) are not asked for: that costs an instruction
+                    // per panel and step.
                     #[cfg(target_arch = "x86_64")]
-                    for q in 0..P {
+                    if STREAM {
                         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-                        _mm_prefetch::<_MM_HINT_T0>(
-                            b.wrapping_add(q * self.next + PREFETCH * self.ldb).cast(),
-                        );
+                        for q in 0..P {
+                            _mm_prefetch::<_MM_HINT_T0>(
+                                b.wrapping_add(q * self.next + PREFETCH * self.ldb).cast(),
+                            );
+                        }
                     }
                     let mut bv = [E::splat(isa, *a); P];
                     for (q, v) in bv.iter_mut().enumerate() {

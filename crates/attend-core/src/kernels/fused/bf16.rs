@@ -244,7 +244,7 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
                 partial: PAIR_SUM_BLOCK,
             };
             let alpha = std::slice::from_raw_parts(alpha.cast(), NQ);
-            tile.rows::<I, MC, NQ, _>(isa, ot, w, Rescale::By(alpha));
+            tile.rows::<I, MC, NQ, _, false>(isa, ot, w, Rescale::By(alpha));
         }
     }
 }

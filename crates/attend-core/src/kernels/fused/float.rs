@@ -152,7 +152,7 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
                 kc: u.e,
                 partial: DOT_CHUNK,
             };
-            tile.rows::<I, MR, NQ, _>(isa, s, w, Rescale::None);
+            tile.rows::<I, MR, NQ, _, false>(isa, s, w, Rescale::None);
             if !mask.0.is_null() {
                 add_mask_terms::<I, NQ, MR>(isa, s, mask);
             }
@@ -216,7 +216,7 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
                 partial: SUM_BLOCK,
             };
             let alpha = std::slice::from_raw_parts(alpha.cast(), NQ);
-            tile.rows::<I, MC, NQ, _>(isa, ot, w, Rescale::By(alpha));
+            tile.rows::<I, MC, NQ, _, false>(isa, ot, w, Rescale::By(alpha));
         }
     }
 }
