@@ -29,9 +29,17 @@ pub(crate) const NR: usize = LANES;
 /// Panels in one register tile on 32-register instruction sets (AVX-512): 6 × 64
 /// outputs are 24 accumulators, and each broadcast of `a` feeds four products.
 pub(crate) const WIDE: usize = 4;
-/// Terms per partial sum of the f32 product (see [`Step::PARTIAL`]).
+/// Terms per partial sum of the dense layers' and the backward's f32 products
+/// ([`Tile::partial`]): a divisor of any blocking of the sum a caller makes, so
+/// that the order of operations does not depend on the blocking. Each join loads,
+/// adds and stores every accumulator.
 pub(crate) const SUM_BLOCK: usize = 64;
-/// Pairs per partial sum of the bf16 product (see [`Step::PARTIAL`]).
+/// Pairs per partial sum of the bf16 products: a whole block of the dense layers'
+/// sum. Rounding each operand to bf16 moves it by up to 2⁻⁹ of itself, so a
+/// product by about 2⁻⁸; the f32 sum adds at most `k · 2⁻²⁴` of the sum of the
+/// products' sizes (4.7 % of 2⁻⁸ at `k = 3072`). Shorter partial sums would buy
+/// nothing that shows, while each join costs the tile time (the commit that set
+/// this gives the A/B).
 pub(crate) const PAIR_SUM_BLOCK: usize = 384;
 
 /// Most rows of one tile: two panels of 12 rows are 24 accumulators, as four
@@ -50,10 +58,6 @@ const PREFETCH: usize = 16;
 pub(crate) trait Step: Copy {
     /// The vector of 16 steps' `b` operands (one per output column).
     type B<I: Simd>: Copy;
-    /// Steps in a partial sum before it joins the output: a divisor of any blocking
-    /// of the sum a caller makes, so that the order of operations does not depend
-    /// on the blocking. Each join loads, adds and stores every accumulator.
-    const PARTIAL: usize;
     /// Rows a 16-register instruction set can hold in one tile.
     const ROWS_16: usize;
     /// Loads 16 steps' `b` operands.
@@ -69,7 +73,6 @@ pub(crate) trait Step: Copy {
 
 impl Step for f32 {
     type B<I: Simd> = I::V;
-    const PARTIAL: usize = SUM_BLOCK;
     const ROWS_16: usize = 6;
     #[inline(always)]
     unsafe fn load<I: Simd>(isa: I, p: *const f32) -> I::V {
@@ -89,12 +92,6 @@ impl Step for f32 {
 /// A bf16 pair (its bits, low element in the low half): two products per step.
 impl Step for u32 {
     type B<I: Simd> = I::P;
-    /// A whole block of the dense layers' sum (384 pairs). Rounding each operand to bf16 moves
-    /// it by up to 2⁻⁹ of itself, so a product by about 2⁻⁸; the f32 sum adds at
-    /// most `k · 2⁻²⁴` of the sum of the products' sizes (4.7 % of 2⁻⁸ at
-    /// `k = 3072`). Shorter partial sums would buy nothing that shows, while each
-    /// join costs the tile time (the commit that set this gives the A/B).
-    const PARTIAL: usize = PAIR_SUM_BLOCK;
     /// Six rows' accumulators, the panel's pairs widened to f32 and a row's pair do
     /// not fit in 16 registers: four rows, then the rest.
     const ROWS_16: usize = 4;
@@ -274,9 +271,9 @@ pub(crate) struct Tile<E> {
     pub ldb: usize,
     pub next: usize,
     pub kc: usize,
-    /// Steps in each partial sum: [`Step::PARTIAL`] for the dense layers' and
-    /// the backward's products, shorter where a caller wants shorter sums (the
-    /// fused forward's scores).
+    /// Steps in each partial sum: [`SUM_BLOCK`] or [`PAIR_SUM_BLOCK`] for the
+    /// dense layers' and the backward's products, shorter where a caller wants
+    /// shorter sums (the fused forward's scores).
     pub partial: usize,
 }
 

@@ -35,7 +35,7 @@ use crate::memory::LargePageArray;
 mod bf16;
 mod epilogue;
 
-use crate::kernels::tile::{self, Init, Step, Tile, MR, NR, WIDE};
+use crate::kernels::tile::{self, Init, Tile, MR, NR, WIDE};
 
 pub(crate) use bf16::{linear_bf16, PackedBf16};
 pub(crate) use epilogue::Epilogue;
@@ -46,7 +46,7 @@ const KC: usize = 384;
 // bf16 one) divide a block, so that the order of operations does not depend on
 // the blocking.
 const _: () =
-    assert!(KC.is_multiple_of(<f32 as Step>::PARTIAL) && KC.is_multiple_of(<u32 as Step>::PARTIAL));
+    assert!(KC.is_multiple_of(tile::SUM_BLOCK) && KC.is_multiple_of(tile::PAIR_SUM_BLOCK));
 /// Rows per block when there are many. Every block reads its panels of the weight
 /// (megabytes, from L3 or memory), so the more rows share them the less is read: a
 /// 64-row product reads the weight once (the commit that set 240 instead of 48
