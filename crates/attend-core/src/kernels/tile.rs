@@ -9,10 +9,10 @@
 //!
 //! How a tile's sums meet its output is the caller's [`WriteOut`], monomorphised
 //! into the tile: the dense layers and the backward use [`Init`] per panel, the
-//! forward [`Rescale`]. One enum for all (with the forward's rescaling as a fourth
-//! case) cost the dense layers a quarter of their speed and the forward half of
-//! its: the compiler then kept the accumulators on the stack, or shuffled them
-//! between registers at every step (the commit that split them gives the A/B).
+//! forward [`Rescale`]. With one enum for all (the forward's rescaling a fourth
+//! case) the compiler kept the accumulators on the stack, or shuffled them between
+//! registers at every step, slowing the forward or the dense layers by large
+//! factors (the commits that split them give the measurements).
 //!
 //! With one panel a step loads as many numbers as it multiplies (one panel vector,
 //! `R` broadcasts, `R` products); with four, each broadcast feeds four products, so
