@@ -69,7 +69,10 @@ unsafe fn load_bf16_half(p: *const u16) -> __m256 {
     }
 }
 
-/// `2^x` of one half (see [`Simd::exp2`]).
+/// `2^x` of one half (see [`Simd::exp2`]), flushed to 0 below `2^−126`: one
+/// scaling by `2^n` built from its bits, where a result that may be subnormal
+/// needs two (and AVX2 has no `vscalefps`). A softmax weight that small changes
+/// no sum it joins (the largest weight of a row is 1).
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA.
@@ -77,8 +80,8 @@ unsafe fn load_bf16_half(p: *const u16) -> __m256 {
 unsafe fn exp2_half(x: __m256) -> __m256 {
     // SAFETY: the caller guarantees AVX2 and FMA; no memory is touched.
     unsafe {
-        // max(-150, x) keeps a NaN x (second operand).
-        let x = _mm256_max_ps(_mm256_set1_ps(-150.0), x);
+        // max(-127, x) keeps a NaN x (second operand).
+        let x = _mm256_max_ps(_mm256_set1_ps(-127.0), x);
         let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
         let f = _mm256_sub_ps(x, n);
         let c = EXP2_POLY;
@@ -87,14 +90,11 @@ unsafe fn exp2_half(x: __m256) -> __m256 {
         for &ci in lower.iter().rev() {
             p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(ci));
         }
-        // Scale by 2^n in two exact halves so that n down to −150 underflows gracefully.
-        let ni = _mm256_cvtps_epi32(n); // NaN → i32::MIN; p is NaN then anyway.
-        let n1 = _mm256_srai_epi32::<1>(ni);
-        let n2 = _mm256_sub_epi32(ni, n1);
-        let bias = _mm256_set1_epi32(127);
-        let s1 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(n1, bias)));
-        let s2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(n2, bias)));
-        _mm256_mul_ps(_mm256_mul_ps(p, s1), s2)
+        // 2^n for −126 ≤ n ≤ 127 and 0 for n = −127 (a zero exponent field).
+        // NaN → i32::MIN, whose scale is finite; p is NaN then anyway.
+        let ni = _mm256_cvtps_epi32(n);
+        let scale = _mm256_slli_epi32::<23>(_mm256_add_epi32(ni, _mm256_set1_epi32(127)));
+        _mm256_mul_ps(p, _mm256_castsi256_ps(scale))
     }
 }
 

@@ -405,8 +405,10 @@ pub unsafe trait Simd: Copy + Send + Sync {
     /// even when it is NaN (NaN + −∞ is NaN), so a NaN never reaches a row that
     /// cannot see it.
     fn masked(self, y: Self::V, mask: Self::V) -> Self::V;
-    /// `2^x` for `x ≤ 0` (also correct, but not fast-path, for small positive `x`):
-    /// about 1 ulp, 0 below `2^−150`, NaN for NaN, 0 for −∞.
+    /// `2^x` for `x ≤ 0` (also correct, but not fast-path, for positive `x` up to
+    /// 127): about 1 ulp where the result is normal (`x ≥ −126`), NaN for NaN, 0 for
+    /// −∞. Subnormal results are 0 on AVX2 (one scaling instead of two) and exact
+    /// down to `2^−150` elsewhere: a softmax weight that small changes no sum.
     fn exp2(self, x: Self::V) -> Self::V;
     /// Sum of the lanes, as a pairwise tree.
     fn sum(self, a: Self::V) -> f32;
@@ -479,6 +481,13 @@ mod tests {
             for (x, g) in xs.iter().zip(got) {
                 let want = (*x as f64).exp2();
                 assert!(((g as f64 - want) / want).abs() < 3.0 * f32::EPSILON as f64);
+            }
+            // Subnormal results: exact or flushed to 0, never above 2^−126.
+            let tiny: [f32; 16] = std::array::from_fn(|i| -126.05 - i as f32 * 1.9);
+            for (x, g) in tiny.iter().zip(dispatch(token, Exp2Lanes(tiny))) {
+                let want = (*x as f64).exp2();
+                let exact = (g as f64 - want).abs() <= f32::from_bits(1) as f64;
+                assert!(exact || g == 0.0, "{isa:?}: 2^{x} gave {g}");
             }
             let mut special = [0.0f32; 16];
             special[1] = f32::NEG_INFINITY;
