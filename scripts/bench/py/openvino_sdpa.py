@@ -17,7 +17,7 @@ printed (`kernel`: the layer that produces the attention's output, type and
 primitive; `nodes`: every executed layer): OpenVINO 2026.4 decomposes the op into
 MatMul, Softmax and MatMul and fuses them into one Snippets subgraph (its MHA
 kernel, `Subgraph`), with a causal mask applied as an additive [L, S] constant
-(computed in full, not skipped).
+(computed in full: its causal rows take as long as the others).
 
 Grouped-query heads (--kv-heads below --heads; query head h reads key/value head
 h // (H / Hkv), PyTorch's enable_gqa grouping): the op's spec allows only numpy-
@@ -26,8 +26,9 @@ the Hkv heads to H in the graph (Unsqueeze, Broadcast, Reshape) and calls the
 4-D op, which stays one fused MHA subgraph; `--gqa broadcast` reshapes q to
 [B, Hkv, H/Hkv, L, E] against k and v [B, Hkv, 1, S, E], which the plugin does not
 fuse (MatMul, Softmax, MatMul with the scores written out). `repeat` was the faster
-of the two here (H8:2 N2048 d64 bf16: 123 against 137 ms, one-off), so it is the
-default: the peer at its best.
+of the two on the Zen 4 (H8:2 N2048 d64, two calls of each, alternating: bf16 30 ms
+against 38 and 45, f32 48 and 51 against 59 and 61; 2026-11-26 09:51 UTC, one-off),
+so it is the default: the peer at its best.
 
 Before timing, the output is checked against a NumPy float64 SDPA of the same
 (bf16-rounded) inputs on up to 256 query rows spread over L, every batch and head.
@@ -170,10 +171,11 @@ def check(a, inputs, got):
     output. Exits when the error is above it.
 
     In bf16 the naive implementation is "bf16-stored": OpenVINO's fused kernel
-    rounds the scores to bf16 (and the queries after scaling them, when 1/sqrt(E)
-    is not a power of two), which doubles the error of docs/design.md's naive bf16
-    (f32 scores); its max error equalled that model's to three digits at
-    H8 N512 d64 and N1024 d128 (one-off). Both errors are reported."""
+    rounds the scores to bf16 (and an input after scaling it by 1/sqrt(E), which
+    is exact when that is a power of two), which about doubles the error of
+    docs/design.md's naive bf16 (f32 scores); OpenVINO's max error equalled the
+    bf16-stored model's to three digits at H8 N512 d64 and N1024 d128 (one-off).
+    Both naive errors are reported."""
     q, k, v = inputs
     g = a.heads // a.kv_heads
     rows = np.unique(np.linspace(0, a.seq - 1, min(a.seq, CHECK_ROWS)).astype(np.int64))
