@@ -9,7 +9,9 @@ timing.py, and prints one JSON line with the keys `attend bench --format json` u
 
 FLOPs are counted as `attend bench` counts them: 4·B·H·L·S·E for the forward (half of
 it when causal), 3.5 times that for forward + backward. `gbps` is the K and V bytes
-read once per call (what bounds decoding, L = 1).
+read once per call (what bounds decoding, L = 1). `cpu_capability` is the
+instruction set ATen's own kernels dispatch to (torch.backends.cpu.get_cpu_capability();
+ATEN_CPU_CAPABILITY=avx2 caps it, as scripts/bench/vs-torch --isa avx2 does).
 """
 import argparse
 import json
@@ -101,7 +103,8 @@ def main():
     torch.set_num_threads(a.threads)
     dtype = DTYPES[a.dtype]
     row = gemm(a, dtype) if a.gemm else sdpa(a, dtype)
-    row.update(torch=torch.__version__, threads=a.threads, dtype=a.dtype)
+    row.update(torch=torch.__version__, threads=a.threads, dtype=a.dtype,
+               cpu_capability=torch.backends.cpu.get_cpu_capability())
     print(json.dumps(row))
 
 
