@@ -144,7 +144,7 @@ def rows_mask(mask, is_causal: bool, rows: torch.Tensor, kv_length: int):
 
 
 def check_layer(layer: int, args: tuple, kwargs: dict, got: torch.Tensor) -> str:
-    """The error rule on ROWS query rows of one layer's attention; raises on failure."""
+    """The error rule on ROWS query rows of one layer's attention; exits on failure."""
     q, k, v = args
     mask, is_causal, scale = kwargs["attn_mask"], kwargs["is_causal"], kwargs["scale"]
     length = q.shape[-2]
