@@ -24,7 +24,7 @@ import os
 import statistics
 import subprocess
 import sys
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Tuple
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # the local directory only, never the hub
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -39,7 +39,7 @@ from transformers import AutoModel, AutoTokenizer  # noqa: E402
 
 import attend  # noqa: E402
 import attend.transformers  # noqa: E402
-from timing import median_ms
+from model_rounds import OtherLoad, alternate, cpu_name  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
@@ -100,49 +100,11 @@ assert len(SENTENCES) == 32
 EMBEDDING_TOLERANCE = 1e-5
 
 
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown CPU (lscpu unavailable)"
-    for line in out.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
-
-
 def fetch_model() -> str:
     out = subprocess.run([os.path.join(ROOT, "scripts", "fetch-model")], capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"bench-py-models: scripts/fetch-model failed: {out.stderr.strip()}")
     return out.stdout.strip().splitlines()[-1]
-
-
-class OtherLoad:
-    """How much CPU other processes took while the benchmark ran: /proc/stat's busy
-    time minus this process's own, as a share of all CPUs (Linux only)."""
-
-    def __init__(self) -> None:
-        self.start = self._sample()
-
-    @staticmethod
-    def _sample():
-        try:
-            with open("/proc/stat") as f:
-                fields = [int(x) for x in f.readline().split()[1:]]
-            with open("/proc/self/stat") as f:
-                own = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            return None
-        idle = fields[3] + fields[4]
-        return sum(fields) - idle, sum(fields), int(own[11]) + int(own[12])
-
-    def share(self):
-        end = self._sample()
-        if self.start is None or end is None or end[1] == self.start[1]:
-            return None
-        busy, total, own = (b - a for a, b in zip(self.start, end))
-        return max(0.0, (busy - own) / total)
 
 
 def encoders(model_dir: str) -> Tuple[Callable[[], np.ndarray], Callable[[], np.ndarray]]:
@@ -159,19 +121,6 @@ def encoders(model_dir: str) -> Tuple[Callable[[], np.ndarray], Callable[[], np.
         return enc.encode(SENTENCES, batch_size=32)
 
     return st_encode, attend_encode
-
-
-def alternate(sides: Dict[str, Callable[[], object]], rounds: int, reps: int) -> Dict[str, List[float]]:
-    """Per-round medians of each side; the order of the sides flips every round."""
-    names = list(sides)
-    for name in names:  # warm-up: allocators, thread pools, lazy initialisation
-        for _ in range(2):
-            sides[name]()
-    result: Dict[str, List[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names if r % 2 == 0 else reversed(names):
-            result[name].append(median_ms(sides[name], reps))
-    return result
 
 
 def main() -> None:

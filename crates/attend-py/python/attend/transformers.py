@@ -11,7 +11,11 @@ attention on attend's fused CPU kernels. The backend mirrors transformers' own
 ``sdpa_attention_forward``: the same masks (``register`` also registers the sdpa
 mask format with ``AttentionMaskInterface``), the same ``is_causal`` rule, the same
 folding of ``position_bias`` into the mask; grouped-query heads are read natively
-(``enable_gqa=True``) rather than repeated. Float32 models on the CPU only.
+(``enable_gqa=True``) rather than repeated. Float32 and bfloat16 models on the CPU
+(``dtype=torch.bfloat16``: bf16 products and f32 sums, softmax statistics and
+accumulators, the output rounded to bf16 once, as
+:func:`attend.scaled_dot_product_attention` runs bf16 tensors); float16 and float64
+models are refused with a ``TypeError``.
 
 PyTorch's OpenMP threads spin for a few milliseconds after each operation and compete
 with attend's threads for the cores; start Python with ``OMP_WAIT_POLICY=PASSIVE``
@@ -48,6 +52,11 @@ NAME = "attend"
 """The ``attn_implementation`` name ``register()`` makes available."""
 
 _logger = _hf_logging.get_logger(__name__)
+
+# The dtypes attend's kernels run: float32, and bfloat16 (bf16 products, f32 sums).
+# float16 and float64 would reach attend.scaled_dot_product_attention's widening and
+# reference paths, a copy per call or a slow f64 kernel: not what a model wants.
+_DTYPES = (torch.float32, torch.bfloat16)
 
 # Options whose semantics attend's kernels do not have: refused rather than ignored.
 _UNSUPPORTED = {
@@ -101,7 +110,7 @@ def attend_attention_forward(
     Args:
         module: the attention module (read for ``is_causal`` when the call does not say,
             and ``layer_idx`` for a paged cache).
-        query: ``[B, H, L, D]`` float32.
+        query: ``[B, H, L, D]`` float32 or bfloat16.
         key: ``[B, Hkv, S, D]``; ``H`` a multiple of ``Hkv`` (grouped-query heads are
             read natively, not repeated).
         value: ``[B, Hkv, S, Dv]``.
@@ -134,10 +143,10 @@ def attend_attention_forward(
             f'attn_implementation="{NAME}" does not return attention weights (output_attentions=True): '
             'use attn_implementation="eager" to get them'
         )
-    if query.dtype != torch.float32:
+    if query.dtype not in _DTYPES:
         raise TypeError(
-            f'attn_implementation="{NAME}" runs float32 models only, got {query.dtype} '
-            "(load the model with dtype=torch.float32)"
+            f'attn_implementation="{NAME}" runs float32 and bfloat16 models only, got {query.dtype} '
+            "(load the model with dtype=torch.float32 or dtype=torch.bfloat16)"
         )
 
     # A paged cache is updated before anything else, as sdpa does. (transformers 5.23's
