@@ -184,6 +184,14 @@ impl MaskTiles {
         !self.data.is_empty()
     }
 
+    /// Whether the band (causality or the window) is the only thing that masks
+    /// scores: no boolean or additive mask, no key padding. A tile the band cuts
+    /// through then needs no copy of mask terms: its scores can be cut in place
+    /// ([`cut_to_band`]).
+    pub fn band_only<T>(&self, p: &Problem<'_, T>) -> bool {
+        self.data.is_empty() && p.key_padding.is_none()
+    }
+
     /// Whether the tile of queries `i0..i0 + ni` and keys `j0..j0 + nj` of batch `b`
     /// needs a copy made by [`tile`](Self::tile): causality or the window cuts
     /// through it, or key padding drops one of its keys.
@@ -279,10 +287,11 @@ impl MaskTiles {
 
 /// Sets to −∞ the scores of the tile `out` (queries `i0..i0 + ni` along its rows,
 /// keys `j0..j0 + nj` down them, rows `stride` apart) that causality and the window
-/// hide, and returns whether they leave any. Both ends of a query's keys move right
+/// hide, and returns whether they leave any: the terms of a mask tile, or the
+/// scores themselves (a NaN score too: hidden, it is −∞ like any other). Both ends of a query's keys move right
 /// with the query ([`Problem::block_key_range`]), so each key is seen by one run of
 /// consecutive queries, `a..b`, and both ends of that run move right with the key.
-fn cut_to_band<T>(
+pub(crate) fn cut_to_band<T>(
     p: &Problem<'_, T>,
     (i0, ni): (usize, usize),
     (j0, nj): (usize, usize),

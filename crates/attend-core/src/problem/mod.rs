@@ -14,7 +14,7 @@ mod mask_tiles;
 
 pub use dropout::Dropout;
 pub(crate) use mask_term::along;
-pub(crate) use mask_tiles::MaskTiles;
+pub(crate) use mask_tiles::{cut_to_band, MaskTiles};
 
 use ndarray::{ArrayView2, ArrayView4, ArrayViewD, IxDyn};
 use num_traits::AsPrimitive;

@@ -50,7 +50,7 @@ use rayon::prelude::*;
 use crate::isa::transpose::transpose;
 use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
 use crate::kernels::scratch::{carve, with_scratch};
-use crate::problem::{Dims, MaskTiles, Problem, SoftmaxAxis};
+use crate::problem::{cut_to_band, Dims, MaskTiles, Problem, SoftmaxAxis};
 
 pub(crate) mod bf16;
 mod float;
@@ -432,8 +432,13 @@ fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
         let nk = j1 - j0;
         // The additive mask term of the tile, `[nk][w]` rows `mbs` floats apart:
         // read in place where neither the causal/window band nor key padding cuts
-        // through the tile, else a copy with the cuts made.
-        let (mb, mbs): (*const f32, usize) = if plan.masks.needs_copy(p, b, (i0, rows), (j0, nk)) {
+        // through the tile, else a copy with the cuts made. Where the band is all
+        // that masks, its cut is made in the scores instead (no terms to fill and
+        // add). The band leaves every key of `jlo..jhi` visible to some query of
+        // the unit, so no tile is skipped for it.
+        let cut = plan.masks.needs_copy(p, b, (i0, rows), (j0, nk));
+        let cut_scores = cut && plan.masks.band_only(p);
+        let (mb, mbs): (*const f32, usize) = if cut && !cut_scores {
             if !plan.masks.tile(p, (b, h), (i0, rows), (j0, nk), scr.mb, w) {
                 continue; // every score of the tile is masked
             }
@@ -464,6 +469,9 @@ fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
                 );
             }
             r0 += n;
+        }
+        if cut_scores {
+            cut_to_band(p, (i0, rows), (j0, nk), &mut scr.s[..nk * w], w);
         }
 
         // SAFETY: `s` holds `nk ≤ BK` rows of `w` floats, the statistics `w` each.
