@@ -14,8 +14,8 @@ mod kernel_support;
 mod nan_support;
 
 use attend::attention::{
-    attention_backward_with, attention_with, AttentionGrads, BackwardConfig, BackwardKernel, Config,
-    Exec, Kernel, Problem, Saved,
+    attention_backward_with, attention_with, AttentionGrads, BackwardConfig, BackwardKernel,
+    Config, Exec, Kernel, Problem, Saved,
 };
 use attend::kernels::Isa;
 use kernel_support::Rng;
@@ -55,8 +55,16 @@ fn grads(
     };
     let forward = attention_with(q.view(), k.view(), v.view(), &opts, &reference).unwrap();
     let saved = Saved::from(&forward);
-    attention_backward_with(q.view(), k.view(), v.view(), saved, dout.view(), &opts, config)
-        .unwrap()
+    attention_backward_with(
+        q.view(),
+        k.view(),
+        v.view(),
+        saved,
+        dout.view(),
+        &opts,
+        config,
+    )
+    .unwrap()
 }
 
 /// The largest difference between `a` and `b` where both are finite.
@@ -92,7 +100,8 @@ fn the_rule_holds_on_the_backward_at_every_size_on_every_kernel() {
                     let v = rng.array((1, 2, s, 24));
                     let dout = rng.array((1, 2, l, 24));
                     let clean_masks = MaskArrays::new(masks, l, s);
-                    let (mut qn, mut kn, mut vn, mut dn) = (q.clone(), k.clone(), v.clone(), dout.clone());
+                    let (mut qn, mut kn, mut vn, mut dn) =
+                        (q.clone(), k.clone(), v.clone(), dout.clone());
                     let mut nan_masks = MaskArrays::new(masks, l, s);
                     poison(
                         which,
@@ -118,8 +127,7 @@ fn the_rule_holds_on_the_backward_at_every_size_on_every_kernel() {
                         for ((name, g, r, c, rc), w) in named.into_iter().zip(&want) {
                             assert_pattern(g, w, &format!("{what} {name}"));
                             let scale = rc.iter().fold(0.0f64, |m, &x| m.max(x.abs() as f64));
-                            let tol =
-                                2.0 * max_err(c, rc) + 4.0 * f32::EPSILON as f64 * scale;
+                            let tol = 2.0 * max_err(c, rc) + 4.0 * f32::EPSILON as f64 * scale;
                             let err = max_err(g, r);
                             assert!(err <= tol, "{what} {name}: error {err:e} > {tol:e}");
                         }

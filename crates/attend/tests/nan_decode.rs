@@ -70,10 +70,16 @@ fn through_cache<T: Element>([q, k, v]: [&Array4<f32>; 3], isa: Isa, what: &str)
     let mut cache = LayerCache::<T>::new(CacheShape::new(1, 2, 20).with_value_dim(24));
     let cut = s - l;
     cache
-        .append(k.slice(s![.., .., ..cut, ..]), v.slice(s![.., .., ..cut, ..]))
+        .append(
+            k.slice(s![.., .., ..cut, ..]),
+            v.slice(s![.., .., ..cut, ..]),
+        )
         .unwrap();
     cache
-        .append(k.slice(s![.., .., cut.., ..]), v.slice(s![.., .., cut.., ..]))
+        .append(
+            k.slice(s![.., .., cut.., ..]),
+            v.slice(s![.., .., cut.., ..]),
+        )
         .unwrap();
     let got = cache.attend(q.view(), None, &exec(isa)).unwrap();
     // The cache's numbers: bf16 caches hold k and v rounded (NaN stays NaN).
@@ -121,7 +127,8 @@ fn decoding_under_a_window_obeys_the_rule_f32_and_bf16_caches() {
             };
             for isa in Isa::available() {
                 let what = format!("window L {l} S {s} case {which} {isa}");
-                let got = decode_attention(q.view(), k.view(), v.view(), &opts, &exec(isa)).unwrap();
+                let got =
+                    decode_attention(q.view(), k.view(), v.view(), &opts, &exec(isa)).unwrap();
                 check_rule([&q, &k, &v], &opts, &got, &format!("f32 {what}"));
                 let [k16, v16] = [&k, &v].map(|a| a.mapv(bf16::from_f32));
                 let got =
@@ -155,7 +162,12 @@ fn merged_key_shards_obey_the_rule() {
                 .collect();
             let merged = merge_partials(&parts).unwrap();
             let got = (merged.output, merged.lse);
-            check_rule([&q, &k, &v], &opts, &got, &format!("shards L {l} case {which}"));
+            check_rule(
+                [&q, &k, &v],
+                &opts,
+                &got,
+                &format!("shards L {l} case {which}"),
+            );
         }
     }
 }

@@ -9,9 +9,7 @@
 mod kernel_support;
 mod nan_support;
 
-use attend::attention::{
-    attention_with, AttentionOptions, Causal, Config, Exec, Kernel, Problem,
-};
+use attend::attention::{attention_with, AttentionOptions, Causal, Config, Exec, Kernel, Problem};
 use attend::element::bf16;
 use attend::kernels::Isa;
 use kernel_support::{check_bf16, Rng};

@@ -385,7 +385,9 @@ impl<'a, Q, KV> Problem<'a, Q, KV> {
     #[inline]
     pub fn sees(&self, b: usize, h: usize, i: usize, j: usize) -> bool {
         let (lo, hi) = self.key_range(i);
-        (lo..hi).contains(&j) && self.keeps(b, h, i, j) && self.bias_at(b, h, i, j) != f32::NEG_INFINITY
+        (lo..hi).contains(&j)
+            && self.keeps(b, h, i, j)
+            && self.bias_at(b, h, i, j) != f32::NEG_INFINITY
     }
 }
 

@@ -57,7 +57,9 @@ fn head(p: &Problem<'_>, b: usize, h: usize) -> Head {
     let d = p.dims();
     let kvh = h / (d.heads / d.kv_heads);
     let sees = Array2::from_shape_fn((d.q_len, d.kv_len), |(i, j)| p.sees(b, h, i, j));
-    let live = (0..d.q_len).map(|i| sees.row(i).iter().any(|&s| s)).collect();
+    let live = (0..d.q_len)
+        .map(|i| sees.row(i).iter().any(|&s| s))
+        .collect();
     let nan_score = (0..d.q_len)
         .map(|i| {
             let q_nan = any_nan(d.head_dim, |e| p.q[[b, h, i, e]]);

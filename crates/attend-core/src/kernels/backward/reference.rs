@@ -38,7 +38,11 @@ pub(crate) struct Backward {
 /// keys each query sees ([`Problem::sees`]): every sum below runs over those pairs
 /// only, so a key a query does not see adds nothing to its row or its gradients,
 /// not even a NaN (docs/design.md, "NaN").
-fn probabilities(p: &Problem<'_, f64>, b: usize, h: usize) -> (Array2<f64>, Vec<f64>, Array2<bool>) {
+fn probabilities(
+    p: &Problem<'_, f64>,
+    b: usize,
+    h: usize,
+) -> (Array2<f64>, Vec<f64>, Array2<bool>) {
     let (q, k) = (&p.q, &p.k);
     let d = p.dims();
     let kvh = h / (d.heads / d.kv_heads);

@@ -407,7 +407,8 @@ impl<Q: Element, T: Element> Ctx<'_, '_, Q, T> {
                                 continue;
                             }
                             let p = s.as_ptr().add(r * width + (jb - j0));
-                            let unseen = |r: usize| hidden[r * blocks + (jb - j0) / BLOCK].to_bits();
+                            let unseen =
+                                |r: usize| hidden[r * blocks + (jb - j0) / BLOCK].to_bits();
                             if unseen(r) != 0 {
                                 let or = o.as_mut_ptr().add(r * ev);
                                 accumulate_seen(isa, or, p, vb, vs, ev, nb, unseen(r));
