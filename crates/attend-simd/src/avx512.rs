@@ -222,7 +222,13 @@ unsafe impl<const BF16: bool> Simd for Avx512Of<BF16> {
     #[inline(always)]
     fn max_lane(self, a: __m512) -> f32 {
         // SAFETY: the token proves AVX-512F.
-        unsafe { _mm512_reduce_max_ps(a) }
+        unsafe {
+            // The reduction's `max` keeps a NaN only in some positions of its tree.
+            if _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(a, a) != 0 {
+                return f32::NAN;
+            }
+            _mm512_reduce_max_ps(a)
+        }
     }
     #[inline(always)]
     unsafe fn load_pairs(self, p: *const u32) -> __m512i {

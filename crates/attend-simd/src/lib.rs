@@ -536,6 +536,12 @@ mod tests {
                 let want: f32 = xs[..5].iter().sum();
                 assert!((isa.sum(v) - want).abs() <= 4.0 * f32::EPSILON * want.abs());
                 assert_eq!(isa.max_lane(isa.load(xs.as_ptr())), xs[0]);
+                for lane in 0..LANES {
+                    let mut ys = [f32::NEG_INFINITY; LANES];
+                    ys[lane] = f32::NAN;
+                    let m = isa.max_lane(isa.load(ys.as_ptr()));
+                    assert!(m.is_nan(), "max_lane drops a NaN in lane {lane}: {m}");
+                }
                 let mut out = [1.0f32; 16];
                 isa.store_part(out.as_mut_ptr(), isa.load(xs.as_ptr()), 3);
                 assert_eq!(&out[..3], &xs[..3]);

@@ -1,23 +1,28 @@
-//! A NaN in a query or a key reaches exactly the output rows whose scores it
-//! touches, the same way on every kernel (the f64 reference decides, as PyTorch's
-//! math backend does: a NaN score makes its row's softmax NaN); fully masked rows
-//! stay 0 with log-sum-exp −∞; rows the NaN cannot reach are untouched.
+//! docs/design.md's NaN rule on the forward, the same on every kernel, instruction
+//! set, element type and size: a NaN in a query or a key reaches exactly the output
+//! rows whose scores it touches (the f64 reference decides, as PyTorch's math
+//! backend does: a NaN score makes its row's softmax NaN), a NaN in a value the
+//! columns of the rows that see its key; fully masked rows stay 0 with log-sum-exp
+//! −∞; rows the NaN cannot reach are untouched, and a key a row does not see never
+//! reaches it, whatever it holds.
 
 mod kernel_support;
+mod nan_support;
 
-use attend::attention::{attention_with, AttentionOptions, Causal, Config, Exec, Kernel};
+use attend::attention::{attention_with, AttentionOptions, Causal, Config, Exec, Kernel, Problem};
+use attend::element::bf16;
 use attend::kernels::Isa;
-use kernel_support::Rng;
+use kernel_support::{check_bf16, Rng};
+use nan_support::{assert_pattern, key_lengths, poison, MaskArrays, Masks, Poison, LENGTHS};
 use ndarray::{s, Array2, Array3, Array4};
 
 /// Every kernel that can run a problem with `q_len` queries, on every ISA here.
 fn configs(q_len: usize) -> Vec<Config> {
-    let isas = [Isa::Portable, Isa::Avx2, Isa::Avx512];
     let mut out = vec![Config {
         kernel: Kernel::Reference,
         ..Default::default()
     }];
-    for isa in isas.into_iter().filter(|i| i.is_available()) {
+    for isa in Isa::available() {
         for kernel in [Kernel::Fused, Kernel::Decode, Kernel::Auto] {
             if kernel == Kernel::Decode && q_len > attend::attention::DECODE_MAX_QUERIES {
                 continue;
@@ -136,5 +141,82 @@ fn a_nan_query_in_a_fully_masked_row_gives_zero() {
             ..Default::default()
         };
         check(&q, &k, &v, &opts, |_, _, i| (i != 2).then_some(false));
+    }
+}
+
+/// Random q `[1, 2, L, 20]`, k `[1, 2, S, 20]` and v `[1, 2, S, 24]`: widths with a
+/// tail past whole vectors of 16.
+fn grid_inputs(seed: u64, l: usize, s: usize) -> (Array4<f32>, Array4<f32>, Array4<f32>) {
+    let mut rng = Rng::new(seed);
+    let q = rng.array((1, 2, l, 20));
+    let k = rng.array((1, 2, s, 20));
+    (q, k, rng.array((1, 2, s, 24)))
+}
+
+/// Every case of the grid: `(L, S, masks, poison)`, the additive mask's NaNs only
+/// with an additive mask.
+fn grid() -> Vec<(usize, usize, Masks, Poison)> {
+    let mut cases = Vec::new();
+    for l in LENGTHS {
+        for s in key_lengths(l, 300) {
+            for masks in Masks::ALL {
+                for which in [Poison::Query, Poison::Key, Poison::Values, Poison::Bias] {
+                    if which != Poison::Bias || masks == Masks::AdditiveCausal {
+                        cases.push((l, s, masks, which));
+                    }
+                }
+            }
+        }
+    }
+    cases
+}
+
+/// One grid case's inputs with their NaNs, and its masks.
+fn grid_case(
+    n: usize,
+    (l, s, masks, which): (usize, usize, Masks, Poison),
+) -> ([Array4<f32>; 3], MaskArrays) {
+    let (mut q, mut k, mut v) = grid_inputs(n as u64, l, s);
+    let mut arrays = MaskArrays::new(masks, l, s);
+    poison(which, (&mut q, &mut k, &mut v), arrays.bias.as_mut(), None);
+    ([q, k, v], arrays)
+}
+
+#[test]
+fn the_rule_holds_on_f32_at_every_size_on_every_kernel() {
+    for (n, case) in grid().into_iter().enumerate() {
+        let ([q, k, v], arrays) = grid_case(n, case);
+        let opts = arrays.options();
+        let p = Problem::new(q.view(), k.view(), v.view(), &opts).unwrap();
+        let (want_out, want_lse) = nan_support::forward(&p);
+        for config in configs(case.0) {
+            let what = format!("{case:?} {config:?}");
+            let got = attention_with(q.view(), k.view(), v.view(), &opts, &config).unwrap();
+            assert_pattern(&got.0, &want_out, &format!("{what} output"));
+            assert_pattern(&got.1, &want_lse, &format!("{what} lse"));
+            // The finite entries within docs/design.md's error rule (its maxima skip
+            // the NaN entries, whose places are checked above).
+            kernel_support::check(q.view(), k.view(), v.view(), &opts, &got, &what);
+        }
+    }
+}
+
+#[test]
+fn the_rule_holds_on_bf16_at_every_size_on_every_kernel() {
+    for (n, case) in grid().into_iter().enumerate() {
+        let ([q, k, v], arrays) = grid_case(n, case);
+        let opts = arrays.options();
+        let [q, k, v] = [q, k, v].map(|a| a.mapv(bf16::from_f32));
+        let [q32, k32, v32] = [&q, &k, &v].map(|a| a.mapv(bf16::to_f32));
+        let p = Problem::new(q32.view(), k32.view(), v32.view(), &opts).unwrap();
+        let (want_out, want_lse) = nan_support::forward(&p);
+        for config in configs(case.0) {
+            let what = format!("bf16 {case:?} {config:?}");
+            let (out, lse) = attention_with(q.view(), k.view(), v.view(), &opts, &config).unwrap();
+            let got = (out.mapv(bf16::to_f32), lse);
+            assert_pattern(&got.0, &want_out, &format!("{what} output"));
+            assert_pattern(&got.1, &want_lse, &format!("{what} lse"));
+            check_bf16(q32.view(), k32.view(), v32.view(), &opts, &got, &what);
+        }
     }
 }

@@ -37,14 +37,16 @@ pub fn run(p: &Problem<'_>) -> AttentionTrace {
         for h in 0..d.heads {
             let kvh = h / group;
             let mut scaled = Array2::<f64>::from_elem((d.q_len, d.kv_len), f64::NEG_INFINITY);
+            // Which keys each query sees: the others add nothing to its row, not
+            // even a NaN in their score or value (docs/design.md, "NaN").
+            let sees = Array2::from_shape_fn((d.q_len, d.kv_len), |(i, j)| p.sees(b, h, i, j));
             for i in 0..d.q_len {
-                let (lo, hi) = p.key_range(i);
                 for j in 0..d.kv_len {
                     let dot: f64 = (0..d.head_dim)
                         .map(|e| p.q[[b, h, i, e]] as f64 * p.k[[b, kvh, j, e]] as f64)
                         .sum();
                     trace.scores[[b, h, i, j]] = dot as f32;
-                    if (lo..hi).contains(&j) && p.keeps(b, h, i, j) {
+                    if sees[[i, j]] {
                         scaled[[i, j]] = dot * p.scale as f64 + p.bias_at(b, h, i, j) as f64;
                     }
                 }
@@ -61,6 +63,7 @@ pub fn run(p: &Problem<'_>) -> AttentionTrace {
                 }
                 for c in 0..d.value_dim {
                     let acc: f64 = (0..d.kv_len)
+                        .filter(|&j| sees[[i, j]])
                         .map(|j| weights[[i, j]] * p.v[[b, kvh, j, c]] as f64)
                         .sum();
                     trace.output[[b, h, i, c]] = acc as f32;

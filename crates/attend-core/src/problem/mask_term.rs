@@ -66,10 +66,17 @@ impl<'a> MaskRows<'a> {
 
     /// Adds the terms of row `r`'s scores to the scores in `out`: each kept score
     /// plus the additive mask's value times `factor` (left as it is without one),
-    /// −∞ for a dropped key whatever the score (a NaN score included).
+    /// −∞ for a dropped key or an additive −∞ whatever the score (a NaN score
+    /// included: NaN + −∞ is NaN).
     pub(crate) fn add_terms(&self, r: usize, factor: f32, out: &mut [f32]) {
         if let Some(bias) = self.row(r).1 {
-            along(out, bias, |t, x| *t += x * factor);
+            along(out, bias, |t, x| {
+                *t = if x == f32::NEG_INFINITY {
+                    x
+                } else {
+                    *t + x * factor
+                }
+            });
         }
         self.cut(r, out);
     }

@@ -377,6 +377,18 @@ impl<'a, Q, KV> Problem<'a, Q, KV> {
     pub fn bias_at(&self, b: usize, h: usize, i: usize, j: usize) -> f32 {
         self.bias.as_ref().map_or(0.0, |m| m[[b, h, i, j]])
     }
+
+    /// Whether query `i` of `(b, h)` sees key `j`: inside its causal/window band,
+    /// kept by the boolean mask and key padding, and with an additive term other
+    /// than −∞. A key a query does not see adds nothing to its row, neither score
+    /// nor value, whatever it holds (docs/design.md, "NaN").
+    #[inline]
+    pub fn sees(&self, b: usize, h: usize, i: usize, j: usize) -> bool {
+        let (lo, hi) = self.key_range(i);
+        (lo..hi).contains(&j)
+            && self.keeps(b, h, i, j)
+            && self.bias_at(b, h, i, j) != f32::NEG_INFINITY
+    }
 }
 
 /// Per-tile views of the masks, for the tiled kernels.

@@ -79,6 +79,12 @@ struct Ctx<'a, 'p> {
     dsum: Vec<f32>,
     /// Boolean, additive or key-padding masks present: per-score rules needed.
     elementwise: bool,
+    /// Where masks or the band hide some pairs: whether each row `[B, H, L]` has a
+    /// finite query and `D_i`, and each key `[B, Hkv, S]` a finite key and value
+    /// (empty where nothing is hidden). A block that hides pairs and holds a row or
+    /// a key that is not finite takes the exact path ([`seen_products`]).
+    finite_rows: Vec<bool>,
+    finite_keys: Vec<bool>,
     dropout: Option<&'a Dropout>,
     chunks: usize,
     key_blocks: usize,
@@ -146,6 +152,19 @@ pub(crate) fn run(
             });
     }
     let lse: Vec<f32> = lse.iter().copied().collect();
+    // A NaN in `D_i` covers one in `dO_i` (or a NaN output); `q`, `k` and `v` are
+    // checked row by row, once per call and only where pairs can be hidden.
+    let hides = p.has_elementwise_masks() || p.is_banded();
+    let (finite_rows, finite_keys) = if hides {
+        let q = rows_finite(&p.q).into_iter().zip(&dsum);
+        let kv = rows_finite(&p.k).into_iter().zip(rows_finite(&p.v));
+        (
+            q.map(|(q, dsum)| q && dsum.is_finite()).collect(),
+            kv.map(|(k, v)| k && v).collect(),
+        )
+    } else {
+        (Vec::new(), Vec::new())
+    };
     let q_len_total = d.batch * d.heads * d.q_len;
     let mut dq_bufs: Vec<Vec<f32>> = (0..chunks)
         .map(|_| vec![0.0f32; q_len_total * ep])
@@ -164,6 +183,8 @@ pub(crate) fn run(
         lse,
         dsum,
         elementwise: p.mask.is_some() || p.bias.is_some() || p.key_padding.is_some(),
+        finite_rows,
+        finite_keys,
         dropout: dropout.filter(|dr| dr.p() > 0.0),
         chunks,
         key_blocks,
@@ -209,6 +230,18 @@ pub(crate) fn run(
         dk: unpad([d.batch, d.kv_heads, d.kv_len, d.head_dim], ep, dk),
         dv: unpad([d.batch, d.kv_heads, d.kv_len, d.value_dim], evp, dv),
     }
+}
+
+/// Whether each row `a[b, h, t, ..]` is finite, in `[B, H, T]` order.
+fn rows_finite(a: &ArrayView4<'_, f32>) -> Vec<bool> {
+    let (b, h, t, _) = a.dim();
+    let mut out = Vec::with_capacity(b * h * t);
+    for b in a.outer_iter() {
+        for h in b.outer_iter() {
+            out.extend(h.outer_iter().map(|row| row.iter().all(|x| x.is_finite())));
+        }
+    }
+    out
 }
 
 /// A `[.., width]` buffer as an array of `shape`, dropping the padding columns.
@@ -288,6 +321,11 @@ unsafe fn task<I: Simd>(
         for kb in kb_lo..kb_hi {
             let k0 = kb * BC;
             let nk = BC.min(d.kv_len - k0);
+            let kvrow = (b * d.kv_heads + kvh) * d.kv_len + k0;
+            let keys_finite = ctx
+                .finite_keys
+                .get(kvrow..kvrow + nk)
+                .is_none_or(|f| f.iter().all(|&x| x));
             // Pack Kᵀ [ep, BC], K [BC, ep] and Vᵀ [evp, BC], zero-padded.
             kt.fill(0.0);
             krow.fill(0.0);
@@ -324,6 +362,13 @@ unsafe fn task<I: Simd>(
                     if !any {
                         continue;
                     }
+                    // A block that hides some pairs multiplies their zeros by the rows
+                    // and keys in its products: where one is not finite, the exact path.
+                    let rows_finite = ctx
+                        .finite_rows
+                        .get(bh * d.q_len + i0..bh * d.q_len + i0 + nr);
+                    let rows_finite = rows_finite.is_none_or(|f| f.iter().all(|&x| x));
+                    let exact = !full && (!keys_finite || !rows_finite);
                     let qblk = ctx.q.as_ptr().add((bh * d.q_len + i0) * ep);
                     let doblk = ctx.dout.as_ptr().add((bh * d.q_len + i0) * evp);
                     // S = Q Kᵀ and dP = dO Vᵀ, through one copy of the product's code.
@@ -368,7 +413,8 @@ unsafe fn task<I: Simd>(
                             let srow_n = std::slice::from_raw_parts_mut(srow, nk);
                             for (jj, (x, &t)) in srow_n.iter_mut().zip(term.iter()).enumerate() {
                                 let logit = *x * ctx.scale + t - l;
-                                let visible = (lo <= jj) & (jj < hi);
+                                // −∞ where hidden, even for a NaN score (NaN + −∞ is NaN).
+                                let visible = (lo <= jj) & (jj < hi) & (t != f32::NEG_INFINITY);
                                 *x = if visible { logit } else { f32::NEG_INFINITY };
                             }
                             for jj in nk..BC {
@@ -412,14 +458,76 @@ unsafe fn task<I: Simd>(
                         c: (dq_blk, ep),
                         init: Init::Add,
                     };
-                    for product in [into_dv, into_dk, into_dq] {
-                        product.run(isa);
+                    if exact {
+                        let block = SeenBlock {
+                            p,
+                            at: (b, h),
+                            rows: (i0, nr),
+                            keys: (k0, nk),
+                            lse: &ctx.lse[bh * d.q_len + i0..][..nr],
+                        };
+                        block.products(into_dv, into_dk, into_dq);
+                    } else {
+                        for product in [into_dv, into_dk, into_dq] {
+                            product.run(isa);
+                        }
                     }
                 }
             }
-            let kvrow = (b * d.kv_heads + kvh) * d.kv_len + k0;
             std::ptr::copy_nonoverlapping(dk_acc.as_ptr(), ctx.dk.0.add(kvrow * ep), nk * ep);
             std::ptr::copy_nonoverlapping(dv_acc.as_ptr(), ctx.dv.0.add(kvrow * evp), nk * evp);
+        }
+    }
+}
+
+/// A block of `rows.1` queries from `rows.0` and `nk` keys from `keys.0` of head
+/// `at`, for the backward's exact path.
+struct SeenBlock<'a, 'p> {
+    p: &'a Problem<'p>,
+    at: (usize, usize),
+    rows: (usize, usize),
+    keys: (usize, usize),
+    /// The rows' log-sum-exps (−∞: a row that sees no key).
+    lse: &'a [f32],
+}
+
+impl SeenBlock<'_, '_> {
+    /// The three products `dV += P̃ᵀ dO`, `dK += dSᵀ Q`, `dQ += dS K` of a block
+    /// (as the [`Product`]s given describe them), one term at a time over the pairs
+    /// that see each other only: a hidden pair adds nothing, not even its zero
+    /// weight times a NaN in its row or key (docs/design.md, "NaN").
+    ///
+    /// # Safety
+    /// As [`Product::run`]'s for each of the three.
+    unsafe fn products(&self, into_dv: Product, into_dk: Product, into_dq: Product) {
+        let (i0, nr) = self.rows;
+        let (k0, nk) = self.keys;
+        let masks = self.p.mask_rows(self.at, i0..i0 + nr, k0..k0 + nk);
+        let mut term = vec![0.0f32; nk];
+        for r in 0..nr {
+            if self.lse[r] == f32::NEG_INFINITY {
+                continue;
+            }
+            let (lo, hi) = self.p.key_range(i0 + r);
+            masks.write_terms(r, 1.0, &mut term);
+            for (jj, &t) in term.iter().enumerate() {
+                if !(lo..hi).contains(&(k0 + jj)) || t == f32::NEG_INFINITY {
+                    continue;
+                }
+                // SAFETY: `r < nr` and `jj < nk` index the products' operands as
+                // their dimensions say (the caller's contract).
+                unsafe {
+                    for (prod, m, n) in [(into_dv, jj, r), (into_dk, jj, r), (into_dq, r, jj)] {
+                        let (a, lda, sa) = prod.a;
+                        let (b, ldb) = prod.b;
+                        let (c, ldc) = prod.c;
+                        let x = *a.add(m * lda + n * sa);
+                        for col in 0..prod.dims[1] {
+                            *c.add(m * ldc + col) += x * *b.add(n * ldb + col);
+                        }
+                    }
+                }
+            }
         }
     }
 }

@@ -34,18 +34,25 @@ pub(crate) struct Backward {
     pub dv: Array4<f64>,
 }
 
-/// The probabilities of head `(b, h)`, `[L, S]`, and the row log-sum-exps.
-fn probabilities(p: &Problem<'_, f64>, b: usize, h: usize) -> (Array2<f64>, Vec<f64>) {
+/// The probabilities of head `(b, h)`, `[L, S]`, the row log-sum-exps, and which
+/// keys each query sees ([`Problem::sees`]): every sum below runs over those pairs
+/// only, so a key a query does not see adds nothing to its row or its gradients,
+/// not even a NaN (docs/design.md, "NaN").
+fn probabilities(
+    p: &Problem<'_, f64>,
+    b: usize,
+    h: usize,
+) -> (Array2<f64>, Vec<f64>, Array2<bool>) {
     let (q, k) = (&p.q, &p.k);
     let d = p.dims();
     let kvh = h / (d.heads / d.kv_heads);
     let scale = p.scale as f64;
     let mut s = Array2::<f64>::from_elem((d.q_len, d.kv_len), f64::NEG_INFINITY);
     let mut lse = vec![f64::NEG_INFINITY; d.q_len];
+    let sees = Array2::from_shape_fn((d.q_len, d.kv_len), |(i, j)| p.sees(b, h, i, j));
     for i in 0..d.q_len {
-        let (lo, hi) = p.key_range(i);
-        for j in lo..hi {
-            if p.keeps(b, h, i, j) {
+        for j in 0..d.kv_len {
+            if sees[[i, j]] {
                 let dot: f64 = (0..d.head_dim)
                     .map(|e| q[[b, h, i, e]] * k[[b, kvh, j, e]])
                     .sum();
@@ -58,7 +65,7 @@ fn probabilities(p: &Problem<'_, f64>, b: usize, h: usize) -> (Array2<f64>, Vec<
         SoftmaxAxis::Keys => softmax_rows(s),
         SoftmaxAxis::Queries => softmax_rows(s.reversed_axes()).reversed_axes(),
     };
-    (probs, lse)
+    (probs, lse, sees)
 }
 
 /// The dropout factor `Z_ij / (1 − p)` of score `(b, h, i, j)` (1 without dropout).
@@ -77,12 +84,12 @@ pub(crate) fn forward(p: &Problem<'_, f64>, dropout: Option<&Dropout>) -> Forwar
     for b in 0..d.batch {
         for h in 0..d.heads {
             let kvh = h / group;
-            let (probs, l) = probabilities(p, b, h);
+            let (probs, l, sees) = probabilities(p, b, h);
             for i in 0..d.q_len {
                 lse[[b, h, i]] = l[i];
                 for j in 0..d.kv_len {
                     let w = probs[[i, j]] * dropped(dropout, b, h, i, j);
-                    if w != 0.0 {
+                    if sees[[i, j]] {
                         for c in 0..d.value_dim {
                             out[[b, h, i, c]] += w * v[[b, kvh, j, c]];
                         }
@@ -110,12 +117,12 @@ pub(crate) fn backward(
     for b in 0..d.batch {
         for h in 0..d.heads {
             let kvh = h / group;
-            let (probs, _) = probabilities(p, b, h);
+            let (probs, _, sees) = probabilities(p, b, h);
             // dP_ij = Z_ij/(1-p) · dO_i · v_j, and dV_j += P̃_ij dO_i.
             let mut dp = Array2::<f64>::zeros((d.q_len, d.kv_len));
             for i in 0..d.q_len {
                 for j in 0..d.kv_len {
-                    if probs[[i, j]] == 0.0 {
+                    if !sees[[i, j]] {
                         continue;
                     }
                     let z = dropped(dropout, b, h, i, j);
@@ -129,8 +136,10 @@ pub(crate) fn backward(
                     }
                 }
             }
-            // dS = P ∘ (dP − D), D summed along the softmax axis.
+            // dS = P ∘ (dP − D), D summed along the softmax axis over the pairs
+            // that see each other (a NaN row's P is NaN at the others too).
             let mut ds = &probs * &dp;
+            ds.zip_mut_with(&sees, |x, &seen| *x = if seen { *x } else { 0.0 });
             match p.softmax_axis {
                 SoftmaxAxis::Keys => {
                     for (mut row, prow) in ds.rows_mut().into_iter().zip(probs.rows()) {
@@ -147,10 +156,10 @@ pub(crate) fn backward(
             }
             for i in 0..d.q_len {
                 for j in 0..d.kv_len {
-                    let g = ds[[i, j]] * scale;
-                    if g == 0.0 {
+                    if !sees[[i, j]] {
                         continue;
                     }
+                    let g = ds[[i, j]] * scale;
                     for e in 0..d.head_dim {
                         dq[[b, h, i, e]] += g * k[[b, kvh, j, e]];
                         dk[[b, kvh, j, e]] += g * q[[b, h, i, e]];

@@ -88,9 +88,10 @@ fn chunk_len(e: usize, ev: usize, bytes: usize, keys: usize, heads: usize) -> us
 }
 
 /// Floats of scratch one task needs: the scores of one chunk of `chunk` keys for
-/// every query row of a key/value head's group.
+/// every query row of a key/value head's group, and for each row and block of 16
+/// keys the bits of the keys it does not see.
 fn scratch_len(rows: usize, chunk: usize) -> usize {
-    rows * chunk.div_ceil(BLOCK) * BLOCK
+    rows * chunk.div_ceil(BLOCK) * (BLOCK + 1)
 }
 
 /// Runs the split-KV kernel: output `[B, Hq, L, Ev]` and natural log-sum-exp
@@ -321,9 +322,16 @@ impl<Q: Element, T: Element> Ctx<'_, '_, Q, T> {
             // Scores of the chunk, one row per query, padded to whole blocks.
             let n = j1 - j0;
             let width = n.div_ceil(BLOCK) * BLOCK;
+            let blocks = width / BLOCK;
             {
-                let s = &mut scratch[..rows * width];
+                let (s, hidden) = scratch.split_at_mut(rows * width);
                 s.fill(f32::NEG_INFINITY);
+                // Bit `jj` of `hidden[r · blocks + block]` (a `u32` in an f32's bits)
+                // marks key `jj` of the block as one row `r` does not see: its weight
+                // is 0, and pass 2 skips it, so that a NaN or an infinite value never
+                // reaches a row that does not see its key (docs/design.md, "NaN").
+                let hidden = &mut hidden[..rows * blocks];
+                hidden.fill(0.0);
 
                 // Pass 1: scores.
                 let mut jb = j0;
@@ -346,6 +354,12 @@ impl<Q: Element, T: Element> Ctx<'_, '_, Q, T> {
                             }
                             if partial {
                                 self.mask_block(b, kvh * self.group + g, i, jb, nb, (lo, hi), sb);
+                                let bits = sb[..nb]
+                                    .iter()
+                                    .enumerate()
+                                    .filter(|(_, &x)| x == f32::NEG_INFINITY)
+                                    .fold(0u32, |bits, (jj, _)| bits | 1 << jj);
+                                hidden[r * blocks + (jb - j0) / BLOCK] = f32::from_bits(bits);
                             }
                         }
                     }
@@ -393,8 +407,19 @@ impl<Q: Element, T: Element> Ctx<'_, '_, Q, T> {
                                 continue;
                             }
                             let p = s.as_ptr().add(r * width + (jb - j0));
+                            let unseen =
+                                |r: usize| hidden[r * blocks + (jb - j0) / BLOCK].to_bits();
+                            if unseen(r) != 0 {
+                                let or = o.as_mut_ptr().add(r * ev);
+                                accumulate_seen(isa, or, p, vb, vs, ev, nb, unseen(r));
+                                continue;
+                            }
                             let next = r + l;
-                            if roomy::<I>() && g < self.group && m[next] != f32::NEG_INFINITY {
+                            if roomy::<I>()
+                                && g < self.group
+                                && m[next] != f32::NEG_INFINITY
+                                && unseen(next) == 0
+                            {
                                 g += 1;
                                 let p2 = s.as_ptr().add(next * width + (jb - j0));
                                 let os =
@@ -643,6 +668,42 @@ unsafe fn accumulate_pair<T: Element, I: Simd>(
             for (&ox, &px) in o.iter().zip(&p) {
                 accumulate(isa, ox.add(c), px, v.add(c), vs, ev - c, n);
             }
+        }
+    }
+}
+
+/// [`accumulate`] over the keys a row sees: the runs of keys whose bit in `unseen`
+/// is clear, in order, so that a key the row does not see adds nothing, not even a
+/// NaN value times its zero weight (the sums of the others are [`accumulate`]'s).
+///
+/// # Safety
+/// As [`accumulate`]'s.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn accumulate_seen<T: Element, I: Simd>(
+    isa: I,
+    o: *mut f32,
+    p: *const f32,
+    v: *const T,
+    vs: isize,
+    ev: usize,
+    n: usize,
+    unseen: u32,
+) {
+    let mut j = 0;
+    while j < n {
+        if unseen >> j & 1 == 1 {
+            j += 1;
+            continue;
+        }
+        let start = j;
+        while j < n && unseen >> j & 1 == 0 {
+            j += 1;
+        }
+        // SAFETY: keys `start..j` are among the caller's `n`.
+        unsafe {
+            let vj = v.offset(start as isize * vs);
+            accumulate(isa, o, p.add(start), vj, vs, ev, j - start);
         }
     }
 }

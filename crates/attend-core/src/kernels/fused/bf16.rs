@@ -216,6 +216,70 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
     }
 
     #[inline(always)]
+    fn values_finite<I: Simd>(&self, isa: I, u: &Bf16Unit<'_>, (j0, j1): (usize, usize)) -> bool {
+        let (vp, vrs) = u.v;
+        // x · 0 + acc: 0 for every finite x, NaN for a NaN or an infinity (bf16
+        // widens exactly, so it keeps both).
+        let zero = isa.splat(0.0);
+        let mut acc = zero;
+        for j in j0..j1 {
+            // SAFETY: value rows `j0..j1` are inside the head (the caller's tile),
+            // `ev` contiguous bf16 each (`reads_in_place`).
+            unsafe {
+                let row = vp.offset(j as isize * vrs);
+                let mut c = 0;
+                while c + LANES <= u.ev {
+                    acc = isa.fma(isa.load_bf16(row.add(c)), zero, acc);
+                    c += LANES;
+                }
+                for c in c..u.ev {
+                    if *row.add(c) & 0x7f80 == 0x7f80 {
+                        return false; // the exponent of a NaN or an infinity
+                    }
+                }
+            }
+        }
+        !isa.sum(acc).is_nan()
+    }
+
+    #[inline(always)]
+    unsafe fn value_cols_seen<I: Simd, const NQ: usize>(
+        &self,
+        _: I,
+        u: &Bf16Unit<'_>,
+        (j0, j1): (usize, usize),
+        _: *const f32,
+        ot: *mut f32,
+        alpha: *const f32,
+        (mb, mbs): (*const f32, usize),
+    ) {
+        let (vp, vrs) = u.v;
+        let w = NQ * LANES;
+        let widen = |bits: u16| f32::from_bits((bits as u32) << 16);
+        // SAFETY: the caller upholds `Operands::value_cols_seen`'s contract: value
+        // rows `j0..j1` inside the head, `ev` contiguous bf16 each; `pp` holds the
+        // tile's weights as pairs of keys (the last `weights` call), the mask
+        // `j1 − j0` rows, `ot` `ev` rows and `alpha` one, of `w` floats.
+        unsafe {
+            for c in 0..u.ev {
+                for lane in 0..w {
+                    let o = ot.add(c * w + lane);
+                    let mut acc = *o * *alpha.add(lane);
+                    for jj in 0..j1 - j0 {
+                        if *mb.add(jj * mbs + lane) != f32::NEG_INFINITY {
+                            let pair = *u.pp.as_ptr().add(jj / 2 * w + lane);
+                            let weight = widen((pair >> (16 * (jj % 2))) as u16);
+                            let x = widen(*vp.offset((j0 + jj) as isize * vrs).add(c));
+                            acc += x * weight;
+                        }
+                    }
+                    *o = acc;
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
     unsafe fn value_cols<I: Simd, const NQ: usize, const MC: usize>(
         &self,
         isa: I,

@@ -187,6 +187,71 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
     }
 
     #[inline(always)]
+    fn values_finite<I: Simd>(&self, isa: I, u: &F32Unit<'_>, (j0, j1): (usize, usize)) -> bool {
+        let (vp, vrs, vcs) = u.v;
+        let ev = self.p.dims().value_dim;
+        // x · 0 + acc: 0 for every finite x, NaN for a NaN or an infinity.
+        let zero = isa.splat(0.0);
+        let mut acc = zero;
+        for j in j0..j1 {
+            // SAFETY: value rows `j0..j1` are inside the head (the caller's tile),
+            // each `ev` values `vcs` apart.
+            unsafe {
+                let row = vp.offset(j as isize * vrs);
+                if vcs != 1 {
+                    let bad = (0..ev).any(|c| !(*row.offset(c as isize * vcs)).is_finite());
+                    if bad {
+                        return false;
+                    }
+                    continue;
+                }
+                let mut c = 0;
+                while c + LANES <= ev {
+                    acc = isa.fma(isa.load(row.add(c)), zero, acc);
+                    c += LANES;
+                }
+                if c < ev {
+                    acc = isa.fma(isa.load_part(row.add(c), ev - c), zero, acc);
+                }
+            }
+        }
+        !isa.sum(acc).is_nan()
+    }
+
+    #[inline(always)]
+    unsafe fn value_cols_seen<I: Simd, const NQ: usize>(
+        &self,
+        _: I,
+        u: &F32Unit<'_>,
+        (j0, j1): (usize, usize),
+        s: *const f32,
+        ot: *mut f32,
+        alpha: *const f32,
+        (mb, mbs): (*const f32, usize),
+    ) {
+        let (vp, vrs, vcs) = u.v;
+        let w = NQ * LANES;
+        // SAFETY: the caller upholds `Operands::value_cols_seen`'s contract: value
+        // rows `j0..j1` and every column inside the head, `s` and the mask `j1 − j0`
+        // rows, `ot` `ev` rows and `alpha` one, of `w` floats.
+        unsafe {
+            for c in 0..self.p.dims().value_dim {
+                for lane in 0..w {
+                    let o = ot.add(c * w + lane);
+                    let mut acc = *o * *alpha.add(lane);
+                    for jj in 0..j1 - j0 {
+                        if *mb.add(jj * mbs + lane) != f32::NEG_INFINITY {
+                            let x = *vp.offset((j0 + jj) as isize * vrs + c as isize * vcs);
+                            acc += x * *s.add(jj * w + lane);
+                        }
+                    }
+                    *o = acc;
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
     unsafe fn value_cols<I: Simd, const NQ: usize, const MC: usize>(
         &self,
         isa: I,

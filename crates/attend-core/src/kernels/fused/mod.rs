@@ -175,6 +175,32 @@ trait Operands<'p>: Sync {
         stats: Stats,
     );
 
+    /// Whether every value of keys `keys.0..keys.1` is finite: where it is, a masked
+    /// tile's value products may multiply the zero weight of a key a query does not
+    /// see (docs/design.md, "NaN").
+    fn values_finite<I: Simd>(&self, isa: I, u: &Self::Unit<'_>, keys: (usize, usize)) -> bool;
+
+    /// [`Operands::value_cols`] over every value column, one product at a time,
+    /// skipping the keys the mask hides from each query (mask term −∞ in
+    /// `mask.0[r·mask.1 + ·]`), so that a NaN or infinite value never reaches a
+    /// query that does not see its key: the exact path for masked tiles whose values
+    /// are not all finite.
+    ///
+    /// # Safety
+    /// As [`Operands::value_cols`]'s for every column; `mask.0` valid for
+    /// `keys.1 − keys.0` rows of `16·NQ` floats `mask.1` apart.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn value_cols_seen<I: Simd, const NQ: usize>(
+        &self,
+        isa: I,
+        u: &Self::Unit<'_>,
+        keys: (usize, usize),
+        s: *const f32,
+        ot: *mut f32,
+        alpha: *const f32,
+        mask: (*const f32, usize),
+    );
+
     /// `ot[c][·] = α · ot[c][·] + Σ_j v[j, c0 + c] · p[j][·]` for `c < MC` over the
     /// keys `keys.0..keys.1` of the last [`Operands::weights`] call.
     ///
@@ -476,6 +502,17 @@ fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
 
         // SAFETY: `s` holds `nk ≤ BK` rows of `w` floats, the statistics `w` each.
         unsafe { ops.weights::<I, NQ>(isa, &mut own, &at, (j0, j1), scr.s.as_mut_ptr(), stats) };
+
+        // A key the mask hides from a query must not reach it, not even as its zero
+        // weight times a NaN value: a masked tile with a non-finite value takes the
+        // exact path.
+        if !mb.is_null() && !ops.values_finite(isa, &own, (j0, j1)) {
+            let (sp, op, ap) = (scr.s.as_ptr(), scr.ot.as_mut_ptr(), scr.alpha.as_ptr());
+            // SAFETY: as for the products below, for every column; the mask rows
+            // hold `nk` rows of `w` floats `mbs` apart.
+            unsafe { ops.value_cols_seen::<I, NQ>(isa, &own, (j0, j1), sp, op, ap, (mb, mbs)) };
+            continue;
+        }
 
         // Oᵀ = α Oᵀ + Vᵀ Pᵀ, MR value columns at a time.
         let mut c0 = 0;
