@@ -460,10 +460,13 @@ fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
         // read in place where neither the causal/window band nor key padding cuts
         // through the tile, else a copy with the cuts made. Where the band is all
         // that masks, its cut is made in the scores instead (no terms to fill and
-        // add). The band leaves every key of `jlo..jhi` visible to some query of
-        // the unit, so no tile is skipped for it.
+        // add), unless a value of the tile is not finite: the exact path below
+        // then needs the terms to skip the hidden pairs. The band leaves every key
+        // of `jlo..jhi` visible to some query of the unit, so no tile is skipped
+        // for it.
         let cut = plan.masks.needs_copy(p, b, (i0, rows), (j0, nk));
-        let cut_scores = cut && plan.masks.band_only(p);
+        let cut_scores =
+            cut && plan.masks.band_only(p) && ops.values_finite(isa, &own, (j0, j1));
         let (mb, mbs): (*const f32, usize) = if cut && !cut_scores {
             if !plan.masks.tile(p, (b, h), (i0, rows), (j0, nk), scr.mb, w) {
                 continue; // every score of the tile is masked
