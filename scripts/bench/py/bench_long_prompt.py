@@ -296,12 +296,7 @@ def main() -> None:
             results.append((name, tokens, reps, ms, diff, spent))
             del models, sides
 
-    print(f"load average after: {os.getloadavg()}")
-    share = others.share()
-    if share is not None:
-        print(f"CPU taken by other processes during the run: {100 * share:.0f}% of all CPUs")
-        if share > 0.05:
-            print("WARNING: the machine was not quiet; these timings are not trustworthy")
+    others.report()
 
     print(
         "\n| dtype | prompt tokens | calls per round | sdpa median (ms) | attend median (ms) | sdpa / attend "

@@ -173,12 +173,7 @@ def main() -> None:
     )
     encode_ms = alternate({"sentence-transformers": st_encode, "attend": attend_encode}, args.rounds, args.reps)
 
-    print(f"load average after: {os.getloadavg()}")
-    share = others.share()
-    if share is not None:
-        print(f"CPU taken by other processes during the run: {100 * share:.0f}% of all CPUs")
-        if share > 0.05:
-            print("WARNING: the machine was not quiet; these timings are not trustworthy")
+    others.report()
     print(
         f"\nbatch: 32 sentences, {int(real.min())} to {int(real.max())} tokens "
         f"(mean {real.float().mean().item():.0f}), padded to {tuple(batch['input_ids'].shape)}\n"

@@ -5,6 +5,7 @@ alternating rounds of two sides, each round's time the median of a few calls
 
 from __future__ import annotations
 
+import os
 import subprocess
 from typing import Callable, Dict, List, Optional
 
@@ -47,6 +48,16 @@ class OtherLoad:
             return None
         busy, total, own = (b - a for a, b in zip(self.start, end))
         return max(0.0, (busy - own) / total)
+
+    def report(self) -> None:
+        """Prints the load average and the other processes' share since the start,
+        with a warning above 5 % of the CPUs: such timings are not trustworthy."""
+        print(f"load average after: {os.getloadavg()}")
+        share = self.share()
+        if share is not None:
+            print(f"CPU taken by other processes during the run: {100 * share:.0f}% of all CPUs")
+            if share > 0.05:
+                print("WARNING: the machine was not quiet; these timings are not trustworthy")
 
 
 def alternate(
