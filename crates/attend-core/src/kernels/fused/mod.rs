@@ -465,8 +465,7 @@ fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
         // of `jlo..jhi` visible to some query of the unit, so no tile is skipped
         // for it.
         let cut = plan.masks.needs_copy(p, b, (i0, rows), (j0, nk));
-        let cut_scores =
-            cut && plan.masks.band_only(p) && ops.values_finite(isa, &own, (j0, j1));
+        let cut_scores = cut && plan.masks.band_only(p) && ops.values_finite(isa, &own, (j0, j1));
         let (mb, mbs): (*const f32, usize) = if cut && !cut_scores {
             if !plan.masks.tile(p, (b, h), (i0, rows), (j0, nk), scr.mb, w) {
                 continue; // every score of the tile is masked
