@@ -20,10 +20,10 @@
 use ndarray::{Array3, Array4, ArrayView4};
 use rayon::prelude::*;
 
-use super::{drive, exp_shifted, masked_score, query_vectors, running_max};
+use super::{drive, exp_shifted, masked_score, query_vectors, running_max, seen_products};
 use super::{Operands, Stats, UnitAt, BK};
 use crate::element::bf16;
-use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
+use crate::isa::{bf16_to_f32, dispatch, IsaToken, Simd, SimdJob, LANES};
 use crate::kernels::scratch::carve;
 use crate::kernels::tile::{Rescale, Tile, PAIR_SUM_BLOCK};
 use crate::problem::{Dims, Problem};
@@ -232,10 +232,8 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
                     acc = isa.fma(isa.load_bf16(row.add(c)), zero, acc);
                     c += LANES;
                 }
-                for c in c..u.ev {
-                    if *row.add(c) & 0x7f80 == 0x7f80 {
-                        return false; // the exponent of a NaN or an infinity
-                    }
+                if (c..u.ev).any(|c| !bf16_to_f32(*row.add(c)).is_finite()) {
+                    return false;
                 }
             }
         }
@@ -251,31 +249,24 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
         _: *const f32,
         ot: *mut f32,
         alpha: *const f32,
-        (mb, mbs): (*const f32, usize),
+        mask: (*const f32, usize),
     ) {
         let (vp, vrs) = u.v;
         let w = NQ * LANES;
-        let widen = |bits: u16| f32::from_bits((bits as u32) << 16);
+        let pp = u.pp.as_ptr();
         // SAFETY: the caller upholds `Operands::value_cols_seen`'s contract: value
         // rows `j0..j1` inside the head, `ev` contiguous bf16 each; `pp` holds the
         // tile's weights as pairs of keys (the last `weights` call), the mask
         // `j1 − j0` rows, `ot` `ev` rows and `alpha` one, of `w` floats.
         unsafe {
-            for c in 0..u.ev {
-                for lane in 0..w {
-                    let o = ot.add(c * w + lane);
-                    let mut acc = *o * *alpha.add(lane);
-                    for jj in 0..j1 - j0 {
-                        if *mb.add(jj * mbs + lane) != f32::NEG_INFINITY {
-                            let pair = *u.pp.as_ptr().add(jj / 2 * w + lane);
-                            let weight = widen((pair >> (16 * (jj % 2))) as u16);
-                            let x = widen(*vp.offset((j0 + jj) as isize * vrs).add(c));
-                            acc += x * weight;
-                        }
-                    }
-                    *o = acc;
-                }
-            }
+            seen_products(
+                (u.ev, w, j1 - j0),
+                ot,
+                alpha,
+                mask,
+                |j, c| bf16_to_f32(*vp.offset((j0 + j) as isize * vrs).add(c)),
+                |j, lane| bf16_to_f32((*pp.add(j / 2 * w + lane) >> (16 * (j % 2))) as u16),
+            );
         }
     }
 

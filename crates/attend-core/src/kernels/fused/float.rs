@@ -7,7 +7,9 @@ use std::f32::consts::LOG2_E;
 
 use ndarray::{Array3, Array4, ArrayViewMut2};
 
-use super::{drive, exp_shifted, masked_score, query_vectors, register_block, running_max};
+use super::{
+    drive, exp_shifted, masked_score, query_vectors, register_block, running_max, seen_products,
+};
 use super::{Operands, Stats, UnitAt};
 use crate::isa::transpose::transpose;
 use crate::isa::{IsaToken, Simd, LANES};
@@ -227,27 +229,23 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
         s: *const f32,
         ot: *mut f32,
         alpha: *const f32,
-        (mb, mbs): (*const f32, usize),
+        mask: (*const f32, usize),
     ) {
         let (vp, vrs, vcs) = u.v;
         let w = NQ * LANES;
+        let ev = self.p.dims().value_dim;
         // SAFETY: the caller upholds `Operands::value_cols_seen`'s contract: value
         // rows `j0..j1` and every column inside the head, `s` and the mask `j1 − j0`
         // rows, `ot` `ev` rows and `alpha` one, of `w` floats.
         unsafe {
-            for c in 0..self.p.dims().value_dim {
-                for lane in 0..w {
-                    let o = ot.add(c * w + lane);
-                    let mut acc = *o * *alpha.add(lane);
-                    for jj in 0..j1 - j0 {
-                        if *mb.add(jj * mbs + lane) != f32::NEG_INFINITY {
-                            let x = *vp.offset((j0 + jj) as isize * vrs + c as isize * vcs);
-                            acc += x * *s.add(jj * w + lane);
-                        }
-                    }
-                    *o = acc;
-                }
-            }
+            seen_products(
+                (ev, w, j1 - j0),
+                ot,
+                alpha,
+                mask,
+                |j, c| *vp.offset((j0 + j) as isize * vrs + c as isize * vcs),
+                |j, lane| *s.add(j * w + lane),
+            );
         }
     }
 

@@ -613,6 +613,41 @@ unsafe fn running_max<I: Simd, const NQ: usize>(
     }
 }
 
+/// `ot[c][·] = α · ot[c][·] + Σ_j v(j, c) · p(j, ·)` for the `ev` value columns over
+/// the `nk` keys of a tile, one product at a time and only over the pairs that see
+/// each other (mask term `mask.0[j·mask.1 + ·]` not −∞): the exact path of
+/// [`Operands::value_cols_seen`], the same for every element type but for how a
+/// value `v(j, c)` and a weight `p(j, lane)` are read.
+///
+/// # Safety
+/// `ot` must be valid for `ev` rows and `alpha` for one row of `w` floats, `mask.0`
+/// for `nk` rows of `w` floats `mask.1` apart.
+#[inline(always)]
+unsafe fn seen_products(
+    (ev, w, nk): (usize, usize, usize),
+    ot: *mut f32,
+    alpha: *const f32,
+    (mb, mbs): (*const f32, usize),
+    value: impl Fn(usize, usize) -> f32,
+    weight: impl Fn(usize, usize) -> f32,
+) {
+    // SAFETY: every access is inside the caller's rows (see # Safety).
+    unsafe {
+        for c in 0..ev {
+            for lane in 0..w {
+                let o = ot.add(c * w + lane);
+                let mut acc = *o * *alpha.add(lane);
+                for j in 0..nk {
+                    if *mb.add(j * mbs + lane) != f32::NEG_INFINITY {
+                        acc += value(j, c) * weight(j, lane);
+                    }
+                }
+                *o = acc;
+            }
+        }
+    }
+}
+
 /// `2^(x − m)` for base-2 scores: the difference first, which is exact for the
 /// scores that matter, so huge scores lose nothing.
 #[inline(always)]
