@@ -28,7 +28,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_py_models import SENTENCES, OtherLoad, alternate, cpu_name, encoders  # noqa: E402
+from bench_py_models import SENTENCES, encoders  # noqa: E402
+from model_rounds import OtherLoad, alternate, cpu_name  # noqa: E402
 
 import numpy as np  # noqa: E402
 import sentence_transformers  # noqa: E402
@@ -84,12 +85,7 @@ def main() -> None:
         print(f"  {rows[-1][0]}: " + "; ".join(
             f"{name} " + " ".join(f"{v:.1f}" for v in values) for name, values in times.items()))
 
-    print(f"load average after: {os.getloadavg()}")
-    share = others.share()
-    if share is not None:
-        print(f"CPU taken by other processes during the run: {100 * share:.0f}% of all CPUs")
-        if share > 0.05:
-            print("WARNING: the machine was not quiet; these timings are not trustworthy")
+    others.report()
     print("\n| model | sentence-transformers median (ms) | attend median (ms) | ratio | max abs diff |")
     print("|---|---:|---:|---:|---:|")
     for name, times, diff in rows:

@@ -66,7 +66,9 @@ import warnings
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_ort import export, optimise, session  # noqa: E402
-from bench_py_models import SENTENCES, OtherLoad, cpu_name, median_ms  # noqa: E402
+from bench_py_models import SENTENCES  # noqa: E402
+from model_rounds import OtherLoad, cpu_name  # noqa: E402
+from timing import median_ms  # noqa: E402
 
 import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
@@ -420,12 +422,8 @@ def main():
         for model_dir in args.model_dirs:
             model_rows, accuracies[model_dir] = bench_model(model_dir, args, corpus, tmp)
             rows += model_rows
-    print(f"\nload average after: {os.getloadavg()}")
-    share = others.share()
-    if share is not None:
-        print(f"CPU taken by other processes during the run: {100 * share:.0f}% of all CPUs")
-        if share > 0.05:
-            print("WARNING: the machine was not quiet; these timings are not trustworthy")
+    print()
+    others.report()
 
     for model_dir, lines in accuracies.items():
         print(f"\n## accuracy, {os.path.basename(os.path.normpath(model_dir))}")
