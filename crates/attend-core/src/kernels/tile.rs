@@ -388,7 +388,21 @@ impl<E: Step> Tile<E> {
         // SAFETY: every read and write below is inside the caller's `R` rows of `a`
         // and `c` and `kc` rows of each panel of `b`.
         unsafe {
-            let mut a = self.a;
+            // Each row's own pointer. From `a` and `lda` the compiler derives each
+            // row's address from the row before: a chain of `R` dependent adds in
+            // every step, as long as the twelve multiply-adds of a 16-register
+            // tile take, which then waited on it (docs/fused-forward.md). Made
+            // opaque there, each row's address is its own pointer plus the step's
+            // offset. Wider tiles have twice the products per step to hide the
+            // chain, and no registers to spare for `R` pointers.
+            let rows: [*const E; R] =
+                std::array::from_fn(|i| self.a.wrapping_offset(i as isize * self.lda));
+            let rows = if I::REGISTERS < 32 {
+                std::hint::black_box(rows)
+            } else {
+                rows
+            };
+            let mut at: isize = 0;
             let mut b = self.b;
             let mut init = init;
             let mut left = self.kc;
@@ -416,7 +430,7 @@ impl<E: Step> Tile<E> {
                             );
                         }
                     }
-                    let mut bv = [E::splat(isa, *a); P];
+                    let mut bv = [E::splat(isa, *rows[0].offset(at)); P];
                     for (q, v) in bv.iter_mut().enumerate() {
                         *v = E::load(isa, b.add(q * self.next));
                     }
@@ -424,15 +438,14 @@ impl<E: Step> Tile<E> {
                     // array kept it on the stack (a store after every product).
                     #[allow(clippy::needless_range_loop)]
                     for i in 0..R {
-                        let ai = E::splat(isa, *a.offset(i as isize * self.lda));
+                        let ai = E::splat(isa, *rows[i].offset(at));
                         for q in 0..P {
                             acc[q][i] = E::mul_add(isa, acc[q][i], ai, bv[q]);
                         }
                     }
-                    // Past the last step these point beyond the operands (a
-                    // transposed `a` by a whole row), where they are not read:
-                    // `wrapping_add` makes that no UB.
-                    a = a.wrapping_offset(self.sa);
+                    // Past the last step `b` points beyond its panel, where it
+                    // is not read: `wrapping_add` makes that no UB.
+                    at += self.sa;
                     b = b.wrapping_add(self.ldb);
                 }
                 init.join::<I, R>(isa, &acc, c, ldc);
