@@ -367,6 +367,18 @@ unsafe impl Simd for Avx2 {
         }
     }
     #[inline(always)]
+    unsafe fn store_bf16(self, p: *mut u16, x: V2) {
+        // SAFETY: the caller guarantees 16 writable `u16`; the token, AVX2.
+        unsafe {
+            let lo = _mm256_srli_epi32::<16>(round_bf16_half(x.0));
+            let hi = _mm256_srli_epi32::<16>(round_bf16_half(x.1));
+            // Packs within each 128-bit half (lo₀₋₃ hi₀₋₃ lo₄₋₇ hi₄₋₇), then puts the
+            // quarters in order.
+            let words = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(lo, hi));
+            _mm256_storeu_si256(p as *mut __m256i, words);
+        }
+    }
+    #[inline(always)]
     unsafe fn load_bf16(self, p: *const u16) -> V2 {
         // SAFETY: the caller guarantees 16 readable `u16`; the token, AVX2.
         unsafe { V2(load_bf16_half(p), load_bf16_half(p.add(8))) }

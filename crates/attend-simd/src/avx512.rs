@@ -293,6 +293,14 @@ unsafe impl<const BF16: bool> Simd for Avx512Of<BF16> {
         }
     }
     #[inline(always)]
+    unsafe fn store_bf16(self, p: *mut u16, x: __m512) {
+        // SAFETY: the caller guarantees 16 writable `u16`; the token, AVX-512F.
+        unsafe {
+            let words = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(round_bf16(x)));
+            _mm256_storeu_si256(p as *mut __m256i, words);
+        }
+    }
+    #[inline(always)]
     unsafe fn load_bf16(self, p: *const u16) -> __m512 {
         // SAFETY: the caller guarantees 16 readable `u16`; the token, AVX-512F.
         unsafe {

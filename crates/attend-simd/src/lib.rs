@@ -449,6 +449,13 @@ pub unsafe trait Simd: Copy + Send + Sync {
     /// # Safety
     /// `p` must be valid for reading 16 `u16`.
     unsafe fn load_bf16(self, p: *const u16) -> Self::V;
+    /// Rounds 16 floats to bf16 exactly as [`bf16_bits`] does, subnormals included,
+    /// and stores their bits: a bf16 tensor's values, where `pack_bf16`'s flushing
+    /// would be visible.
+    ///
+    /// # Safety
+    /// `p` must be valid for writing 16 `u16`.
+    unsafe fn store_bf16(self, p: *mut u16, x: Self::V);
 }
 
 #[cfg(test)]
@@ -604,8 +611,8 @@ mod tests {
         }
     }
 
-    /// `pack_bf16`, `load_bf16` and `dot2` against [`bf16_bits`] and two scalar
-    /// fused multiply-adds, lane by lane.
+    /// `pack_bf16`, `store_bf16`, `load_bf16` and `dot2` against [`bf16_bits`] and
+    /// two scalar fused multiply-adds, lane by lane.
     struct CheckPairs;
 
     impl SimdJob for CheckPairs {
@@ -625,6 +632,21 @@ mod tests {
                 for i in 0..16 {
                     assert_eq!(bits[i] as u16, bf16_bits(low[i]), "low lane {i}");
                     assert_eq!((bits[i] >> 16) as u16, bf16_bits(high[i]), "high lane {i}");
+                }
+                let mut rounded = [0u16; 16];
+                for v in [&low, &high] {
+                    isa.store_bf16(rounded.as_mut_ptr(), isa.load(v.as_ptr()));
+                    for i in 0..16 {
+                        assert_eq!(rounded[i], bf16_bits(v[i]), "store_bf16 lane {i}");
+                    }
+                }
+                let subnormal: Vec<f32> = (0..16)
+                    .map(|i| f32::from_bits(0x0001_8000 + 0x0002_0000 * i as u32))
+                    .collect();
+                isa.store_bf16(rounded.as_mut_ptr(), isa.load(subnormal.as_ptr()));
+                for i in 0..16 {
+                    assert_ne!(rounded[i], 0, "store_bf16 keeps subnormal lane {i}");
+                    assert_eq!(rounded[i], bf16_bits(subnormal[i]), "subnormal lane {i}");
                 }
                 let halves: Vec<u16> = bits.iter().map(|&b| b as u16).collect();
                 let mut widened = [0.0f32; 16];

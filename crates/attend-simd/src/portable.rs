@@ -147,6 +147,11 @@ unsafe impl Simd for Portable {
         std::array::from_fn(|i| bf16_bits(low[i]) as u32 | (bf16_bits(high[i]) as u32) << 16)
     }
     #[inline(always)]
+    unsafe fn store_bf16(self, p: *mut u16, x: V) {
+        // SAFETY: the caller guarantees 16 writable `u16`.
+        unsafe { std::ptr::write_unaligned(p as *mut [u16; LANES], x.map(bf16_bits)) };
+    }
+    #[inline(always)]
     unsafe fn load_bf16(self, p: *const u16) -> V {
         // SAFETY: the caller guarantees 16 readable `u16`.
         let bits = unsafe { std::ptr::read_unaligned(p as *const [u16; LANES]) };

@@ -230,8 +230,8 @@ fn cols(a: &Array4<bf16>) -> ArrayView4<'_, bf16> {
 
 #[test]
 fn strided_views() {
-    // `[B, T, H, D]` buffers seen as `[B, H, T, D]`, and keys and values whose rows
-    // are not contiguous (the kernel copies those).
+    // `[B, T, H, D]` buffers seen as `[B, H, T, D]`, keys and values whose rows are
+    // not contiguous (the kernel copies those), and queries whose rows are not.
     let mut rng = Rng::new(31);
     let q = rng.array((1, 50, 4, 32)).mapv(bf16::from_f32);
     let k = rng.array((1, 70, 2, 32)).mapv(bf16::from_f32);
@@ -251,6 +251,15 @@ fn strided_views() {
         cols(&vt),
         &Default::default(),
         "column-major k, v",
+    );
+    // Queries whose rows are not contiguous (packed element by element).
+    let qt = rng.array((1, 4, 32, 50)).mapv(bf16::from_f32);
+    run_and_check(
+        cols(&qt),
+        perm(&k),
+        perm(&v),
+        &Default::default(),
+        "column-major q",
     );
 }
 
