@@ -9,7 +9,10 @@
 mod kernel_support;
 mod nan_support;
 
-use attend::attention::{attention_with, AttentionOptions, Causal, Config, Exec, Kernel, Problem};
+use attend::attention::{
+    attention_train, attention_with, AttentionOptions, Causal, Config, Dropout, Exec, Kernel,
+    Problem,
+};
 use attend::element::bf16;
 use attend::kernels::Isa;
 use kernel_support::{check_bf16, Rng};
@@ -127,6 +130,80 @@ fn a_nan_key_hidden_by_a_mask_reaches_no_row() {
             ..Default::default()
         };
         check(&q, &k, &v, &opts, |_, _, i| Some(i % 2 == 1));
+    }
+}
+
+#[test]
+fn dropout_does_not_hide_a_nan_value() {
+    // Dropout scales a weight, it does not mask a key: a dropped key's zero weight
+    // times a NaN value is NaN, as in the math (and the f64 reference), so the NaN
+    // reaches its column of every row that sees the key, dropped there or not. A
+    // key the causal mask hides still reaches no row.
+    for (l, s_len) in [(4, 4), (40, 40), (129, 129)] {
+        let (q, k, mut v) = inputs(23 + l as u64, 2, l, s_len);
+        v[[0, 0, 3, 5]] = f32::NAN;
+        let dropout = Dropout::new(0.5, 99).expect("a valid rate");
+        for causal in [None, Some(Causal::TopLeft)] {
+            let opts = AttentionOptions {
+                causal,
+                ..Default::default()
+            };
+            let (out, lse) = attention_train(q.view(), k.view(), v.view(), &opts, Some(&dropout))
+                .expect("a valid problem");
+            let dropped = (0..l)
+                .filter(|&i| dropout.factor(0, 0, i, 3) == 0.0)
+                .count();
+            assert!(dropped > 0 || l < 8, "L={l}: no row drops key 3");
+            for ((h, i, c), x) in out.slice(s![0, .., .., ..]).indexed_iter() {
+                let sees = causal.is_none() || i >= 3usize;
+                let want_nan = h == 0usize && c == 5usize && sees;
+                assert_eq!(
+                    x.is_nan(),
+                    want_nan,
+                    "L={l} {causal:?} head {h} row {i} column {c}: {x}"
+                );
+            }
+            assert!(
+                lse.iter().all(|x| x.is_finite()),
+                "L={l}: the weights have no NaN"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_seen_key_with_a_score_of_minus_infinity_still_multiplies_its_value() {
+    // q·k = −∞ gives key 3 a weight of 0, but the rows see it: 0 times its NaN
+    // value is NaN in that column, as in the math, on every kernel (decoding
+    // included: L = 1 and 4). Another row, which the causal mask hides key 3 from,
+    // stays finite. The log-sum-exp is finite (the other keys carry the row).
+    for (l, s_len) in [(1, 40), (4, 300), (40, 40)] {
+        let (mut q, mut k, mut v) = inputs(31 + l as u64, 1, l, s_len);
+        q.slice_mut(s![.., .., .., 0])
+            .mapv_inplace(|x| x.abs() + 0.1);
+        k[[0, 0, 3, 0]] = f32::NEG_INFINITY;
+        v[[0, 0, 3, 2]] = f32::NAN;
+        for causal in [None, Some(Causal::BottomRight)] {
+            let opts = AttentionOptions {
+                causal,
+                ..Default::default()
+            };
+            // Bottom-right: query i sees keys j ≤ i + S − L.
+            let sees = |i: usize| causal.is_none() || 3 + l <= i + s_len;
+            for config in configs(l) {
+                let (out, lse): (Array4<f32>, Array3<f32>) =
+                    attention_with(q.view(), k.view(), v.view(), &opts, &config).unwrap();
+                for ((i, c), x) in out.slice(s![0, 0, .., ..]).indexed_iter() {
+                    let want_nan = c == 2usize && sees(i);
+                    assert_eq!(
+                        x.is_nan(),
+                        want_nan,
+                        "{config:?} {causal:?} L={l} row {i} column {c}: {x}"
+                    );
+                }
+                assert!(lse.iter().all(|x| x.is_finite()), "{config:?} L={l}: {lse}");
+            }
+        }
     }
 }
 
