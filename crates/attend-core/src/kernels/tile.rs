@@ -210,6 +210,17 @@ pub(crate) enum Rescale<'a> {
     Add,
 }
 
+impl Rescale<'_> {
+    /// The write-out of panel `q` alone, for a tile of that one panel.
+    #[inline(always)]
+    pub(crate) fn panel(self, q: usize) -> Self {
+        match self {
+            Rescale::By(alpha) => Rescale::By(&alpha[q..q + 1]),
+            other => other,
+        }
+    }
+}
+
 impl<const P: usize> WriteOut<P> for Rescale<'_> {
     #[inline(always)]
     fn then(self) -> Self {

@@ -20,7 +20,9 @@
 use ndarray::{Array3, Array4, ArrayView2, ArrayView4, ArrayViewMut2};
 use rayon::prelude::*;
 
-use super::{drive, exp_shifted, masked_score, query_vectors, running_max, seen_products};
+use super::{
+    drive, exp_shifted, masked_score, query_vectors, register_block, running_max, seen_products,
+};
 use super::{Operands, Stats, UnitAt, BK};
 use crate::element::bf16;
 use crate::isa::transpose::transpose;
@@ -111,6 +113,13 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
     /// and one vector of queries measured 0.94× (docs/fused-forward.md).
     fn query_vectors(&self, _registers: usize) -> usize {
         query_vectors(self.p.dims().q_len, self.p.is_banded())
+    }
+
+    /// All `NQ` panels in registers on every instruction set: the pair products'
+    /// own register blocks (`qk_rows`, the tile of value pairs) take the unit's
+    /// panels together.
+    fn register_block<I: Simd, const NQ: usize>(&self) -> usize {
+        register_block(I::REGISTERS, NQ)
     }
 
     fn scratch_len(d: &Dims, w: usize) -> usize {

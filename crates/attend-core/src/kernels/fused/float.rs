@@ -23,10 +23,13 @@ use crate::problem::{Dims, Dropout, Problem};
 /// accumulator (32 rather than 16 halved those at E = 64; docs/fused-forward.md).
 const DOT_CHUNK: usize = 32;
 
-/// Keys a register block holds at least where the unit can be narrowed for it
-/// (see [`fit_register_block`]).
-const MIN_BLOCK: usize = 6;
-
+/// Vectors of 16 queries a unit holds at most on instruction sets with 16 vector
+/// registers, where the products take one vector (panel) of queries at a time
+/// ([`panels_in_registers`]): a unit of 32 queries reads each key and value once for
+/// both of its panels, which units of 16 read once each (d128 N1024 and H1 N4096 on
+/// AVX2 1.03–1.09×, docs/fused-forward.md); at 64 the unit's tiles of scores and
+/// output crowd the L1 cache (N512 0.97×).
+const NARROW_UNIT: usize = 2;
 /// Runs the fused forward on f32 tensors on the current rayon pool with `isa`'s
 /// vectors, returning the output `[B, Hq, L, Ev]` and the log-sum-exp `[B, Hq, L]`.
 ///
@@ -49,15 +52,48 @@ pub(crate) fn run(
     drive(&ops, isa)
 }
 
-/// `nq` vectors of queries, halved until the register block for `registers` vector
-/// registers holds at least [`MIN_BLOCK`] keys: with AVX2's 16 registers, four
-/// vectors left the f32 products' blocks one key deep, each multiply-add waiting on
-/// a load of its own, and one vector ran 1.05–1.26× faster.
-fn fit_register_block(mut nq: usize, registers: usize) -> usize {
-    while nq > 1 && register_block(registers, nq) < MIN_BLOCK {
-        nq /= 2;
+/// Panels of 16 queries the products hold in registers at once for a unit of `NQ`:
+/// all of them where 32 registers hold six keys of four panels (24 accumulators),
+/// one at a time on 16-register instruction sets, where a block of six keys of one
+/// panel already takes 12 of the 16 (two panels would leave a block three keys deep,
+/// each multiply-add waiting on a load of its own).
+fn panels_in_registers<I: Simd>(nq: usize) -> usize {
+    if I::REGISTERS >= 32 {
+        nq
+    } else {
+        1
     }
-    nq
+}
+
+/// Runs the register `tile` over the unit's `NQ` panels of queries into `c` (rows
+/// `16·NQ` floats apart), `rescale` joining each panel's sums: all panels in one
+/// tile, or one panel after another ([`panels_in_registers`]). Every sum runs over
+/// the same steps in the same order either way, so the bits are the same.
+///
+/// # Safety
+/// As [`Tile::rows`]'s for `NQ` panels `16` floats apart in `b` and `c`.
+#[inline(always)]
+unsafe fn over_panels<I: Simd, const MR: usize, const NQ: usize>(
+    isa: I,
+    tile: Tile<f32>,
+    c: *mut f32,
+    rescale: Rescale<'_>,
+) {
+    let w = NQ * LANES;
+    // SAFETY: the caller's guarantees, panel by panel.
+    unsafe {
+        if panels_in_registers::<I>(NQ) == NQ {
+            tile.rows::<I, MR, NQ, _, false>(isa, c, w, rescale);
+            return;
+        }
+        for q in 0..NQ {
+            let panel = Tile {
+                b: tile.b.add(q * LANES),
+                ..tile
+            };
+            panel.rows::<I, MR, 1, _, false>(isa, c.add(q * LANES), w, rescale.panel(q));
+        }
+    }
 }
 
 /// The f32 problem, with what its units share.
@@ -88,7 +124,15 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
 
     fn query_vectors(&self, registers: usize) -> usize {
         let nq = query_vectors(self.p.dims().q_len, self.p.is_banded());
-        fit_register_block(nq, registers)
+        if registers >= 32 {
+            nq
+        } else {
+            nq.min(NARROW_UNIT)
+        }
+    }
+
+    fn register_block<I: Simd, const NQ: usize>(&self) -> usize {
+        register_block(I::REGISTERS, panels_in_registers::<I>(NQ))
     }
 
     fn scratch_len(d: &Dims, w: usize) -> usize {
@@ -154,7 +198,7 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
                 kc: u.e,
                 partial: DOT_CHUNK,
             };
-            tile.rows::<I, MR, NQ, _, false>(isa, s, w, Rescale::None);
+            over_panels::<I, MR, NQ>(isa, tile, s, Rescale::None);
             if !mask.0.is_null() {
                 add_mask_terms::<I, NQ, MR>(isa, s, mask);
             }
@@ -279,7 +323,7 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
                 partial: SUM_BLOCK,
             };
             let alpha = std::slice::from_raw_parts(alpha.cast(), NQ);
-            tile.rows::<I, MC, NQ, _, false>(isa, ot, w, Rescale::By(alpha));
+            over_panels::<I, MC, NQ>(isa, tile, ot, Rescale::By(alpha));
         }
     }
 }

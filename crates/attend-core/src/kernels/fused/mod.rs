@@ -90,7 +90,7 @@ fn widest_unit(q_len: usize) -> usize {
 
 /// The register block for `registers` vector registers: as many accumulators as
 /// fit in about three quarters of them (counted in 16-lane vectors), in keys of
-/// `nq` vectors each.
+/// `nq` vectors (panels held in registers together) each.
 fn register_block(registers: usize, nq: usize) -> usize {
     (registers * 3 / 4 / nq).clamp(1, 12)
 }
@@ -130,6 +130,10 @@ trait Operands<'p>: Sync {
     /// Vectors of 16 queries per unit for an instruction set with `registers`
     /// vector registers.
     fn query_vectors(&self, registers: usize) -> usize;
+
+    /// Keys (score products) or value columns (value products) in one register
+    /// block of a unit of `NQ` vectors of queries on `I`'s registers.
+    fn register_block<I: Simd, const NQ: usize>(&self) -> usize;
 
     /// Floats of scratch [`Operands::start`] carves for a unit of `w` queries.
     fn scratch_len(d: &Dims, w: usize) -> usize;
@@ -445,7 +449,7 @@ fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
     };
 
     let (jlo, jhi) = p.block_key_range(i0, i0 + rows);
-    let mr = register_block(I::REGISTERS, NQ);
+    let mr = ops.register_block::<I, NQ>();
     let bk = tile_keys::<I>();
     let mut t = jlo / bk;
     while t * bk < jhi {
