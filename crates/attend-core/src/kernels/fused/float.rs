@@ -30,6 +30,7 @@ const DOT_CHUNK: usize = 32;
 /// AVX2 1.03–1.09×, docs/fused-forward.md); at 64 the unit's tiles of scores and
 /// output crowd the L1 cache (N512 0.97×).
 const NARROW_UNIT: usize = 2;
+
 /// Runs the fused forward on f32 tensors on the current rayon pool with `isa`'s
 /// vectors, returning the output `[B, Hq, L, Ev]` and the log-sum-exp `[B, Hq, L]`.
 ///

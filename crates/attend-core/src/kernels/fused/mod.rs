@@ -19,7 +19,8 @@
 //! * for each tile of keys (`tile_keys`: 128 or 64),
 //!   `Sᵀ[j][·] = Σ_e K[j, e] · Qᵀ[e][·] (+ log₂e · mask)`: broadcast one key
 //!   element, multiply a row of queries (the library's register tile,
-//!   `kernels::tile`, `MR` keys × `NQ` vectors in registers), then add the mask
+//!   `kernels::tile`, `MR` keys × `NQ` vectors in registers, or × one vector at a
+//!   time where 16 registers cannot hold more), then add the mask
 //!   term, which the mask tiles hold in base 2 already. `K` is read in place
 //!   through its strides, never copied;
 //! * the online-softmax update works down the columns of `Sᵀ`, so the running
