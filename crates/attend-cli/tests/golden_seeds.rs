@@ -3,6 +3,11 @@
 //! through `attend explain --format json`:
 //! weights and inputs bit-exact, everything derived from them within
 //! 1e-5 absolute + 1e-5 relative (float32 op-order rounding).
+//!
+//! The file is kept byte for byte as it was recorded: its `generated_by.script`
+//! (`tools/gen_golden.py`) names the recorder's tool, which is not part of this
+//! repository. Nothing here needs it: each case holds its exact argument list and
+//! the values to compare.
 
 use std::process::Command;
 
