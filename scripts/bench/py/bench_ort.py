@@ -30,6 +30,7 @@ import torch
 import transformers
 from onnxruntime.transformers.optimizer import optimize_model
 from transformers import AutoConfig, AutoModel, AutoTokenizer
+from model_rounds import cpu_name
 from timing import median_ms
 
 # 32 sentences of the lengths people embed (a search corpus, support tickets, news):
@@ -72,17 +73,6 @@ SENTENCES = [
 ]
 CASES = {"short": ["Hello world."], "batch32": SENTENCES}
 REPS = {"short": 200, "batch32": 10}
-
-
-def cpu_name():
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    return "unknown CPU"
 
 
 def export(model, names, path):

@@ -24,6 +24,7 @@ import sys
 import torch
 
 import attend
+from model_rounds import cpu_name
 from timing import median_seconds
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -76,17 +77,6 @@ def attend_py_ms(shape, backward):
             with torch.no_grad():
                 attend.scaled_dot_product_attention(q, k, v, **kw)
     return median_seconds(step) * 1e3
-
-
-def cpu_name():
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 def main():

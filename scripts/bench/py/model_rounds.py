@@ -1,5 +1,6 @@
 """What the model benchmarks from Python (bench_py_models.py, bench_long_prompt.py)
-share: the CPU's name, the share of the CPU other processes took meanwhile, and
+share: the CPU's name (which bench_ort.py and bench_py.py print too), the share of
+the CPU other processes took meanwhile, and
 alternating rounds of two sides, each round's time the median of a few calls
 (timing.median_ms)."""
 
