@@ -51,6 +51,7 @@ import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
 
+from sdpa_args import add_problem_args, add_timing_args
 from timing import median_seconds
 
 CHECK_ROWS = 256
@@ -59,20 +60,12 @@ OV_TYPES = {"bf16": ov.Type.bf16, "f32": ov.Type.f32}
 
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--batch", type=int, default=1, help="batch size B")
-    ap.add_argument("--heads", type=int, default=8, help="query heads H")
-    ap.add_argument("--kv-heads", type=int, help="key/value heads (default: H)")
-    ap.add_argument("--seq", type=int, default=2048, help="query length L")
-    ap.add_argument("--kv-len", type=int, help="key length S (default: L)")
-    ap.add_argument("--head-dim", type=int, default=64, help="head width E")
-    ap.add_argument("--causal", action="store_true", help="top-left causal mask")
+    add_problem_args(ap)
     ap.add_argument("--dtype", choices=sorted(OV_TYPES), default="bf16",
                     help="input type and INFERENCE_PRECISION_HINT")
     ap.add_argument("--gqa", choices=["repeat", "broadcast"], default="repeat",
                     help="how grouped-query heads reach the op (see above)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--min-runs", type=int, default=5)
-    ap.add_argument("--min-time", type=float, default=0.5, help="seconds")
+    add_timing_args(ap)
     a = ap.parse_args()
     a.kv_heads = a.kv_heads or a.heads
     a.kv_len = a.kv_len or a.seq

@@ -19,6 +19,7 @@ import json
 import torch
 import torch.nn.functional as F
 
+from sdpa_args import add_problem_args, add_timing_args
 from timing import median_seconds
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
@@ -26,22 +27,15 @@ DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--batch", type=int, default=1, help="batch size B")
-    ap.add_argument("--heads", type=int, default=8, help="query heads H")
-    ap.add_argument("--kv-heads", type=int, help="key/value heads (default: H)")
-    ap.add_argument("--seq", type=int, default=2048, help="query length L")
-    ap.add_argument("--kv-len", type=int, help="key length S (default: L; 4096 with --decode)")
-    ap.add_argument("--head-dim", type=int, default=64, help="head width E")
-    ap.add_argument("--causal", action="store_true", help="top-left causal mask (is_causal)")
+    add_problem_args(ap, kv_len_help="key length S (default: L; 4096 with --decode)",
+                     causal_help="top-left causal mask (is_causal)")
     ap.add_argument("--mask", choices=["bool", "additive"],
                     help="an [L, S] attn_mask as `attend bench --mask` makes it: bool drops "
                     "score (i, j) where (7i + 13j) mod 10 = 0, additive adds -0.25 * ((i + j) mod 5)")
     ap.add_argument("--backward", action="store_true", help="time forward + backward")
     ap.add_argument("--decode", action="store_true", help="one query token against --kv-len keys")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="f32")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--min-runs", type=int, default=5)
-    ap.add_argument("--min-time", type=float, default=0.5, help="seconds")
+    add_timing_args(ap)
     ap.add_argument("--gemm", type=int, metavar="N", help="time an N x N matrix product instead")
     a = ap.parse_args()
     if a.decode and (a.backward or a.mask):

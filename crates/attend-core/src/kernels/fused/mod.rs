@@ -470,7 +470,9 @@ fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
         // of `jlo..jhi` visible to some query of the unit, so no tile is skipped
         // for it.
         let cut = plan.masks.needs_copy(p, b, (i0, rows), (j0, nk));
-        let cut_scores = cut && plan.masks.band_only(p) && ops.values_finite(isa, &own, (j0, j1));
+        // Asked once, and only of a tile something masks (the NaN rule's concern).
+        let finite = !(cut || plan.masks.has_masks()) || ops.values_finite(isa, &own, (j0, j1));
+        let cut_scores = cut && plan.masks.band_only(p) && finite;
         let (mb, mbs): (*const f32, usize) = if cut && !cut_scores {
             if !plan.masks.tile(p, (b, h), (i0, rows), (j0, nk), scr.mb, w) {
                 continue; // every score of the tile is masked
@@ -513,7 +515,7 @@ fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
         // A key the mask hides from a query must not reach it, not even as its zero
         // weight times a NaN value: a masked tile with a non-finite value takes the
         // exact path.
-        if !mb.is_null() && !ops.values_finite(isa, &own, (j0, j1)) {
+        if !mb.is_null() && !finite {
             let (sp, op, ap) = (scr.s.as_ptr(), scr.ot.as_mut_ptr(), scr.alpha.as_ptr());
             // SAFETY: as for the products below, for every column; the mask rows
             // hold `nk` rows of `w` floats `mbs` apart.
