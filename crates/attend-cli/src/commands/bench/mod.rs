@@ -258,6 +258,7 @@ pub fn run(args: Args) -> Result<(), Error> {
         } else {
             BackwardKernel::Fused
         },
+        exec: config.exec,
         ..Default::default()
     };
     let step = || -> Result<(), Error> {
