@@ -1,7 +1,8 @@
 //! `2^x` and `e^x` in scalar f32 code without branches or calls into libm: the
-//! polynomial and reduction every [`Simd::exp2`](crate::Simd::exp2) follows lane by
-//! lane, and an `e^x` for loops that [`multiversion!`](crate::multiversion)
-//! compiles for each instruction set.
+//! polynomial and reduction the portable and AVX2 [`Simd::exp2`](crate::Simd::exp2)
+//! follow lane by lane, the table and short polynomial of the AVX-512 one, and an
+//! `e^x` for loops that [`multiversion!`](crate::multiversion) compiles for each
+//! instruction set.
 
 /// `2^f` on `f ∈ [−½, ½]` to degree 6, highest last: `1 + f·g(f)` with `g` a
 /// relative-error-weighted Chebyshev fit of `(2^f − 1)/f`, rounded to f32. Evaluated
@@ -18,7 +19,52 @@ pub const EXP2_POLY: [f32; 7] = [
     0.000_153_633_71,
 ];
 
-/// The scalar `2^x` every implementation follows lane by lane: the same reduction
+/// `2^(j/32)` for `j = 0..32`, each rounded to nearest f32 (a test checks every
+/// entry against f64): the table of the AVX-512 [`Simd::exp2`](crate::Simd::exp2),
+/// which looks up `2^x`'s nearest 32nd with one two-register permute and leaves only
+/// `|f| ≤ 1/64` to a polynomial.
+pub const EXP2_TABLE: [f32; 32] = [
+    1.0,
+    1.021_897_2,
+    1.044_273_7,
+    1.067_140_5,
+    1.090_507_7,
+    1.114_386_8,
+    1.138_788_6,
+    1.163_724_9,
+    1.189_207_1,
+    1.215_247_4,
+    1.241_857_8,
+    1.269_051,
+    1.296_839_6,
+    1.325_236_7,
+    1.354_255_6,
+    1.383_91,
+    std::f32::consts::SQRT_2,
+    1.445_180_8,
+    1.476_826_2,
+    1.509_164_5,
+    1.542_210_8,
+    1.575_980_9,
+    1.610_490_3,
+    1.645_755_5,
+    1.681_792_9,
+    1.718_619_3,
+    1.756_252_2,
+    1.794_709_1,
+    1.834_008_1,
+    1.874_167_7,
+    1.915_206_6,
+    1.957_144_1,
+];
+
+/// `(2^f − 1)/f` on `f ∈ [−1/64, 1/64]` to degree 2, lowest first: a
+/// relative-error-weighted least-squares fit on Chebyshev nodes, so that
+/// `1 + f·(c₀ + f·(c₁ + f·c₂))` is within 1e−3 ulp of `2^f` there (the Taylor
+/// coefficients would give 5e−3 ulp; either is far below f32's rounding).
+pub const EXP2_TABLE_POLY: [f32; 3] = [std::f32::consts::LN_2, 0.240_228_46, 0.055_503_16];
+
+/// The scalar `2^x` the portable and AVX2 implementations follow lane by lane: the same reduction
 /// `x = n + f`, the same polynomial, then an exact scaling by `2^n`.
 #[inline(always)]
 pub fn exp2_scalar(x: f32) -> f32 {

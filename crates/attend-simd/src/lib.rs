@@ -56,7 +56,7 @@ pub mod transpose;
 
 pub use bf16::{bf16_bits, bf16_to_f32};
 pub use erf::erf;
-pub use exp::{exp, exp2_scalar, EXP2_POLY};
+pub use exp::{exp, exp2_scalar, EXP2_POLY, EXP2_TABLE, EXP2_TABLE_POLY};
 
 #[cfg(target_arch = "x86_64")]
 pub use avx2::Avx2;
@@ -483,11 +483,18 @@ mod tests {
         assert!(exp2_scalar(f32::NAN).is_nan());
         for isa in Isa::available() {
             let token = isa.token().expect("available");
-            let xs: [f32; 16] = std::array::from_fn(|i| -(i as f32) * 7.3 - 0.37);
-            let got = dispatch(token, Exp2Lanes(xs));
-            for (x, g) in xs.iter().zip(got) {
-                let want = (*x as f64).exp2();
-                assert!(((g as f64 - want) / want).abs() < 3.0 * f32::EPSILON as f64);
+            // Every 1/128 from −126 to 0 (each table entry, both sides of each
+            // rounding boundary between them) and 16 points spread wider.
+            let grid = (0..126 * 128).map(|i| -(i as f32) / 128.0 - 1.0 / 256.0);
+            let spread = (0..16).map(|i| -(i as f32) * 7.3 - 0.37);
+            let xs: Vec<f32> = grid.chain(spread).collect();
+            for chunk in xs.chunks_exact(16) {
+                let chunk: [f32; 16] = chunk.try_into().expect("16 lanes");
+                for (x, g) in chunk.iter().zip(dispatch(token, Exp2Lanes(chunk))) {
+                    let want = (*x as f64).exp2();
+                    let err = ((g as f64 - want) / want).abs();
+                    assert!(err < 3.0 * f32::EPSILON as f64, "{isa:?}: 2^{x} gave {g}");
+                }
             }
             // Subnormal results: exact or flushed to 0, never above 2^−126.
             let tiny: [f32; 16] = std::array::from_fn(|i| -126.05 - i as f32 * 1.9);
@@ -505,6 +512,20 @@ mod tests {
             assert_eq!(got[1], 0.0, "{isa:?}");
             assert!(got[2].is_nan(), "{isa:?}");
             assert_eq!(got[3], 0.0, "{isa:?}");
+        }
+    }
+
+    #[test]
+    fn exp2_table_is_rounded_to_nearest() {
+        for (j, &t) in EXP2_TABLE.iter().enumerate() {
+            let want = (j as f64 / 32.0).exp2();
+            let (below, above) = (
+                f32::from_bits(t.to_bits() - 1),
+                f32::from_bits(t.to_bits() + 1),
+            );
+            let err = (t as f64 - want).abs();
+            assert!(err <= (below as f64 - want).abs(), "entry {j}: {t}");
+            assert!(err <= (above as f64 - want).abs(), "entry {j}: {t}");
         }
     }
 

@@ -21,7 +21,8 @@ use ndarray::{Array3, Array4, ArrayView2, ArrayView4, ArrayViewMut2};
 use rayon::prelude::*;
 
 use super::{
-    drive, exp_shifted, masked_score, query_vectors, register_block, running_max, seen_products,
+    drive, exp_shifted, join_sums, masked_score, query_vectors, register_block, running_max,
+    seen_products,
 };
 use super::{Operands, Stats, UnitAt, BK};
 use crate::element::bf16;
@@ -450,32 +451,32 @@ unsafe fn softmax_pairs<I: Simd, const NQ: usize>(
     s: *const f32,
     nk: usize,
     pp: *mut u32,
-    Stats { m, l, alpha }: Stats,
+    stats: Stats,
 ) {
     // SAFETY: the caller upholds this function's contract (see # Safety).
     unsafe {
         let w = NQ * LANES;
-        for x in 0..NQ {
-            let o = x * LANES;
-            let (m_use, a) = running_max::<I, NQ>(isa, s.add(o), nk, m.add(o));
-            // (No closure for the weight of key `j`: a closure is a function of its
-            // own, compiled without the instruction set's features unless inlined.)
-            let mut sum = isa.splat(0.0);
-            for t in 0..pairs(nk) {
-                let lo = exp_shifted(isa, isa.load(s.add(2 * t * w + o)), m_use);
-                sum = isa.add(sum, lo);
+        let (m_use, alpha) = running_max::<I, NQ>(isa, s, nk, stats.m);
+        let mut sum = [isa.splat(0.0); NQ];
+        for t in 0..pairs(nk) {
+            for (x, sum) in sum.iter_mut().enumerate() {
+                let o = x * LANES;
+                // (No closure for the weight of key `j`: a closure is a function of
+                // its own, compiled without the instruction set's features unless
+                // inlined.)
+                let lo = exp_shifted(isa, isa.load(s.add(2 * t * w + o)), m_use[x]);
+                *sum = isa.add(*sum, lo);
                 let hi = if 2 * t + 1 < nk {
-                    let hi = exp_shifted(isa, isa.load(s.add((2 * t + 1) * w + o)), m_use);
-                    sum = isa.add(sum, hi);
+                    let hi = exp_shifted(isa, isa.load(s.add((2 * t + 1) * w + o)), m_use[x]);
+                    *sum = isa.add(*sum, hi);
                     hi
                 } else {
                     isa.splat(0.0)
                 };
                 isa.store_pairs(pp.add(t * w + o), isa.pack_bf16(lo, hi));
             }
-            isa.store(l.add(o), isa.fma(isa.load(l.add(o)), a, sum));
-            isa.store(alpha.add(o), a);
         }
+        join_sums::<I, NQ>(isa, sum, alpha, stats);
     }
 }
 

@@ -8,7 +8,8 @@ use std::f32::consts::LOG2_E;
 use ndarray::{Array3, Array4, ArrayViewMut2};
 
 use super::{
-    drive, exp_shifted, masked_score, query_vectors, register_block, running_max, seen_products,
+    drive, exp_shifted, join_sums, masked_score, query_vectors, register_block, running_max,
+    seen_products,
 };
 use super::{Operands, Stats, UnitAt};
 use crate::isa::transpose::transpose;
@@ -373,27 +374,20 @@ unsafe fn add_mask_terms<I: Simd, const NQ: usize, const MR: usize>(
 /// # Safety
 /// `s` valid for `nk` rows of `16·NQ` floats; `m`, `l`, `alpha` for `16·NQ`.
 #[inline(always)]
-unsafe fn softmax_tile<I: Simd, const NQ: usize>(
-    isa: I,
-    s: *mut f32,
-    nk: usize,
-    Stats { m, l, alpha }: Stats,
-) {
+unsafe fn softmax_tile<I: Simd, const NQ: usize>(isa: I, s: *mut f32, nk: usize, stats: Stats) {
     // SAFETY: the caller upholds this function's contract (see # Safety).
     unsafe {
         let w = NQ * LANES;
-        for v in 0..NQ {
-            let o = v * LANES;
-            let (m_use, a) = running_max::<I, NQ>(isa, s.add(o), nk, m.add(o));
-            let mut sum = isa.splat(0.0);
-            for j in 0..nk {
-                let ptr = s.add(j * w + o);
-                let pj = exp_shifted(isa, isa.load(ptr), m_use);
+        let (m_use, alpha) = running_max::<I, NQ>(isa, s, nk, stats.m);
+        let mut sum = [isa.splat(0.0); NQ];
+        for j in 0..nk {
+            for (x, sum) in sum.iter_mut().enumerate() {
+                let ptr = s.add(j * w + x * LANES);
+                let pj = exp_shifted(isa, isa.load(ptr), m_use[x]);
                 isa.store(ptr, pj);
-                sum = isa.add(sum, pj);
+                *sum = isa.add(*sum, pj);
             }
-            isa.store(l.add(o), isa.fma(isa.load(l.add(o)), a, sum));
-            isa.store(alpha.add(o), a);
         }
+        join_sums::<I, NQ>(isa, sum, alpha, stats);
     }
 }

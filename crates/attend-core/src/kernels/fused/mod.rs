@@ -590,33 +590,70 @@ fn write_out<I: Simd>(isa: I, ot: &mut [f32], m: &[f32], l: &[f32], w: usize, u:
     }
 }
 
-/// The running maximum of 16 queries updated with a tile's `nk` scores (rows of
-/// `16·NQ` floats from `s`) and stored in `m`; returns the maximum to subtract from
-/// the tile's scores and `2^(m_old − m)`, the factor that rescales what came before.
+/// The running maxima of a unit's `NQ` panels of 16 queries updated with a tile's
+/// `nk` scores (rows of `16·NQ` floats from `s`) and stored in `m`; returns, per
+/// panel, the maximum to subtract from the tile's scores and `2^(m_old − m)`, the
+/// factor that rescales what came before.
+///
+/// Key by key across the panels: each panel's maximum is a chain of dependent
+/// `max`es, and the panels' chains side by side keep the vector units busy where
+/// one chain at a time would wait on each `max`'s latency (the softmax's sums
+/// likewise). Each panel's maxima are taken in the same order either way.
 ///
 /// # Safety
-/// `s` valid for `nk` rows of 16 floats `16·NQ` apart, `m` for 16 floats.
+/// `s` valid for `nk` rows of `16·NQ` floats, `m` for `16·NQ` floats.
 #[inline(always)]
 unsafe fn running_max<I: Simd, const NQ: usize>(
     isa: I,
     s: *const f32,
     nk: usize,
     m: *mut f32,
-) -> (I::V, I::V) {
+) -> ([I::V; NQ], [I::V; NQ]) {
     // SAFETY: the caller upholds this function's contract (see # Safety).
     unsafe {
         let w = NQ * LANES;
-        let m_old = isa.load(m);
+        let mut m_old = [isa.splat(0.0); NQ];
+        for (x, v) in m_old.iter_mut().enumerate() {
+            *v = isa.load(m.add(x * LANES));
+        }
         let mut mx = m_old;
         for j in 0..nk {
-            mx = isa.max(mx, isa.load(s.add(j * w)));
+            for (x, v) in mx.iter_mut().enumerate() {
+                *v = isa.max(*v, isa.load(s.add(j * w + x * LANES)));
+            }
         }
-        isa.store(m, mx);
-        // While every score so far is masked the max is −∞; subtract the lowest
-        // finite float instead, so that masked scores give 0 rather than NaN (max
-        // keeps a NaN in its second operand).
-        let m_use = isa.max(isa.splat(f32::MIN), mx);
-        (m_use, exp_shifted(isa, m_old, m_use))
+        let (mut m_use, mut alpha) = (mx, mx);
+        for x in 0..NQ {
+            isa.store(m.add(x * LANES), mx[x]);
+            // While every score so far is masked the max is −∞; subtract the lowest
+            // finite float instead, so that masked scores give 0 rather than NaN (max
+            // keeps a NaN in its second operand).
+            m_use[x] = isa.max(isa.splat(f32::MIN), mx[x]);
+            alpha[x] = exp_shifted(isa, m_old[x], m_use[x]);
+        }
+        (m_use, alpha)
+    }
+}
+
+/// Adds each panel's tile sum to its running sum `l` rescaled by `alpha`, and
+/// leaves `alpha` in the stats for the output's rescaling.
+///
+/// # Safety
+/// `stats.l` and `stats.alpha` valid for `16·NQ` floats.
+#[inline(always)]
+unsafe fn join_sums<I: Simd, const NQ: usize>(
+    isa: I,
+    sum: [I::V; NQ],
+    alpha: [I::V; NQ],
+    stats: Stats,
+) {
+    for x in 0..NQ {
+        // SAFETY: the caller upholds this function's contract (see # Safety).
+        unsafe {
+            let (l, a) = (stats.l.add(x * LANES), stats.alpha.add(x * LANES));
+            isa.store(l, isa.fma(isa.load(l), alpha[x], sum[x]));
+            isa.store(a, alpha[x]);
+        }
     }
 }
 
