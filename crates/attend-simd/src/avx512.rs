@@ -137,7 +137,7 @@ unsafe impl<const BF16: bool> Simd for Avx512Of<BF16> {
             // the permute reads their low five, n mod 32, as the table's index. These
             // are additions and a shuffle, not the multiply pipes' work that the
             // products of a softmax's tile wait on: 2^(n/32) from the table, then a
-            // polynomial of degree 3 on the small f instead of 6 on [−½, ½].
+            // polynomial of degree 2 on the small f instead of 6 on [−½, ½].
             const MAGIC: f32 = 393_216.0;
             let t = _mm512_add_ps(x, _mm512_set1_ps(MAGIC));
             let k = _mm512_sub_ps(t, _mm512_set1_ps(MAGIC));
@@ -145,8 +145,8 @@ unsafe impl<const BF16: bool> Simd for Avx512Of<BF16> {
             let lo = _mm512_loadu_ps(EXP2_TABLE.as_ptr());
             let hi = _mm512_loadu_ps(EXP2_TABLE.as_ptr().add(LANES));
             let table = _mm512_permutex2var_ps(lo, _mm512_castps_si512(t), hi);
-            let [c0, c1, c2] = EXP2_TABLE_POLY.map(|c| _mm512_set1_ps(c));
-            let g = _mm512_fmadd_ps(_mm512_fmadd_ps(c2, f, c1), f, c0);
+            let [c0, c1] = EXP2_TABLE_POLY.map(|c| _mm512_set1_ps(c));
+            let g = _mm512_fmadd_ps(c1, f, c0);
             let p = _mm512_fmadd_ps(_mm512_mul_ps(table, f), g, table);
             // p · 2^floor(k) with correct underflow: k's fraction is (n mod 32)/32.
             _mm512_scalef_ps(p, k)
