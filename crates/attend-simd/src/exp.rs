@@ -64,8 +64,8 @@ pub const EXP2_TABLE: [f32; 32] = [
 /// would give 1.8 ulp).
 pub const EXP2_TABLE_POLY: [f32; 2] = [0.693_157_3, 0.240_226_9];
 
-/// The scalar `2^x` the portable and AVX2 implementations follow lane by lane: the same reduction
-/// `x = n + f`, the same polynomial, then an exact scaling by `2^n`.
+/// The scalar `2^x` the portable and AVX2 implementations follow lane by lane: the
+/// same reduction `x = n + f`, the same polynomial, then an exact scaling by `2^n`.
 #[inline(always)]
 pub fn exp2_scalar(x: f32) -> f32 {
     // NaN fails the comparison and stays NaN; −∞ and tiny values clamp to −150.
