@@ -387,3 +387,19 @@ fn reference_kernel_on_bf16_is_the_widened_reference_rounded() {
         attention_with(qf.view(), kf.view(), vf.view(), &Default::default(), &cfg).unwrap();
     assert_eq!(out, want.mapv(bf16::from_f32));
 }
+
+/// The bf16 kernel makes a tile's weights against the running maximum from the
+/// tiles before it and keeps them unless a score passes that maximum by more than
+/// 8 (base 2; docs/bf16.md). Keys from the second tile on scaled by 256 (exact in
+/// bf16) pass it by hundreds, so far that weights made against it would overflow
+/// f32: those tiles' weights must be made again against their own maximum. Keys
+/// scaled by 1/16 fall below it, so their weights are small and kept.
+#[test]
+fn early_weights_redone_where_a_later_tile_scores_higher() {
+    for (factor, what) in [(256.0, "later keys x256"), (1.0 / 16.0, "later keys /16")] {
+        let [q, mut k, v] = qkv(31, [1, 2, 2, 70, 300, 64, 32]);
+        k.slice_mut(ndarray::s![.., .., 128.., ..])
+            .mapv_inplace(|x| bf16::from_f32(x.to_f32() * factor));
+        run_and_check(q.view(), k.view(), v.view(), &Default::default(), what);
+    }
+}

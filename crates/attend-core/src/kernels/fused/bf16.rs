@@ -24,7 +24,7 @@ use super::{
     drive, exp_shifted, join_sums, masked_score, query_vectors, register_block, running_max,
     seen_products,
 };
-use super::{Operands, Stats, UnitAt, BK};
+use super::{Operands, Stats, UnitAt, BK, EARLY_SLACK};
 use crate::element::bf16;
 use crate::isa::transpose::transpose;
 use crate::isa::{bf16_to_f32, dispatch, IsaToken, Simd, SimdJob, LANES};
@@ -69,6 +69,30 @@ pub(crate) fn run(p: &Problem<'_, bf16>, isa: IsaToken) -> (Array4<f32>, Array3<
     drive(&ops, isa)
 }
 
+/// A tile whose weights its score products make early ([`Operands::begin_tile`]):
+/// the running maxima they are made against and the tile's keys.
+#[derive(Clone, Copy)]
+struct Early {
+    m: *const f32,
+    keys: (usize, usize),
+}
+
+/// What one register block of score products needs for the early weights: the
+/// running maxima `m`; the tile's sums and maximum scores so far (`stats`, two rows
+/// of `16·NQ` floats); the row of weight pairs the block's first key falls in; and
+/// whether the block starts the tile (it starts the sums) or ends it (it makes its
+/// own weights; every other block's are made during the next block's products).
+#[derive(Clone, Copy)]
+struct EarlyRows {
+    m: *const f32,
+    stats: *mut f32,
+    pp: *mut u32,
+    first: bool,
+    last: bool,
+    /// Keys in every block but the tile's last (which may have fewer).
+    block: usize,
+}
+
 /// The bf16 problem, with what its units share.
 struct Bf16Operands<'a, 'p> {
     p: &'a Problem<'p, bf16>,
@@ -82,8 +106,13 @@ struct Bf16Operands<'a, 'p> {
 struct Bf16Unit<'s> {
     /// `Qᵀ` as pairs of columns, `[E/2][W]`.
     qp: &'s mut [u32],
-    /// Weights as bf16 pairs of keys, `[BK/2][W]`.
-    pp: &'s mut [u32],
+    /// Weights as bf16 pairs of keys, `[BK/2][W]` (written by the score products'
+    /// early weights as well as by [`Operands::weights`]).
+    pp: *mut u32,
+    /// The current tile's early weights, if it makes them ([`Operands::begin_tile`]).
+    early: Option<Early>,
+    /// Each panel's sum of the tile's early weights and its maximum score, `[2][W]`.
+    early_stats: *mut f32,
     /// Values as bf16 pairs of rows, `[BK/2][Evp]` (`Evp` = `Ev` rounded up to 16),
     /// for a tile that cannot read them from [`ValuePairs`].
     vp: &'s mut [u32],
@@ -118,13 +147,21 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
 
     /// All `NQ` panels in registers on every instruction set: the pair products'
     /// own register blocks (`qk_rows`, the tile of value pairs) take the unit's
-    /// panels together.
+    /// panels together. On 32 registers, 16 accumulators (four keys of four panels,
+    /// eight of two) rather than 24: the score products then leave registers for
+    /// the early weights made between their steps (docs/bf16.md; with 24, causal
+    /// problems, whose units are two panels, ran 16–19 % slower).
     fn register_block<I: Simd, const NQ: usize>(&self) -> usize {
-        register_block(I::REGISTERS, NQ)
+        if I::REGISTERS >= 32 && NQ > 1 {
+            16 / NQ
+        } else {
+            register_block(I::REGISTERS, NQ)
+        }
     }
 
     fn scratch_len(d: &Dims, w: usize) -> usize {
-        (2 * pairs(d.head_dim) + pairs(BK)) * w + pairs(BK) * d.value_dim.next_multiple_of(LANES)
+        (2 * pairs(d.head_dim) + pairs(BK) + 2) * w
+            + pairs(BK) * d.value_dim.next_multiple_of(LANES)
     }
 
     #[inline(always)]
@@ -140,7 +177,8 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
         let np = pairs(e);
         let qp = carve(rest, np * w);
         let rows = carve(rest, np * w);
-        let pp = as_words(carve(rest, pairs(BK) * w));
+        let pp = as_words(carve(rest, pairs(BK) * w)).as_mut_ptr();
+        let early_stats = carve(rest, 2 * w).as_mut_ptr();
         let vp = as_words(carve(rest, pairs(BK) * d.value_dim.next_multiple_of(LANES)));
         // Qᵀ as pairs of adjacent columns: each query row's pairs, `[rows][E/2]`,
         // transposed as 32-bit words (moved, never computed on, so their bits are
@@ -183,6 +221,8 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
         Bf16Unit {
             qp,
             pp,
+            early: None,
+            early_stats,
             vp,
             tile_values: std::ptr::null(),
             head_finite: self.values.head_finite((at.b, at.kvh)),
@@ -192,6 +232,10 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
             ev: d.value_dim,
             evp: d.value_dim.next_multiple_of(LANES),
         }
+    }
+
+    fn begin_tile(&self, u: &mut Bf16Unit<'_>, keys: (usize, usize), stats: Stats, early: bool) {
+        u.early = early.then_some(Early { m: stats.m, keys });
     }
 
     #[inline(always)]
@@ -208,7 +252,15 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
         // of `e` contiguous bf16 (`reads_in_place`) `krs` apart.
         unsafe {
             let k = (kp.offset(j as isize * krs), krs);
-            qk_rows::<I, NQ, MR>(isa, u.qp.as_ptr(), u.e, k, self.scale, s, mask)
+            let early = u.early.map(|e| EarlyRows {
+                m: e.m,
+                stats: u.early_stats,
+                pp: u.pp.add((j - e.keys.0) / 2 * NQ * LANES),
+                first: j == e.keys.0,
+                last: j + MR == e.keys.1,
+                block: self.register_block::<I, NQ>(),
+            });
+            qk_rows::<I, NQ, MR>(isa, (u.qp.as_ptr(), u.e), k, self.scale, s, mask, early)
         }
     }
 
@@ -224,8 +276,16 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
     ) {
         let nk = j1 - j0;
         // SAFETY: the caller upholds `s` and `stats`; `pp` holds `pairs(BK)` rows of
-        // `16·NQ` pairs.
-        unsafe { softmax_pairs::<I, NQ>(isa, s, nk, u.pp.as_mut_ptr(), stats) };
+        // `16·NQ` pairs, `early_stats` two rows of `16·NQ` floats.
+        unsafe {
+            let sums = u.early_stats;
+            let tops = sums.add(NQ * LANES);
+            if u.early.is_some() && early_weights_hold::<I, NQ>(isa, tops, stats.m) {
+                keep_early_sums::<I, NQ>(isa, sums, stats);
+            } else {
+                softmax_pairs::<I, NQ>(isa, s, nk, u.pp, stats);
+            }
+        }
         // The values as pairs of rows: packed for the whole call where the tile's
         // pairs are the head's, here otherwise.
         u.tile_values = match self.values.tile((at.b, at.kvh), (j0, j1)) {
@@ -276,7 +336,7 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
     ) {
         let (vp, vrs) = u.v;
         let w = NQ * LANES;
-        let pp = u.pp.as_ptr();
+        let pp = u.pp.cast_const();
         // SAFETY: the caller upholds `Operands::value_cols_seen`'s contract: value
         // rows `j0..j1` inside the head, `ev` contiguous bf16 each; `pp` holds the
         // tile's weights as pairs of keys (the last `weights` call), the mask
@@ -315,7 +375,7 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
                 a: u.tile_values.add(c0),
                 lda: 1,
                 sa: u.evp as isize,
-                b: u.pp.as_ptr(),
+                b: u.pp.cast_const(),
                 ldb: w,
                 next: LANES,
                 kc: pairs(j1 - j0),
@@ -480,6 +540,96 @@ unsafe fn softmax_pairs<I: Simd, const NQ: usize>(
     }
 }
 
+/// Whether a tile's early weights hold: no score (each panel's maximum in `tops`)
+/// passed the running maximum `m` it was weighed against by more than
+/// [`EARLY_SLACK`]. A NaN maximum fails.
+///
+/// # Safety
+/// `tops` and `m` valid for `16·NQ` floats.
+#[inline(always)]
+unsafe fn early_weights_hold<I: Simd, const NQ: usize>(
+    isa: I,
+    tops: *const f32,
+    m: *const f32,
+) -> bool {
+    let zero = isa.splat(0.0);
+    let mut over = zero;
+    for x in 0..NQ {
+        // SAFETY: the caller upholds this function's contract (see # Safety).
+        unsafe {
+            let m = isa.max(isa.splat(f32::MIN), isa.load(m.add(x * LANES)));
+            let limit = isa.add(m, isa.splat(EARLY_SLACK));
+            // max(0, d) keeps a NaN d (second operand), which the sum then keeps.
+            over = isa.add(
+                over,
+                isa.max(zero, isa.sub(isa.load(tops.add(x * LANES)), limit)),
+            );
+        }
+    }
+    isa.sum(over) == 0.0
+}
+
+/// Adds a tile's early sums (`16·NQ` floats) to the running sums: the running
+/// maxima stay as they are, and so does the output (`alpha` = 1).
+///
+/// # Safety
+/// `sums` and the stats valid for `16·NQ` floats.
+#[inline(always)]
+unsafe fn keep_early_sums<I: Simd, const NQ: usize>(isa: I, sums: *const f32, stats: Stats) {
+    for x in 0..NQ {
+        let o = x * LANES;
+        // SAFETY: the caller upholds this function's contract (see # Safety).
+        unsafe {
+            isa.store(
+                stats.l.add(o),
+                isa.add(isa.load(stats.l.add(o)), isa.load(sums.add(o))),
+            );
+            isa.store(stats.alpha.add(o), isa.splat(1.0));
+        }
+    }
+}
+
+/// One step of the early weights: the weights of keys `2t` and `2t + 1` (the second
+/// only where `hi`) of one panel `x` of a block's scores `s`, `2^(s − m)` against the
+/// running maximum, packed as a pair into `pp`, their sum and the scores' maximum
+/// added to the panel's in `e.stats`.
+///
+/// # Safety
+/// `s` valid for rows `2t, 2t + 1` of `16·NQ` floats, `pp` for row `t` of pairs,
+/// `e.m` and `e.stats` as [`EarlyRows`] says.
+#[inline(always)]
+unsafe fn early_pair<I: Simd, const NQ: usize>(
+    isa: I,
+    e: &EarlyRows,
+    (s, pp): (*const f32, *mut u32),
+    (x, t): (usize, usize),
+    hi: bool,
+) {
+    let w = NQ * LANES;
+    let o = x * LANES;
+    // SAFETY: the caller upholds this function's contract (see # Safety).
+    unsafe {
+        let m = isa.max(isa.splat(f32::MIN), isa.load(e.m.add(o)));
+        let (sum, top) = (e.stats.add(o), e.stats.add(w + o));
+        let lo_score = isa.load(s.add(2 * t * w + o));
+        let lo = exp_shifted(isa, lo_score, m);
+        let mut acc = isa.add(isa.load(sum), lo);
+        let mut mx = isa.max(isa.load(top), lo_score);
+        let hi = if hi {
+            let hi_score = isa.load(s.add((2 * t + 1) * w + o));
+            mx = isa.max(mx, hi_score);
+            let hi = exp_shifted(isa, hi_score, m);
+            acc = isa.add(acc, hi);
+            hi
+        } else {
+            isa.splat(0.0)
+        };
+        isa.store(sum, acc);
+        isa.store(top, mx);
+        isa.store_pairs(pp.add(t * w + o), isa.pack_bf16(lo, hi));
+    }
+}
+
 /// Interleaves `rows` rows of `ev` bf16 values into pairs of adjacent rows,
 /// `dst[t][c] = (v[2t][c], v[2t + 1][c])`, `evp` pairs apart; an odd last row is
 /// paired with zero. Sixteen columns at a time: widening a bf16 number to f32 and
@@ -553,22 +703,42 @@ unsafe fn rows_finite<I: Simd>(isa: I, v: (*const u16, isize), (rows, ev): (usiz
 ///
 /// # Safety
 /// `k.0` must be valid for `MR` rows of `e` contiguous bf16, `k.1` elements apart;
-/// `qp` for `⌈e/2⌉` rows of `16·NQ` pairs; `s` and (when not null) `mb.0` for `MR`
-/// rows of `16·NQ` floats (the mask's `mb.1` apart).
+/// `qp` (of `(qp, e)`) for `⌈e/2⌉` rows of `16·NQ` pairs; `s` and (when not null)
+/// `mb.0` for `MR` rows of `16·NQ` floats (the mask's `mb.1` apart); with `early`,
+/// `s` and its `pp` also for the block before, as [`EarlyRows`] says.
 #[inline(always)]
 unsafe fn qk_rows<I: Simd, const NQ: usize, const MR: usize>(
     isa: I,
-    qp: *const u32,
-    e: usize,
+    (qp, e): (*const u32, usize),
     k: (*const u16, isize),
     scale: f32,
     s: *mut f32,
     mb: (*const f32, usize),
+    early: Option<EarlyRows>,
 ) {
     // SAFETY: the caller upholds this function's contract (see # Safety).
     unsafe {
         let w = NQ * LANES;
         let (kp, krs) = k;
+        // The early weights of the block before this one (its `block` scores just
+        // below `s`, its pairs just below `pp`): one pair of keys of one panel
+        // before each step of this block's products, where they use the adding
+        // pipes the products leave idle (made after them, they did not overlap:
+        // docs/bf16.md). A block that starts the tile starts its sums instead.
+        let before = |er: &EarlyRows| {
+            (
+                s.sub(er.block * w).cast_const(),
+                er.pp.sub(er.block / 2 * w),
+            )
+        };
+        if let Some(er) = early.filter(|er| er.first) {
+            for x in 0..NQ {
+                isa.store(er.stats.add(x * LANES), isa.splat(0.0));
+                isa.store(er.stats.add(w + x * LANES), isa.splat(f32::NEG_INFINITY));
+            }
+        }
+        let pending = early.filter(|er| !er.first);
+        let steps = pending.map_or(0, |er| er.block / 2 * NQ);
         let zero = isa.splat(0.0);
         let np = pairs(e);
         // Key `r`'s pair `c`; the last pair of an odd width has a zero high half.
@@ -588,6 +758,9 @@ unsafe fn qk_rows<I: Simd, const NQ: usize, const MR: usize>(
             let c1 = (c0 + chunk).min(np);
             let mut acc = [[zero; NQ]; MR];
             for c in c0..c1 {
+                if let Some(er) = pending.filter(|_| c < steps) {
+                    early_pair::<I, NQ>(isa, &er, before(&er), (c % NQ, c / NQ), true);
+                }
                 let mut qv = [isa.splat_pair(0); NQ];
                 for (x, q) in qv.iter_mut().enumerate() {
                     *q = isa.load_pairs(qp.add(c * w + x * LANES));
@@ -618,6 +791,20 @@ unsafe fn qk_rows<I: Simd, const NQ: usize, const MR: usize>(
                 }
             }
             c0 = c1.max(c0 + 1);
+        }
+        // Steps a short dot product had too few steps for; then the tile's last
+        // block makes its own.
+        if let Some(er) = pending {
+            for c in np.max(1).min(steps)..steps {
+                early_pair::<I, NQ>(isa, &er, before(&er), (c % NQ, c / NQ), true);
+            }
+        }
+        if let Some(er) = early.filter(|er| er.last) {
+            for t in 0..MR.div_ceil(2) {
+                for x in 0..NQ {
+                    early_pair::<I, NQ>(isa, &er, (s, er.pp), (x, t), 2 * t + 1 < MR);
+                }
+            }
         }
     }
 }

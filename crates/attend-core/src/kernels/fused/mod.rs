@@ -96,6 +96,12 @@ fn register_block(registers: usize, nq: usize) -> usize {
     (registers * 3 / 4 / nq).clamp(1, 12)
 }
 
+/// How far (base 2) a tile's score may pass the running maximum its weights were
+/// made against early ([`Operands::begin_tile`]): weights up to `2^8` lose nothing
+/// in f32 sums or bf16 weights; a tile whose score passes by more has its weights
+/// made again against its own maximum.
+const EARLY_SLACK: f32 = 8.0;
+
 /// Keys per tile for an instruction set: [`BK`] where 32 vector registers keep
 /// the products' loads few (a 128-key tile of scores fills the L1 cache, and the
 /// longer tiles halve the per-tile work: the dot products' and outputs' tails, the
@@ -147,6 +153,20 @@ trait Operands<'p>: Sync {
         at: &UnitAt,
         rest: &mut &'s mut [f32],
     ) -> Self::Unit<'s>;
+
+    /// Starts the tile of keys `keys.0..keys.1`. With `early`, the operands may make
+    /// the tile's weights while [`Operands::score_rows`] makes its scores, against
+    /// the running maxima of `stats` as they stand rather than the tile's own, and
+    /// [`Operands::weights`] keep them where no score passed those maxima by more
+    /// than [`EARLY_SLACK`]. Does nothing by default.
+    fn begin_tile(
+        &self,
+        _u: &mut Self::Unit<'_>,
+        _keys: (usize, usize),
+        _stats: Stats,
+        _early: bool,
+    ) {
+    }
 
     /// `s[r][·]`, the base-2 scores of keys `j + r` for `r < MR`, with the mask term
     /// `mask.0[r·mask.1 + ·]` added (both in base 2) when `mask.0` is not null.
@@ -453,6 +473,7 @@ fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
     let mr = ops.register_block::<I, NQ>();
     let bk = tile_keys::<I>();
     let mut t = jlo / bk;
+    let mut made_weights = false;
     while t * bk < jhi {
         let j0 = (t * bk).max(jlo);
         let j1 = ((t + 1) * bk).min(jhi);
@@ -488,6 +509,12 @@ fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
             (std::ptr::null(), 0)
         };
 
+        // A unit's first tile has no running maxima to make weights against early,
+        // and a tile whose band is cut in its scores has them changed after the
+        // products; early weights pair the keys of each register block.
+        let early = made_weights && !cut_scores && mr % 2 == 0;
+        ops.begin_tile(&mut own, (j0, j1), stats, early);
+
         // Sᵀ = K Qᵀ (+ mask), MR keys at a time.
         let mut r0 = 0;
         while r0 < nk {
@@ -511,6 +538,7 @@ fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
 
         // SAFETY: `s` holds `nk ≤ BK` rows of `w` floats, the statistics `w` each.
         unsafe { ops.weights::<I, NQ>(isa, &mut own, &at, (j0, j1), scr.s.as_mut_ptr(), stats) };
+        made_weights = true;
 
         // A key the mask hides from a query must not reach it, not even as its zero
         // weight times a NaN value: a masked tile with a non-finite value takes the
