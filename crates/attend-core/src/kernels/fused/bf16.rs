@@ -70,21 +70,40 @@ pub(crate) fn run(p: &Problem<'_, bf16>, isa: IsaToken) -> (Array4<f32>, Array3<
 }
 
 /// A tile whose weights its score products make early ([`Operands::begin_tile`]):
-/// the running maxima they are made against and the tile's keys.
+/// its keys.
 #[derive(Clone, Copy)]
 struct Early {
-    m: *const f32,
     keys: (usize, usize),
 }
 
+/// The rows of `16·NQ` floats of a unit's early-weights scratch: each panel's sum
+/// of the tile's early weights, its maximum score, and the running maximum the
+/// weights are made against (the stats' maximum, −∞ raised to the lowest float as
+/// [`super::running_max`] does), set by [`Operands::begin_tile`].
+#[derive(Clone, Copy)]
+enum EarlyStats {
+    Sum = 0,
+    Top = 1,
+    Against = 2,
+}
+
+/// Row `row` of the early-weights scratch `stats`, panel `x`.
+///
+/// # Safety
+/// `stats` valid for three rows of `16·NQ` floats.
+#[inline(always)]
+unsafe fn early_row<const NQ: usize>(stats: *mut f32, row: EarlyStats, x: usize) -> *mut f32 {
+    // SAFETY: the caller upholds this function's contract (see # Safety).
+    unsafe { stats.add(row as usize * NQ * LANES + x * LANES) }
+}
+
 /// What one register block of score products needs for the early weights: the
-/// running maxima `m`; the tile's sums and maximum scores so far (`stats`, two rows
-/// of `16·NQ` floats); the row of weight pairs the block's first key falls in; and
-/// whether the block starts the tile (it starts the sums) or ends it (it makes its
-/// own weights; every other block's are made during the next block's products).
+/// tile's [`EarlyStats`] rows; the row of weight pairs the block's first key falls
+/// in; and whether the block starts the tile (nothing before it to make weights
+/// for) or ends it (it makes its own; every other block's are made during the next
+/// block's products).
 #[derive(Clone, Copy)]
 struct EarlyRows {
-    m: *const f32,
     stats: *mut f32,
     pp: *mut u32,
     first: bool,
@@ -111,7 +130,7 @@ struct Bf16Unit<'s> {
     pp: *mut u32,
     /// The current tile's early weights, if it makes them ([`Operands::begin_tile`]).
     early: Option<Early>,
-    /// Each panel's sum of the tile's early weights and its maximum score, `[2][W]`.
+    /// The tile's early-weights rows ([`EarlyStats`]), `[3][W]`.
     early_stats: *mut f32,
     /// Values as bf16 pairs of rows, `[BK/2][Evp]` (`Evp` = `Ev` rounded up to 16),
     /// for a tile that cannot read them from [`ValuePairs`].
@@ -160,7 +179,7 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
     }
 
     fn scratch_len(d: &Dims, w: usize) -> usize {
-        (2 * pairs(d.head_dim) + pairs(BK) + 2) * w
+        (2 * pairs(d.head_dim) + pairs(BK) + 3) * w
             + pairs(BK) * d.value_dim.next_multiple_of(LANES)
     }
 
@@ -178,7 +197,7 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
         let qp = carve(rest, np * w);
         let rows = carve(rest, np * w);
         let pp = as_words(carve(rest, pairs(BK) * w)).as_mut_ptr();
-        let early_stats = carve(rest, 2 * w).as_mut_ptr();
+        let early_stats = carve(rest, 3 * w).as_mut_ptr();
         let vp = as_words(carve(rest, pairs(BK) * d.value_dim.next_multiple_of(LANES)));
         // Qᵀ as pairs of adjacent columns: each query row's pairs, `[rows][E/2]`,
         // transposed as 32-bit words (moved, never computed on, so their bits are
@@ -234,8 +253,32 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
         }
     }
 
-    fn begin_tile(&self, u: &mut Bf16Unit<'_>, keys: (usize, usize), stats: Stats, early: bool) {
-        u.early = early.then_some(Early { m: stats.m, keys });
+    /// Early weights pair the keys of each register block, so only where blocks are
+    /// even.
+    unsafe fn begin_tile<I: Simd, const NQ: usize>(
+        &self,
+        isa: I,
+        u: &mut Bf16Unit<'_>,
+        keys: (usize, usize),
+        stats: Stats,
+        early: bool,
+    ) {
+        let early = early && self.register_block::<I, NQ>() % 2 == 0;
+        u.early = early.then_some(Early { keys });
+        if !early {
+            return;
+        }
+        for x in 0..NQ {
+            // SAFETY: `early_stats` holds three rows of `16·NQ` floats, `stats.m` one
+            // (the caller's contract).
+            unsafe {
+                let at = |row| early_row::<NQ>(u.early_stats, row, x);
+                let m = isa.load(stats.m.add(x * LANES));
+                isa.store(at(EarlyStats::Sum), isa.splat(0.0));
+                isa.store(at(EarlyStats::Top), isa.splat(f32::NEG_INFINITY));
+                isa.store(at(EarlyStats::Against), isa.max(isa.splat(f32::MIN), m));
+            }
+        }
     }
 
     #[inline(always)]
@@ -253,7 +296,6 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
         unsafe {
             let k = (kp.offset(j as isize * krs), krs);
             let early = u.early.map(|e| EarlyRows {
-                m: e.m,
                 stats: u.early_stats,
                 pp: u.pp.add((j - e.keys.0) / 2 * NQ * LANES),
                 first: j == e.keys.0,
@@ -276,12 +318,10 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
     ) {
         let nk = j1 - j0;
         // SAFETY: the caller upholds `s` and `stats`; `pp` holds `pairs(BK)` rows of
-        // `16·NQ` pairs, `early_stats` two rows of `16·NQ` floats.
+        // `16·NQ` pairs, `early_stats` three rows of `16·NQ` floats.
         unsafe {
-            let sums = u.early_stats;
-            let tops = sums.add(NQ * LANES);
-            if u.early.is_some() && early_weights_hold::<I, NQ>(isa, tops, stats.m) {
-                keep_early_sums::<I, NQ>(isa, sums, stats);
+            if u.early.is_some() && early_weights_hold::<I, NQ>(isa, u.early_stats) {
+                keep_early_sums::<I, NQ>(isa, u.early_stats, stats);
             } else {
                 softmax_pairs::<I, NQ>(isa, s, nk, u.pp, stats);
             }
@@ -521,82 +561,100 @@ unsafe fn softmax_pairs<I: Simd, const NQ: usize>(
         for t in 0..pairs(nk) {
             for (x, sum) in sum.iter_mut().enumerate() {
                 let o = x * LANES;
-                // (No closure for the weight of key `j`: a closure is a function of
-                // its own, compiled without the instruction set's features unless
-                // inlined.)
-                let lo = exp_shifted(isa, isa.load(s.add(2 * t * w + o)), m_use[x]);
-                *sum = isa.add(*sum, lo);
-                let hi = if 2 * t + 1 < nk {
-                    let hi = exp_shifted(isa, isa.load(s.add((2 * t + 1) * w + o)), m_use[x]);
-                    *sum = isa.add(*sum, hi);
-                    hi
-                } else {
-                    isa.splat(0.0)
-                };
-                isa.store_pairs(pp.add(t * w + o), isa.pack_bf16(lo, hi));
+                let scores = (s.add(2 * t * w + o), (2 * t + 1 < nk).then_some(w));
+                *sum = weight_pair(isa, scores, m_use[x], *sum, pp.add(t * w + o)).0;
             }
         }
         join_sums::<I, NQ>(isa, sum, alpha, stats);
     }
 }
 
-/// Whether a tile's early weights hold: no score (each panel's maximum in `tops`)
-/// passed the running maximum `m` it was weighed against by more than
-/// [`EARLY_SLACK`]. A NaN maximum fails.
+/// The weights `2^(s − m)` of one panel's scores of two adjacent keys (`scores.0`;
+/// the second key's row `scores.1` floats further, if there is one), added in key
+/// order to `sum` and stored as a bf16 pair at `pp`; returns the new sum and the
+/// larger of the two scores. (No closure for a key's weight: a closure is a
+/// function of its own, compiled without the instruction set's features unless
+/// inlined.)
 ///
 /// # Safety
-/// `tops` and `m` valid for `16·NQ` floats.
+/// `scores.0` valid for 16 floats (and 16 more `scores.1` further), `pp` for 16
+/// pairs.
 #[inline(always)]
-unsafe fn early_weights_hold<I: Simd, const NQ: usize>(
+unsafe fn weight_pair<I: Simd>(
     isa: I,
-    tops: *const f32,
-    m: *const f32,
-) -> bool {
+    scores: (*const f32, Option<usize>),
+    m: I::V,
+    sum: I::V,
+    pp: *mut u32,
+) -> (I::V, I::V) {
+    // SAFETY: the caller upholds this function's contract (see # Safety).
+    unsafe {
+        let lo_score = isa.load(scores.0);
+        let lo = exp_shifted(isa, lo_score, m);
+        let mut sum = isa.add(sum, lo);
+        let (hi, top) = match scores.1 {
+            Some(next) => {
+                let hi_score = isa.load(scores.0.add(next));
+                let hi = exp_shifted(isa, hi_score, m);
+                sum = isa.add(sum, hi);
+                (hi, isa.max(lo_score, hi_score))
+            }
+            None => (isa.splat(0.0), lo_score),
+        };
+        isa.store_pairs(pp, isa.pack_bf16(lo, hi));
+        (sum, top)
+    }
+}
+
+/// Whether a tile's early weights hold: no score (each panel's maximum score in
+/// the [`EarlyStats`] rows) passed the running maximum it was weighed against by
+/// more than [`EARLY_SLACK`]. A NaN maximum fails.
+///
+/// # Safety
+/// `stats` valid for the three rows of [`EarlyStats`].
+#[inline(always)]
+unsafe fn early_weights_hold<I: Simd, const NQ: usize>(isa: I, stats: *mut f32) -> bool {
     let zero = isa.splat(0.0);
     let mut over = zero;
     for x in 0..NQ {
         // SAFETY: the caller upholds this function's contract (see # Safety).
         unsafe {
-            let m = isa.max(isa.splat(f32::MIN), isa.load(m.add(x * LANES)));
-            let limit = isa.add(m, isa.splat(EARLY_SLACK));
+            let against = isa.load(early_row::<NQ>(stats, EarlyStats::Against, x));
+            let limit = isa.add(against, isa.splat(EARLY_SLACK));
+            let top = isa.load(early_row::<NQ>(stats, EarlyStats::Top, x));
             // max(0, d) keeps a NaN d (second operand), which the sum then keeps.
-            over = isa.add(
-                over,
-                isa.max(zero, isa.sub(isa.load(tops.add(x * LANES)), limit)),
-            );
+            over = isa.add(over, isa.max(zero, isa.sub(top, limit)));
         }
     }
     isa.sum(over) == 0.0
 }
 
-/// Adds a tile's early sums (`16·NQ` floats) to the running sums: the running
-/// maxima stay as they are, and so does the output (`alpha` = 1).
+/// Adds a tile's early sums (the [`EarlyStats`] rows `early`) to the running sums:
+/// the running maxima stay as they are, and so does the output (`alpha` = 1).
 ///
 /// # Safety
-/// `sums` and the stats valid for `16·NQ` floats.
+/// `early` valid for the rows of [`EarlyStats`], the stats for `16·NQ` floats.
 #[inline(always)]
-unsafe fn keep_early_sums<I: Simd, const NQ: usize>(isa: I, sums: *const f32, stats: Stats) {
+unsafe fn keep_early_sums<I: Simd, const NQ: usize>(isa: I, early: *mut f32, stats: Stats) {
     for x in 0..NQ {
         let o = x * LANES;
         // SAFETY: the caller upholds this function's contract (see # Safety).
         unsafe {
-            isa.store(
-                stats.l.add(o),
-                isa.add(isa.load(stats.l.add(o)), isa.load(sums.add(o))),
-            );
+            let sum = isa.load(early_row::<NQ>(early, EarlyStats::Sum, x));
+            isa.store(stats.l.add(o), isa.add(isa.load(stats.l.add(o)), sum));
             isa.store(stats.alpha.add(o), isa.splat(1.0));
         }
     }
 }
 
 /// One step of the early weights: the weights of keys `2t` and `2t + 1` (the second
-/// only where `hi`) of one panel `x` of a block's scores `s`, `2^(s − m)` against the
-/// running maximum, packed as a pair into `pp`, their sum and the scores' maximum
-/// added to the panel's in `e.stats`.
+/// only where `hi`) of one panel `x` of a block's scores `s`, against the running
+/// maximum of the [`EarlyStats`] rows, packed as a pair into `pp`; their sum and
+/// the scores' maximum join the panel's in those rows.
 ///
 /// # Safety
 /// `s` valid for rows `2t, 2t + 1` of `16·NQ` floats, `pp` for row `t` of pairs,
-/// `e.m` and `e.stats` as [`EarlyRows`] says.
+/// `e.stats` for the rows of [`EarlyStats`].
 #[inline(always)]
 unsafe fn early_pair<I: Simd, const NQ: usize>(
     isa: I,
@@ -606,27 +664,16 @@ unsafe fn early_pair<I: Simd, const NQ: usize>(
     hi: bool,
 ) {
     let w = NQ * LANES;
-    let o = x * LANES;
     // SAFETY: the caller upholds this function's contract (see # Safety).
     unsafe {
-        let m = isa.max(isa.splat(f32::MIN), isa.load(e.m.add(o)));
-        let (sum, top) = (e.stats.add(o), e.stats.add(w + o));
-        let lo_score = isa.load(s.add(2 * t * w + o));
-        let lo = exp_shifted(isa, lo_score, m);
-        let mut acc = isa.add(isa.load(sum), lo);
-        let mut mx = isa.max(isa.load(top), lo_score);
-        let hi = if hi {
-            let hi_score = isa.load(s.add((2 * t + 1) * w + o));
-            mx = isa.max(mx, hi_score);
-            let hi = exp_shifted(isa, hi_score, m);
-            acc = isa.add(acc, hi);
-            hi
-        } else {
-            isa.splat(0.0)
-        };
+        let [sum, top, against] = [EarlyStats::Sum, EarlyStats::Top, EarlyStats::Against]
+            .map(|row| early_row::<NQ>(e.stats, row, x));
+        let (sum_before, top_before) = (isa.load(sum), isa.load(top));
+        let scores = (s.add(2 * t * w + x * LANES), hi.then_some(w));
+        let pp = pp.add(t * w + x * LANES);
+        let (acc, pair_top) = weight_pair(isa, scores, isa.load(against), sum_before, pp);
         isa.store(sum, acc);
-        isa.store(top, mx);
-        isa.store_pairs(pp.add(t * w + o), isa.pack_bf16(lo, hi));
+        isa.store(top, isa.max(top_before, pair_top));
     }
 }
 
@@ -724,19 +771,13 @@ unsafe fn qk_rows<I: Simd, const NQ: usize, const MR: usize>(
         // below `s`, its pairs just below `pp`): one pair of keys of one panel
         // before each step of this block's products, where they use the adding
         // pipes the products leave idle (made after them, they did not overlap:
-        // docs/bf16.md). A block that starts the tile starts its sums instead.
+        // docs/bf16.md). A block that starts the tile has none before it.
         let before = |er: &EarlyRows| {
             (
                 s.sub(er.block * w).cast_const(),
                 er.pp.sub(er.block / 2 * w),
             )
         };
-        if let Some(er) = early.filter(|er| er.first) {
-            for x in 0..NQ {
-                isa.store(er.stats.add(x * LANES), isa.splat(0.0));
-                isa.store(er.stats.add(w + x * LANES), isa.splat(f32::NEG_INFINITY));
-            }
-        }
         let pending = early.filter(|er| !er.first);
         let steps = pending.map_or(0, |er| er.block / 2 * NQ);
         let zero = isa.splat(0.0);

@@ -154,13 +154,19 @@ trait Operands<'p>: Sync {
         rest: &mut &'s mut [f32],
     ) -> Self::Unit<'s>;
 
-    /// Starts the tile of keys `keys.0..keys.1`. With `early`, the operands may make
-    /// the tile's weights while [`Operands::score_rows`] makes its scores, against
-    /// the running maxima of `stats` as they stand rather than the tile's own, and
-    /// [`Operands::weights`] keep them where no score passed those maxima by more
-    /// than [`EARLY_SLACK`]. Does nothing by default.
-    fn begin_tile(
+    /// Starts the tile of keys `keys.0..keys.1`. Where `early` allows it (the tile
+    /// has running maxima before it, and its scores are final when the products
+    /// have made them), the operands may make the tile's weights while
+    /// [`Operands::score_rows`] makes its scores, against the running maxima of
+    /// `stats` as they stand rather than the tile's own, and [`Operands::weights`]
+    /// keep them where no score passed those maxima by more than [`EARLY_SLACK`].
+    /// Does nothing by default.
+    ///
+    /// # Safety
+    /// `stats` valid for `16·NQ` floats each.
+    unsafe fn begin_tile<I: Simd, const NQ: usize>(
         &self,
+        _isa: I,
         _u: &mut Self::Unit<'_>,
         _keys: (usize, usize),
         _stats: Stats,
@@ -511,9 +517,10 @@ fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
 
         // A unit's first tile has no running maxima to make weights against early,
         // and a tile whose band is cut in its scores has them changed after the
-        // products; early weights pair the keys of each register block.
-        let early = made_weights && !cut_scores && mr % 2 == 0;
-        ops.begin_tile(&mut own, (j0, j1), stats, early);
+        // products.
+        let early = made_weights && !cut_scores;
+        // SAFETY: the statistics hold `w` floats each.
+        unsafe { ops.begin_tile::<I, NQ>(isa, &mut own, (j0, j1), stats, early) };
 
         // Sᵀ = K Qᵀ (+ mask), MR keys at a time.
         let mut r0 = 0;
