@@ -5,7 +5,8 @@
 //! and widens them as it loads them; the reference runs on the bf16 numbers widened
 //! to f32, exactly.
 
-use half::slice::HalfFloatSliceExt;
+use std::mem::MaybeUninit;
+
 use ndarray::{Array3, Array4, ArrayView4};
 use rayon::prelude::*;
 
@@ -62,19 +63,22 @@ fn round_output(out: &Array4<f32>, isa: IsaToken) -> Array4<bf16> {
     let Some(src) = out.as_slice() else {
         return out.mapv(bf16::from_f32);
     };
-    let mut values = vec![bf16::ZERO; src.len()];
-    values
-        .reinterpret_cast_mut()
+    // Written uninitialised: zeroing it first was a serial pass over the output.
+    let mut values: Vec<bf16> = Vec::with_capacity(src.len());
+    values.spare_capacity_mut()[..src.len()]
         .par_chunks_mut(ROUND_CHUNK)
         .zip(src.par_chunks(ROUND_CHUNK))
         .for_each(|(dst, src)| dispatch(isa, RoundChunk { src, dst }));
+    // SAFETY: the chunks cover the first `src.len()` values, and each `RoundChunk`
+    // writes every value of its chunk.
+    unsafe { values.set_len(src.len()) };
     Array4::from_shape_vec(out.raw_dim(), values).expect("one value per output")
 }
 
-/// One chunk of [`round_output`], for [`dispatch`].
+/// One chunk of [`round_output`], for [`dispatch`]: writes every value of `dst`.
 struct RoundChunk<'a> {
     src: &'a [f32],
-    dst: &'a mut [u16],
+    dst: &'a mut [MaybeUninit<bf16>],
 }
 
 impl SimdJob for RoundChunk<'_> {
@@ -87,11 +91,12 @@ impl SimdJob for RoundChunk<'_> {
             .chunks_exact(LANES)
             .zip(dst[..whole].chunks_exact_mut(LANES))
         {
-            // SAFETY: both chunks are 16 elements.
-            unsafe { isa.store_bf16(d.as_mut_ptr(), isa.load(s.as_ptr())) };
+            // SAFETY: both chunks are 16 elements (a bf16 is its `u16` bits), and the
+            // store only writes.
+            unsafe { isa.store_bf16(d.as_mut_ptr().cast(), isa.load(s.as_ptr())) };
         }
         for (s, d) in src[whole..].iter().zip(&mut dst[whole..]) {
-            *d = bf16_bits(*s);
+            d.write(bf16::from_bits(bf16_bits(*s)));
         }
     }
 }
