@@ -192,6 +192,24 @@ fn every_mask_kind() {
     }
 }
 
+/// Units of 64 queries in a banded problem: a short prompt against a long cache
+/// under bottom-right causality masks few scores (docs/fused-forward.md).
+#[test]
+fn wide_units_across_a_band() {
+    let [q, k, v] = qkv(13, [1, 2, 2, 90, 1000, 64, 40]);
+    let opts = AttentionOptions {
+        causal: Some(Causal::BottomRight),
+        ..Default::default()
+    };
+    run_and_check(
+        q.view(),
+        k.view(),
+        v.view(),
+        &opts,
+        "bottom-right, 90 × 1000",
+    );
+}
+
 #[test]
 fn fully_masked_rows_are_zero() {
     let [q, k, v] = qkv(21, [1, 2, 2, 20, 30, 16, 8]);

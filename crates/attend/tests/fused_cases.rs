@@ -276,6 +276,29 @@ fn long_rows_many_tiles_gqa_and_wide_heads() {
     }
 }
 
+/// A short prompt against a long cache under bottom-right causality masks few of
+/// its scores, so its units are 64 queries wide though the problem is banded
+/// (docs/fused-forward.md): the band's edge then cuts the units' last tile.
+#[test]
+fn wide_units_across_a_band() {
+    let [q, k, v] = qkv(7, 1, 2, 2, 90, 1000, 64, 40);
+    let opts = AttentionOptions {
+        causal: Some(Causal::BottomRight),
+        ..Default::default()
+    };
+    for isa in Isa::available() {
+        let got = attention_with(q.view(), k.view(), v.view(), &opts, &fused(isa, 2)).unwrap();
+        check(
+            q.view(),
+            k.view(),
+            v.view(),
+            &opts,
+            &got,
+            &format!("{isa:?}"),
+        );
+    }
+}
+
 #[test]
 fn default_dispatch_is_fused_and_queries_axis_falls_back() {
     let [q, k, v] = qkv(6, 1, 2, 2, 20, 30, 8, 8);

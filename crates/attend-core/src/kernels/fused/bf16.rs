@@ -132,6 +132,8 @@ struct Bf16Unit<'s> {
     early: Option<Early>,
     /// The tile's early-weights rows ([`EarlyStats`]), `[3][W]`.
     early_stats: *mut f32,
+    /// Whether the tile's rescale factors are all one (its early weights held).
+    alpha_one: bool,
     /// Values as bf16 pairs of rows, `[BK/2][Evp]` (`Evp` = `Ev` rounded up to 16),
     /// for a tile that cannot read them from [`ValuePairs`].
     vp: &'s mut [u32],
@@ -161,7 +163,7 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
     /// the pair products are bound by the shuffles that emulate them, not by loads,
     /// and one vector of queries measured 0.94× (docs/fused-forward.md).
     fn query_vectors(&self, _registers: usize) -> usize {
-        query_vectors(self.p.dims().q_len, self.p.is_banded())
+        query_vectors(self.p)
     }
 
     /// All `NQ` panels in registers on every instruction set: the pair products'
@@ -242,6 +244,7 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
             pp,
             early: None,
             early_stats,
+            alpha_one: false,
             vp,
             tile_values: std::ptr::null(),
             head_finite: self.values.head_finite((at.b, at.kvh)),
@@ -321,7 +324,8 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
         // SAFETY: the caller upholds `s` and `stats`; `pp` holds `pairs(BK)` rows of
         // `16·NQ` pairs, `early_stats` three rows of `16·NQ` floats.
         unsafe {
-            if u.early.is_some() && early_weights_hold::<I, NQ>(isa, u.early_stats) {
+            u.alpha_one = u.early.is_some() && early_weights_hold::<I, NQ>(isa, u.early_stats);
+            if u.alpha_one {
                 keep_early_sums::<I, NQ>(isa, u.early_stats, stats);
             } else {
                 softmax_pairs::<I, NQ>(isa, s, nk, u.pp, stats);
@@ -422,8 +426,14 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
                 kc: pairs(j1 - j0),
                 partial: PAIR_SUM_BLOCK,
             };
-            let alpha = std::slice::from_raw_parts(alpha.cast(), NQ);
-            tile.rows::<I, MC, NQ, _, false>(isa, ot, w, Rescale::By(alpha));
+            // α = 1 where the tile's early weights held: `o + Σ` is `fma(o, 1, Σ)`
+            // bit for bit, on the adding pipes instead of the products'.
+            let rescale = if u.alpha_one {
+                Rescale::Add
+            } else {
+                Rescale::By(std::slice::from_raw_parts(alpha.cast(), NQ))
+            };
+            tile.rows::<I, MC, NQ, _, false>(isa, ot, w, rescale);
         }
     }
 }

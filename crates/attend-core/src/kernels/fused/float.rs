@@ -125,7 +125,7 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
     }
 
     fn query_vectors(&self, registers: usize) -> usize {
-        let nq = query_vectors(self.p.dims().q_len, self.p.is_banded());
+        let nq = query_vectors(self.p);
         if registers >= 32 {
             nq
         } else {

@@ -68,14 +68,46 @@ pub fn supports<T>(p: &Problem<'_, T>) -> bool {
     p.softmax_axis == SoftmaxAxis::Keys && p.dims().value_dim > 0
 }
 
-/// Vectors of 16 queries per unit (1, 2 or 4) for `q_len` queries, `banded` when
-/// causality or a window cuts the keys per query: as many as the queries fill, up
-/// to 4 (a wider unit shares each key and value load among more queries), but at
-/// most 2 in a banded problem, where a unit of `W` queries computes about `W²/2`
-/// scores across the band's edge only to mask them (an eighth of a causal N512's
-/// work at `W = 64`; docs/fused-forward.md).
-fn query_vectors(q_len: usize, banded: bool) -> usize {
-    widest_unit(q_len).min(if banded { 2 } else { 4 })
+/// Vectors of 16 queries per unit (1, 2 or 4): as many as the queries fill, up to
+/// 4 (a wider unit shares each key and value load among more queries). Where
+/// causality or a window cuts the keys per query, a unit of `W` queries also
+/// computes about `W²/2` scores per edge of the band only to mask them (an eighth
+/// of a causal N512's work at `W = 64`; docs/fused-forward.md): there units are 4
+/// vectors wide only while those scores stay within [`BAND_WASTE`] of the visible
+/// ones, else at most 2.
+fn query_vectors<T>(p: &Problem<'_, T>) -> usize {
+    let widest = widest_unit(p.dims().q_len);
+    if !p.is_banded() || (widest == 4 && band_waste(p, 4 * LANES) <= BAND_WASTE) {
+        widest
+    } else {
+        widest.min(2)
+    }
+}
+
+/// The share of masked scores a banded problem's widest units may compute: at 1/32
+/// (a causal N2048's at 64 queries) the wider units' lower per-query costs win
+/// (causal 1.6 % faster at N2048 and N4096, f32 and bf16, 2026-11-26); at N1024
+/// (1/16) they were level, at N512 (1/8) 1 % slower.
+const BAND_WASTE: f64 = 1.0 / 32.0;
+
+/// Scores that units of `w` queries compute though the band hides them, as a share
+/// of the visible scores: each unit computes its queries against the keys any of
+/// them sees.
+fn band_waste<T>(p: &Problem<'_, T>, w: usize) -> f64 {
+    let q_len = p.dims().q_len;
+    let (mut computed, mut visible) = (0, 0);
+    for i0 in (0..q_len).step_by(w) {
+        let i1 = (i0 + w).min(q_len);
+        let (lo, hi) = p.block_key_range(i0, i1);
+        computed += (i1 - i0) * (hi - lo);
+        visible += (i0..i1)
+            .map(|i| {
+                let (lo, hi) = p.key_range(i);
+                hi - lo
+            })
+            .sum::<usize>();
+    }
+    computed.saturating_sub(visible) as f64 / visible.max(1) as f64
 }
 
 /// Vectors of 16 queries the queries fill, up to 4: the widest unit, which sizes
@@ -752,4 +784,50 @@ fn exp_shifted<I: Simd>(isa: I, x: I::V, m: I::V) -> I::V {
 #[inline(always)]
 fn masked_score<I: Simd>(isa: I, score: I::V, mask: I::V) -> I::V {
     isa.masked(isa.add(score, mask), mask)
+}
+
+#[cfg(test)]
+mod tests {
+    use ndarray::Array4;
+
+    use super::*;
+    use crate::attention::{AttentionOptions, Causal};
+
+    /// The unit width [`query_vectors`] picks for `l` queries against `s` keys.
+    fn width(l: usize, s: usize, opts: &AttentionOptions<'_>) -> usize {
+        let q = Array4::<f32>::zeros((1, 1, l, 8));
+        let kv = Array4::<f32>::zeros((1, 1, s, 8));
+        let p = Problem::new(q.view(), kv.view(), kv.view(), opts).expect("valid problem");
+        query_vectors(&p)
+    }
+
+    #[test]
+    fn banded_units_are_wide_only_where_little_is_masked() {
+        let top_left = AttentionOptions {
+            causal: Some(Causal::TopLeft),
+            ..Default::default()
+        };
+        let bottom_right = AttentionOptions {
+            causal: Some(Causal::BottomRight),
+            ..Default::default()
+        };
+        let window = AttentionOptions {
+            window: Some((256, 256)),
+            ..Default::default()
+        };
+        // Units of 64 queries mask 1/8 of a causal N512's scores, 1/16 at N1024,
+        // under 1/32 from N2048.
+        assert_eq!(width(512, 512, &top_left), 2);
+        assert_eq!(width(1024, 1024, &top_left), 2);
+        assert_eq!(width(2048, 2048, &top_left), 4);
+        // A short prompt's queries against a long cache see nearly every key.
+        assert_eq!(width(90, 1000, &bottom_right), 4);
+        assert_eq!(width(90, 150, &bottom_right), 2);
+        // A window has two edges: 64 queries across a 513-key band mask ~1/8.
+        assert_eq!(width(4096, 4096, &window), 2);
+        // Unbanded problems take what their queries fill.
+        assert_eq!(width(512, 512, &AttentionOptions::default()), 4);
+        assert_eq!(width(20, 512, &top_left), 2);
+        assert_eq!(width(10, 512, &top_left), 1);
+    }
 }
