@@ -161,9 +161,15 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
 
     /// Not narrowed to fit the register block as the f32 kernel's units are: on AVX2
     /// the pair products are bound by the shuffles that emulate them, not by loads,
-    /// and one vector of queries measured 0.94× (docs/fused-forward.md).
-    fn query_vectors(&self, _registers: usize) -> usize {
-        query_vectors(self.p)
+    /// and one vector of queries measured 0.94× (docs/fused-forward.md). But banded
+    /// units stay at most 2 vectors there: 4 measured 0.985× (causal N2048).
+    fn query_vectors(&self, registers: usize) -> usize {
+        let nq = query_vectors(self.p);
+        if registers < 32 && self.p.is_banded() {
+            nq.min(2)
+        } else {
+            nq
+        }
     }
 
     /// All `NQ` panels in registers on every instruction set: the pair products'
@@ -171,7 +177,7 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
     /// panels together. On 32 registers, 16 accumulators (four keys of four panels,
     /// eight of two) rather than 24: the score products then leave registers for
     /// the early weights made between their steps (docs/bf16.md; with 24, causal
-    /// problems, whose units are two panels, ran 16–19 % slower).
+    /// problems with units of two panels ran 16–19 % slower).
     fn register_block<I: Simd, const NQ: usize>(&self) -> usize {
         if I::REGISTERS >= 32 && NQ > 1 {
             16 / NQ
