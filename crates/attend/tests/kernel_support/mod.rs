@@ -89,8 +89,10 @@ fn max_err<D: Dimension>(a: &Array<f32, D>, b: &Array<f32, D>) -> f64 {
     a.iter()
         .zip(b.iter())
         .map(|(&x, &y)| {
-            if x == y {
+            if x == y || (x.is_nan() && y.is_nan()) {
                 0.0 // also equal infinities
+            } else if x.is_nan() || y.is_nan() {
+                f64::INFINITY // a NaN on one side only (`f64::max` would drop it)
             } else {
                 (x as f64 - y as f64).abs()
             }
