@@ -407,17 +407,32 @@ fn reference_kernel_on_bf16_is_the_widened_reference_rounded() {
 }
 
 /// The bf16 kernel makes a tile's weights against the running maximum from the
-/// tiles before it and keeps them unless a score passes that maximum by more than
-/// 8 (base 2; docs/bf16.md). Keys from the second tile on scaled by 256 (exact in
-/// bf16) pass it by hundreds, so far that weights made against it would overflow
-/// f32: those tiles' weights must be made again against their own maximum. Keys
-/// scaled by 1/16 fall below it, so their weights are small and kept.
+/// tiles before it, raised to the largest score of the tile's first register
+/// block (4 keys in units of 64 queries), and keeps them unless a score passes that
+/// maximum by more than 8 (base 2; docs/bf16.md). Keys scaled by 256 (exact in
+/// bf16) from the second tile on, or in the first tile after its first block, pass
+/// it by hundreds, so far that weights made against it would overflow f32: those
+/// tiles' weights must be made again against their own maximum. Keys scaled by 1/16
+/// fall below it, so their weights are small and kept. With the first keys padded
+/// out, the first block has no score to raise the maximum with.
 #[test]
-fn early_weights_redone_where_a_later_tile_scores_higher() {
-    for (factor, what) in [(256.0, "later keys x256"), (1.0 / 16.0, "later keys /16")] {
+fn early_weights_redone_where_later_keys_score_higher() {
+    let cases = [
+        ((128, 300), 256.0, "keys x256 from the second tile"),
+        ((128, 300), 1.0 / 16.0, "keys /16 from the second tile"),
+        ((4, 128), 256.0, "keys x256 after the first block"),
+    ];
+    for ((from, to), factor, what) in cases {
         let [q, mut k, v] = qkv(31, [1, 2, 2, 70, 300, 64, 32]);
-        k.slice_mut(ndarray::s![.., .., 128.., ..])
+        k.slice_mut(ndarray::s![.., .., from..to, ..])
             .mapv_inplace(|x| bf16::from_f32(x.to_f32() * factor));
         run_and_check(q.view(), k.view(), v.view(), &Default::default(), what);
     }
+    let [q, k, v] = qkv(32, [1, 2, 2, 70, 300, 64, 32]);
+    let padding = Array2::from_shape_fn((1, 300), |(_, j)| j < 8);
+    let opts = AttentionOptions {
+        key_padding: Some(padding.view()),
+        ..Default::default()
+    };
+    run_and_check(q.view(), k.view(), v.view(), &opts, "first 8 keys padded");
 }

@@ -77,9 +77,11 @@ struct Early {
 }
 
 /// The rows of `16·NQ` floats of a unit's early-weights scratch: each panel's sum
-/// of the tile's early weights, its maximum score, and the running maximum the
-/// weights are made against (the stats' maximum, −∞ raised to the lowest float as
-/// [`super::running_max`] does), set by [`Operands::begin_tile`].
+/// of the tile's early weights, its maximum score, and the maximum the weights are
+/// made against (the stats' running maximum, −∞ raised to the lowest float as
+/// [`super::running_max`] does, then raised to the tile's first block's largest
+/// score where that is larger), set by [`Operands::begin_tile`] and the first
+/// block's score products.
 #[derive(Clone, Copy)]
 enum EarlyStats {
     Sum = 0,
@@ -330,12 +332,12 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
         // SAFETY: the caller upholds `s` and `stats`; `pp` holds `pairs(BK)` rows of
         // `16·NQ` pairs, `early_stats` three rows of `16·NQ` floats.
         unsafe {
-            u.alpha_one = u.early.is_some() && early_weights_hold::<I, NQ>(isa, u.early_stats);
-            if u.alpha_one {
-                keep_early_sums::<I, NQ>(isa, u.early_stats, stats);
+            u.alpha_one = if u.early.is_some() && early_weights_hold::<I, NQ>(isa, u.early_stats) {
+                keep_early_sums::<I, NQ>(isa, u.early_stats, stats)
             } else {
                 softmax_pairs::<I, NQ>(isa, s, nk, u.pp, stats);
-            }
+                false
+            };
         }
         // The values as pairs of rows: packed for the whole call where the tile's
         // pairs are the head's, here otherwise.
@@ -646,22 +648,45 @@ unsafe fn early_weights_hold<I: Simd, const NQ: usize>(isa: I, stats: *mut f32) 
     isa.sum(over) == 0.0
 }
 
-/// Adds a tile's early sums (the [`EarlyStats`] rows `early`) to the running sums:
-/// the running maxima stay as they are, and so does the output (`alpha` = 1).
+/// Joins a tile's early weights (the [`EarlyStats`] rows `early`) to the running
+/// statistics: the running maximum becomes the one the weights were made against
+/// (unless the tile saw no score), what came before is rescaled by `α = 2^(m − m')`
+/// (1 where the maximum stayed, 0 where nothing came before) and the tile's sums
+/// are added. Returns whether every `α` is 1, so that the output needs no rescaling.
 ///
 /// # Safety
 /// `early` valid for the rows of [`EarlyStats`], the stats for `16·NQ` floats.
 #[inline(always)]
-unsafe fn keep_early_sums<I: Simd, const NQ: usize>(isa: I, early: *mut f32, stats: Stats) {
+unsafe fn keep_early_sums<I: Simd, const NQ: usize>(isa: I, early: *mut f32, stats: Stats) -> bool {
+    let one = isa.splat(1.0);
+    // α ≤ 1 (the maximum only rises), so the sum of α − 1 is 0 only where every α
+    // is 1; a NaN keeps it from 0.
+    let mut below_one = isa.splat(0.0);
     for x in 0..NQ {
         let o = x * LANES;
         // SAFETY: the caller upholds this function's contract (see # Safety).
         unsafe {
-            let sum = isa.load(early_row::<NQ>(early, EarlyStats::Sum, x));
-            isa.store(stats.l.add(o), isa.add(isa.load(stats.l.add(o)), sum));
-            isa.store(stats.alpha.add(o), isa.splat(1.0));
+            let row = |r| isa.load(early_row::<NQ>(early, r, x));
+            let (sum, top, against) = (
+                row(EarlyStats::Sum),
+                row(EarlyStats::Top),
+                row(EarlyStats::Against),
+            );
+            let m = isa.load(stats.m.add(o));
+            // A tile that saw no score (top −∞) leaves the maximum as it was; else it
+            // is the one the weights were made against (never below `m`).
+            let m_new = isa.max(m, isa.masked(against, top));
+            let alpha = exp_shifted(isa, m, against);
+            below_one = isa.add(below_one, isa.sub(alpha, one));
+            isa.store(stats.m.add(o), m_new);
+            isa.store(
+                stats.l.add(o),
+                isa.fma(isa.load(stats.l.add(o)), alpha, sum),
+            );
+            isa.store(stats.alpha.add(o), alpha);
         }
     }
+    isa.sum(below_one) == 0.0
 }
 
 /// One step of the early weights: the weights of keys `2t` and `2t + 1` (the second
@@ -857,6 +882,21 @@ unsafe fn qk_rows<I: Simd, const NQ: usize, const MR: usize>(
                 }
             }
             c0 = c1.max(c0 + 1);
+        }
+        // The early weights are made against the running maximum, raised to the
+        // first block's largest score where that is larger: so a unit's first tile
+        // (no running maximum yet) makes them too, and a tile that opens above the
+        // running maximum keeps them more often. Read back from `s`: kept in the
+        // epilogue above, the maxima pushed the accumulators out of registers.
+        if let Some(er) = early.filter(|er| er.first) {
+            for x in 0..NQ {
+                let against = early_row::<NQ>(er.stats, EarlyStats::Against, x);
+                let mut top = isa.load(against);
+                for r in 0..MR {
+                    top = isa.max(top, isa.load(s.add(r * w + x * LANES)));
+                }
+                isa.store(against, top);
+            }
         }
         // Steps a short dot product had too few steps for; then the tile's last
         // block makes its own.

@@ -187,12 +187,12 @@ trait Operands<'p>: Sync {
         rest: &mut &'s mut [f32],
     ) -> Self::Unit<'s>;
 
-    /// Starts the tile of keys `keys.0..keys.1`. Where `early` allows it (the tile
-    /// has running maxima before it, and its scores are final when the products
-    /// have made them), the operands may make the tile's weights while
-    /// [`Operands::score_rows`] makes its scores, against the running maxima of
-    /// `stats` as they stand rather than the tile's own, and [`Operands::weights`]
-    /// keep them where no score passed those maxima by more than [`EARLY_SLACK`].
+    /// Starts the tile of keys `keys.0..keys.1`. Where `early` allows it (the tile's
+    /// scores are final when the products have made them), the operands may make
+    /// the tile's weights while [`Operands::score_rows`] makes its scores, against
+    /// the running maxima of `stats` as they stand (or a larger maximum the tile's
+    /// first scores give) rather than the tile's own, and [`Operands::weights`]
+    /// keep them where no score passed that maximum by more than [`EARLY_SLACK`].
     /// Does nothing by default.
     ///
     /// # Safety
@@ -518,7 +518,6 @@ fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
     let mr = ops.register_block::<I, NQ>();
     let bk = tile_keys::<I>();
     let mut t = jlo / bk;
-    let mut made_weights = false;
     while t * bk < jhi {
         let j0 = (t * bk).max(jlo);
         let j1 = ((t + 1) * bk).min(jhi);
@@ -554,10 +553,9 @@ fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
             (std::ptr::null(), 0)
         };
 
-        // A unit's first tile has no running maxima to make weights against early,
-        // and a tile whose band is cut in its scores has them changed after the
-        // products.
-        let early = made_weights && !cut_scores;
+        // A tile whose band is cut in its scores has them changed after the
+        // products, too late for weights made beside them.
+        let early = !cut_scores;
         // SAFETY: the statistics hold `w` floats each.
         unsafe { ops.begin_tile::<I, NQ>(isa, &mut own, (j0, j1), stats, early) };
 
@@ -584,7 +582,6 @@ fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
 
         // SAFETY: `s` holds `nk ≤ BK` rows of `w` floats, the statistics `w` each.
         unsafe { ops.weights::<I, NQ>(isa, &mut own, &at, (j0, j1), scr.s.as_mut_ptr(), stats) };
-        made_weights = true;
 
         // A key the mask hides from a query must not reach it, not even as its zero
         // weight times a NaN value: a masked tile with a non-finite value takes the
