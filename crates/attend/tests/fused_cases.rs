@@ -21,6 +21,16 @@ fn fused(isa: Isa, threads: usize) -> Config {
     }
 }
 
+/// Runs the fused kernel with 2 threads on every instruction set and judges each
+/// result.
+fn check_every_isa([q, k, v]: [&Array4<f32>; 3], opts: &AttentionOptions<'_>, what: &str) {
+    for isa in Isa::available() {
+        let got = attention_with(q.view(), k.view(), v.view(), opts, &fused(isa, 2)).unwrap();
+        let what = format!("{what} on {isa:?}");
+        check(q.view(), k.view(), v.view(), opts, &got, &what);
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn qkv(
     seed: u64,
@@ -241,17 +251,7 @@ fn masks_broadcast_over_batch_heads_or_queries_match_the_reference() {
         },
     ];
     for (n, opts) in cases.iter().enumerate() {
-        for isa in Isa::available() {
-            let got = attention_with(q.view(), k.view(), v.view(), opts, &fused(isa, 2)).unwrap();
-            check(
-                q.view(),
-                k.view(),
-                v.view(),
-                opts,
-                &got,
-                &format!("case {n} on {isa:?}"),
-            );
-        }
+        check_every_isa([&q, &k, &v], opts, &format!("case {n}"));
     }
 }
 
@@ -286,17 +286,7 @@ fn wide_units_across_a_band() {
         causal: Some(Causal::BottomRight),
         ..Default::default()
     };
-    for isa in Isa::available() {
-        let got = attention_with(q.view(), k.view(), v.view(), &opts, &fused(isa, 2)).unwrap();
-        check(
-            q.view(),
-            k.view(),
-            v.view(),
-            &opts,
-            &got,
-            &format!("{isa:?}"),
-        );
-    }
+    check_every_isa([&q, &k, &v], &opts, "bottom-right, 90 × 1000");
 }
 
 #[test]

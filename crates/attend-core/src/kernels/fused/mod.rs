@@ -788,7 +788,7 @@ mod tests {
     use ndarray::Array4;
 
     use super::*;
-    use crate::attention::{AttentionOptions, Causal};
+    use crate::problem::{AttentionOptions, Causal};
 
     /// The unit width [`query_vectors`] picks for `l` queries against `s` keys.
     fn width(l: usize, s: usize, opts: &AttentionOptions<'_>) -> usize {
