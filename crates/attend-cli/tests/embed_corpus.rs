@@ -97,7 +97,11 @@ fn max_abs_diff(a: impl IntoIterator<Item = f32>, b: impl IntoIterator<Item = f3
     a.into_iter()
         .zip(b)
         .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
+        // A NaN is an infinite difference (`f32::max` would drop it).
+        .fold(
+            0.0,
+            |m, d| if d.is_nan() { f32::INFINITY } else { m.max(d) },
+        )
 }
 
 /// 2·D + 4 ulps of `scale` (see the module's doc comment).

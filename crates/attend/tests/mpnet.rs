@@ -24,7 +24,14 @@ fn encoder() -> &'static SentenceEncoder {
 }
 
 fn max_abs_diff(a: impl Iterator<Item = f32>, b: impl Iterator<Item = f32>) -> f32 {
-    a.zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    // A NaN is an infinite difference (`f32::max` would drop it).
+    a.zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, |m, d| {
+        if d.is_nan() {
+            f32::INFINITY
+        } else {
+            m.max(d)
+        }
+    })
 }
 
 const TEXTS: [&str; 4] = [

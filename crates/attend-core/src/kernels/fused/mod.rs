@@ -86,7 +86,7 @@ fn query_vectors<T>(p: &Problem<'_, T>) -> usize {
 
 /// The share of masked scores a banded problem's widest units may compute: at 1/32
 /// (a causal N2048's at 64 queries) the wider units' lower per-query costs win
-/// (causal 1.6 % faster at N2048 and N4096, f32 and bf16, 2026-11-26); at N1024
+/// (causal 1.6–3.4 % faster at N2048 and N4096, f32 and bf16, 2026-11-26); at N1024
 /// (1/16) they were level, at N512 (1/8) 1 % slower.
 const BAND_WASTE: f64 = 1.0 / 32.0;
 
