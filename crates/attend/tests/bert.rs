@@ -15,7 +15,7 @@ use serde_json::Value;
 
 mod model_support;
 
-use model_support::MINILM;
+use model_support::{max_abs_diff, MINILM};
 
 fn model_dir() -> PathBuf {
     MINILM.dir()
@@ -57,17 +57,6 @@ fn texts(key: &str) -> Vec<String> {
                 .unwrap_or_else(|| t["text"].as_str().unwrap().to_string())
         })
         .collect()
-}
-
-fn max_abs_diff(a: impl IntoIterator<Item = f32>, b: impl IntoIterator<Item = f32>) -> f32 {
-    a.into_iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        // A NaN is an infinite difference (`f32::max` would drop it).
-        .fold(
-            0.0,
-            |m, d| if d.is_nan() { f32::INFINITY } else { m.max(d) },
-        )
 }
 
 #[test]

@@ -16,22 +16,11 @@ use ndarray::s;
 
 mod model_support;
 
-use model_support::MPNET;
+use model_support::{max_abs_diff, MPNET};
 
 fn encoder() -> &'static SentenceEncoder {
     static ENC: OnceLock<SentenceEncoder> = OnceLock::new();
     ENC.get_or_init(|| MPNET.load())
-}
-
-fn max_abs_diff(a: impl Iterator<Item = f32>, b: impl Iterator<Item = f32>) -> f32 {
-    // A NaN is an infinite difference (`f32::max` would drop it).
-    a.zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, |m, d| {
-        if d.is_nan() {
-            f32::INFINITY
-        } else {
-            m.max(d)
-        }
-    })
 }
 
 const TEXTS: [&str; 4] = [

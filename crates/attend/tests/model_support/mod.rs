@@ -53,3 +53,15 @@ impl RealModel {
         SentenceEncoder::load(&dir).expect("the model loads")
     }
 }
+
+/// The largest absolute difference between `a` and `b`, element by element; a NaN
+/// on either side is an infinite difference (`f32::max` would drop it).
+pub fn max_abs_diff(a: impl IntoIterator<Item = f32>, b: impl IntoIterator<Item = f32>) -> f32 {
+    a.into_iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(
+            0.0,
+            |m, d| if d.is_nan() { f32::INFINITY } else { m.max(d) },
+        )
+}

@@ -21,8 +21,8 @@ use ndarray::{Array3, Array4, ArrayView2, ArrayView4, ArrayViewMut2};
 use rayon::prelude::*;
 
 use super::{
-    drive, exp_shifted, join_sums, masked_score, query_vectors, register_block, running_max,
-    seen_products,
+    drive, exp_shifted, join_sums, masked_score, panel_maxima, query_vectors, register_block,
+    running_max, seen_products,
 };
 use super::{Operands, Stats, UnitAt, BK, EARLY_SLACK};
 use crate::element::bf16;
@@ -662,30 +662,23 @@ unsafe fn keep_early_sums<I: Simd, const NQ: usize>(isa: I, early: *mut f32, sta
     // α ≤ 1 (the maximum only rises), so the sum of α − 1 is 0 only where every α
     // is 1; a NaN keeps it from 0.
     let mut below_one = isa.splat(0.0);
+    let (mut sum, mut alpha) = ([one; NQ], [one; NQ]);
     for x in 0..NQ {
-        let o = x * LANES;
         // SAFETY: the caller upholds this function's contract (see # Safety).
         unsafe {
             let row = |r| isa.load(early_row::<NQ>(early, r, x));
-            let (sum, top, against) = (
-                row(EarlyStats::Sum),
-                row(EarlyStats::Top),
-                row(EarlyStats::Against),
-            );
-            let m = isa.load(stats.m.add(o));
+            let (top, against) = (row(EarlyStats::Top), row(EarlyStats::Against));
+            let m = isa.load(stats.m.add(x * LANES));
             // A tile that saw no score (top −∞) leaves the maximum as it was; else it
             // is the one the weights were made against (never below `m`).
-            let m_new = isa.max(m, isa.masked(against, top));
-            let alpha = exp_shifted(isa, m, against);
-            below_one = isa.add(below_one, isa.sub(alpha, one));
-            isa.store(stats.m.add(o), m_new);
-            isa.store(
-                stats.l.add(o),
-                isa.fma(isa.load(stats.l.add(o)), alpha, sum),
-            );
-            isa.store(stats.alpha.add(o), alpha);
+            isa.store(stats.m.add(x * LANES), isa.max(m, isa.masked(against, top)));
+            sum[x] = row(EarlyStats::Sum);
+            alpha[x] = exp_shifted(isa, m, against);
+            below_one = isa.add(below_one, isa.sub(alpha[x], one));
         }
     }
+    // SAFETY: the stats hold `16·NQ` floats each (the caller's contract).
+    unsafe { join_sums::<I, NQ>(isa, sum, alpha, stats) };
     isa.sum(below_one) == 0.0
 }
 
@@ -889,13 +882,13 @@ unsafe fn qk_rows<I: Simd, const NQ: usize, const MR: usize>(
         // running maximum keeps them more often. Read back from `s`: kept in the
         // epilogue above, the maxima pushed the accumulators out of registers.
         if let Some(er) = early.filter(|er| er.first) {
-            for x in 0..NQ {
-                let against = early_row::<NQ>(er.stats, EarlyStats::Against, x);
-                let mut top = isa.load(against);
-                for r in 0..MR {
-                    top = isa.max(top, isa.load(s.add(r * w + x * LANES)));
-                }
-                isa.store(against, top);
+            let against = |x| early_row::<NQ>(er.stats, EarlyStats::Against, x);
+            let from = std::array::from_fn(|x| isa.load(against(x)));
+            for (x, top) in panel_maxima::<I, NQ>(isa, s, MR, from)
+                .into_iter()
+                .enumerate()
+            {
+                isa.store(against(x), top);
             }
         }
         // Steps a short dot product had too few steps for; then the tile's last

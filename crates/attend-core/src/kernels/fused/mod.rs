@@ -688,17 +688,11 @@ unsafe fn running_max<I: Simd, const NQ: usize>(
 ) -> ([I::V; NQ], [I::V; NQ]) {
     // SAFETY: the caller upholds this function's contract (see # Safety).
     unsafe {
-        let w = NQ * LANES;
         let mut m_old = [isa.splat(0.0); NQ];
         for (x, v) in m_old.iter_mut().enumerate() {
             *v = isa.load(m.add(x * LANES));
         }
-        let mut mx = m_old;
-        for j in 0..nk {
-            for (x, v) in mx.iter_mut().enumerate() {
-                *v = isa.max(*v, isa.load(s.add(j * w + x * LANES)));
-            }
-        }
+        let mx = panel_maxima::<I, NQ>(isa, s, nk, m_old);
         let (mut m_use, mut alpha) = (mx, mx);
         for x in 0..NQ {
             isa.store(m.add(x * LANES), mx[x]);
@@ -710,6 +704,29 @@ unsafe fn running_max<I: Simd, const NQ: usize>(
         }
         (m_use, alpha)
     }
+}
+
+/// Each panel's maximum of `from` and the scores of `nk` keys (rows of `16·NQ`
+/// floats from `s`), key by key across the panels as [`running_max`] says.
+///
+/// # Safety
+/// `s` valid for `nk` rows of `16·NQ` floats.
+#[inline(always)]
+unsafe fn panel_maxima<I: Simd, const NQ: usize>(
+    isa: I,
+    s: *const f32,
+    nk: usize,
+    from: [I::V; NQ],
+) -> [I::V; NQ] {
+    let w = NQ * LANES;
+    let mut mx = from;
+    for j in 0..nk {
+        for (x, v) in mx.iter_mut().enumerate() {
+            // SAFETY: row `j < nk` of `s` holds `16·NQ` floats (the caller's contract).
+            *v = isa.max(*v, unsafe { isa.load(s.add(j * w + x * LANES)) });
+        }
+    }
+    mx
 }
 
 /// Adds each panel's tile sum to its running sum `l` rescaled by `alpha`, and
