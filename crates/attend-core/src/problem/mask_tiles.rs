@@ -285,13 +285,47 @@ impl MaskTiles {
     }
 }
 
+/// Causality's and the window's terms for a tile of `width` queries from `i0` and
+/// keys `j0..j0 + nj`, written as one row of `width + nj − 1` floats into `out`: 0
+/// where the band keeps a score, −∞ where it hides it. Whether query `i` sees key
+/// `j` depends only on `j − i` ([`Problem::band_offsets`]), so key `j0 + r`'s terms
+/// for queries `i0..i0 + width` are `out[nj − 1 − r..][..width]`: each key's row
+/// starts one float before the previous key's. Filling these few floats replaces
+/// filling a whole tile of terms (or cutting its scores after the products).
+///
+/// # Panics
+/// If `out` is shorter than `width + nj − 1` or nothing bands the problem's keys.
+pub(crate) fn band_row<T>(
+    p: &Problem<'_, T>,
+    i0: usize,
+    (j0, nj): (usize, usize),
+    width: usize,
+    out: &mut [f32],
+) {
+    let d = p.dims();
+    let (lo, hi) = p
+        .band_offsets(d.q_len, d.kv_len)
+        .expect("band_row: a problem with causality or a window");
+    let out = &mut out[..width + nj - 1];
+    // Float `k` is the term of query `i` and key `j` with `j − i = first − k`.
+    let first = (j0 + nj - 1) as i128 - i0 as i128;
+    // `lo ≤ first − k < hi`: `first − hi < k ≤ first − lo`.
+    let len = out.len() as i128;
+    let from = (first - hi + 1).clamp(0, len) as usize;
+    let to = lo.map_or(len, |lo| (first - lo + 1).clamp(0, len)) as usize;
+    let to = to.max(from);
+    out[..from].fill(f32::NEG_INFINITY);
+    out[from..to].fill(0.0);
+    out[to..].fill(f32::NEG_INFINITY);
+}
+
 /// Sets to −∞ the scores of the tile `out` (queries `i0..i0 + ni` along its rows,
 /// keys `j0..j0 + nj` down them, rows `stride` apart) that causality and the window
 /// hide, and returns whether they leave any: the terms of a mask tile, or the
 /// scores themselves (a NaN score too: hidden, it is −∞ like any other). Both ends of a query's keys move right
 /// with the query ([`Problem::block_key_range`]), so each key is seen by one run of
 /// consecutive queries, `a..b`, and both ends of that run move right with the key.
-pub(crate) fn cut_to_band<T>(
+fn cut_to_band<T>(
     p: &Problem<'_, T>,
     (i0, ni): (usize, usize),
     (j0, nj): (usize, usize),
@@ -332,18 +366,18 @@ mod tests {
     use ndarray::Array4;
 
     use super::*;
-    use crate::problem::{AttentionOptions, Causal};
+    use crate::problem::{AttentionOptions, Causal, Dims};
 
-    /// The band's cut of every tile, against each score's own key range, for
-    /// causal alignments and windows on square and oblong problems.
-    #[test]
-    fn band_tiles_hide_exactly_the_scores_outside_each_querys_keys() {
+    /// Calls `check` on problems with causal alignments and windows (one unbounded
+    /// on the left), square and oblong, and a label naming the problem.
+    fn for_each_band(mut check: impl FnMut(&Problem<'_>, &str)) {
         let bands = [
             (Some(Causal::TopLeft), None),
             (Some(Causal::BottomRight), None),
             (Some(Causal::BottomRight), Some((7, 0))),
             (None, Some((5, 9))),
             (None, Some((0, 0))),
+            (None, Some((usize::MAX, 2))),
         ];
         for (q_len, kv_len) in [(40, 40), (23, 61), (61, 23)] {
             let q = Array4::<f32>::zeros((1, 1, q_len, 4));
@@ -355,32 +389,65 @@ mod tests {
                     ..Default::default()
                 };
                 let p = Problem::new(q.view(), kv.view(), kv.view(), &opts).expect("valid");
-                let tiles = p.mask_tiles(1.0, IsaToken::best());
-                for (i0, ni) in [(0, 16), (5, 13), (q_len - 9, 9)] {
-                    for (j0, nj) in [(0, kv_len), (3, 17), (kv_len - 11, 11)] {
-                        let stride = ni + 3;
-                        let mut out = vec![f32::NAN; nj * stride];
-                        let any = tiles.tile(&p, (0, 0), (i0, ni), (j0, nj), &mut out, stride);
-                        let mut want_any = false;
-                        for jj in 0..nj {
-                            for ii in 0..ni {
-                                let (lo, hi) = p.key_range(i0 + ii);
-                                let seen = (lo..hi).contains(&(j0 + jj));
-                                want_any |= seen;
-                                let want = if seen { 0.0 } else { f32::NEG_INFINITY };
-                                assert_eq!(
-                                    out[jj * stride + ii],
-                                    want,
-                                    "{causal:?} {window:?} L{q_len} S{kv_len} query {} key {}",
-                                    i0 + ii,
-                                    j0 + jj
-                                );
-                            }
+                check(&p, &format!("{causal:?} {window:?} L{q_len} S{kv_len}"));
+            }
+        }
+    }
+
+    /// The band's cut of every tile, against each score's own key range.
+    #[test]
+    fn band_tiles_hide_exactly_the_scores_outside_each_querys_keys() {
+        for_each_band(|p, band| {
+            let Dims { q_len, kv_len, .. } = p.dims();
+            let tiles = p.mask_tiles(1.0, IsaToken::best());
+            for (i0, ni) in [(0, 16), (5, 13), (q_len - 9, 9)] {
+                for (j0, nj) in [(0, kv_len), (3, 17), (kv_len - 11, 11)] {
+                    let stride = ni + 3;
+                    let mut out = vec![f32::NAN; nj * stride];
+                    let any = tiles.tile(p, (0, 0), (i0, ni), (j0, nj), &mut out, stride);
+                    let mut want_any = false;
+                    for jj in 0..nj {
+                        for ii in 0..ni {
+                            let (lo, hi) = p.key_range(i0 + ii);
+                            let seen = (lo..hi).contains(&(j0 + jj));
+                            want_any |= seen;
+                            let want = if seen { 0.0 } else { f32::NEG_INFINITY };
+                            let (i, j) = (i0 + ii, j0 + jj);
+                            assert_eq!(out[jj * stride + ii], want, "{band} query {i} key {j}");
                         }
-                        assert_eq!(any, want_any);
+                    }
+                    assert_eq!(any, want_any);
+                }
+            }
+        });
+    }
+
+    /// A tile's band row, read at each key's offset, against each score's own key
+    /// range; lanes past the last query (a unit's padding) are not checked.
+    #[test]
+    fn band_row_read_key_by_key_is_each_querys_keys() {
+        for_each_band(|p, band| {
+            let Dims { q_len, kv_len, .. } = p.dims();
+            for (i0, width) in [(0, 16), (16, 64), (q_len - 9, 16)] {
+                for (j0, nj) in [(0, kv_len), (3, 17), (kv_len - 11, 11), (2, 1)] {
+                    let mut out = vec![f32::NAN; width + nj + 5];
+                    band_row(p, i0, (j0, nj), width, &mut out);
+                    let row = &out[..width + nj - 1];
+                    assert!(row.iter().all(|&x| x == 0.0 || x == f32::NEG_INFINITY));
+                    for r in 0..nj {
+                        for ii in 0..width.min(q_len.saturating_sub(i0)) {
+                            let (i, j) = (i0 + ii, j0 + r);
+                            let (lo, hi) = p.key_range(i);
+                            let want = if (lo..hi).contains(&j) {
+                                0.0
+                            } else {
+                                f32::NEG_INFINITY
+                            };
+                            assert_eq!(row[nj - 1 - r + ii], want, "{band} query {i} key {j}");
+                        }
                     }
                 }
             }
-        }
+        });
     }
 }

@@ -14,7 +14,7 @@ mod mask_tiles;
 
 pub use dropout::Dropout;
 pub(crate) use mask_term::along;
-pub(crate) use mask_tiles::{cut_to_band, MaskTiles};
+pub(crate) use mask_tiles::{band_row, MaskTiles};
 
 use ndarray::{ArrayView2, ArrayView4, ArrayViewD, IxDyn};
 use num_traits::AsPrimitive;
@@ -341,15 +341,31 @@ impl<'a, Q, KV> Problem<'a, Q, KV> {
     }
 
     fn global_key_range(&self, i: usize, q_len: usize, kv_len: usize) -> (usize, usize) {
-        if !self.is_banded() {
+        let Some((lo, hi)) = self.band_offsets(q_len, kv_len) else {
             return (0, kv_len);
+        };
+        let at = |offset: i128| (i as i128 + offset).clamp(0, kv_len as i128) as usize;
+        let hi = at(hi);
+        let lo = lo.map_or(0, at);
+        (lo, hi.max(lo))
+    }
+
+    /// The causal/window band as offsets from each query: query `i` sees the keys
+    /// `j` with `i + lo ≤ j < i + hi` (`lo` unbounded without a window), cut to
+    /// `0..kv_len`; `None` where nothing bands the keys. The offsets do not depend
+    /// on `i`, so whether query `i` sees key `j` depends only on `j − i` (for `j`
+    /// inside `0..kv_len`): the fused kernel masks a tile's band with one row of
+    /// terms read at a shifting offset (`MaskTiles::band_rows`). In i128: a window
+    /// side may be any usize (usize::MAX means "unbounded"), and i64 arithmetic
+    /// would wrap it into a negative width.
+    pub(crate) fn band_offsets(&self, q_len: usize, kv_len: usize) -> Option<(Option<i128>, i128)> {
+        if !self.is_banded() {
+            return None;
         }
-        // The aligned diagonal position of query i, as a signed key index. In i128:
-        // a window side may be any usize (usize::MAX means "unbounded"), and i64
-        // arithmetic would wrap it into a negative width.
+        // Where query 0's diagonal is, as a signed key index.
         let diag = match self.causal {
-            Some(Causal::TopLeft) => i as i128,
-            _ => i as i128 + kv_len as i128 - q_len as i128,
+            Some(Causal::TopLeft) => 0,
+            _ => kv_len as i128 - q_len as i128,
         };
         // Causal masking forbids every key right of the diagonal, whatever the window.
         let right = match (self.causal, self.window) {
@@ -357,12 +373,10 @@ impl<'a, Q, KV> Problem<'a, Q, KV> {
             (None, Some((_, r))) => r as i128,
             (None, None) => unreachable!("handled above"),
         };
-        let hi = (diag + right + 1).clamp(0, kv_len as i128) as usize;
-        let lo = match self.window {
-            Some((left, _)) => (diag - left as i128).clamp(0, kv_len as i128) as usize,
-            None => 0,
-        };
-        (lo, hi.max(lo))
+        Some((
+            self.window.map(|(left, _)| diag - left as i128),
+            diag + right + 1,
+        ))
     }
 
     /// Whether the boolean mask and key padding keep score `(b, h, i, j)`.

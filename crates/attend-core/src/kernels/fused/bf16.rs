@@ -24,7 +24,7 @@ use super::{
     drive, exp_shifted, join_sums, masked_score, panel_maxima, query_vectors, register_block,
     running_max, seen_products,
 };
-use super::{Operands, Stats, UnitAt, BK, EARLY_SLACK};
+use super::{MaskRows, Operands, Stats, UnitAt, BK, EARLY_SLACK};
 use crate::element::bf16;
 use crate::isa::transpose::transpose;
 use crate::isa::{bf16_to_f32, dispatch, IsaToken, Simd, SimdJob, LANES};
@@ -273,9 +273,8 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
         u: &mut Bf16Unit<'_>,
         keys: (usize, usize),
         stats: Stats,
-        early: bool,
     ) {
-        let early = early && self.register_block::<I, NQ>() % 2 == 0;
+        let early = self.register_block::<I, NQ>() % 2 == 0;
         u.early = early.then_some(Early { keys });
         if !early {
             return;
@@ -300,7 +299,7 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
         u: &Bf16Unit<'_>,
         j: usize,
         s: *mut f32,
-        mask: (*const f32, usize),
+        mask: MaskRows,
     ) {
         let (kp, krs) = u.k;
         // SAFETY: keys `j..j + MR` are inside the head (the caller's contract), rows
@@ -385,7 +384,7 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
         _: *const f32,
         ot: *mut f32,
         alpha: *const f32,
-        mask: (*const f32, usize),
+        mask: MaskRows,
     ) {
         let (vp, vrs) = u.v;
         let w = NQ * LANES;
@@ -774,8 +773,8 @@ unsafe fn rows_finite<I: Simd>(isa: I, v: (*const u16, isize), (rows, ev): (usiz
     !isa.sum(acc).is_nan()
 }
 
-/// `s[r][·] = scale · Σ_c k[r, c] · q[c][·] (+ mb[r][·])`, base-2 scores for `MR`
-/// keys (`mb` holds the mask terms in base 2), over pairs of columns. The bf16
+/// `s[r][·] = scale · Σ_c k[r, c] · q[c][·] (+ mask.row(r)[·])`, base-2 scores for
+/// `MR` keys (the mask terms in base 2), over pairs of columns. The bf16
 /// queries are not pre-scaled as the f32 kernel's are: that would round them again.
 ///
 /// Not on the register tile (`kernels::tile`), unlike the other products: the
@@ -785,8 +784,8 @@ unsafe fn rows_finite<I: Simd>(isa: I, v: (*const u16, isize), (rows, ev): (usiz
 ///
 /// # Safety
 /// `k.0` must be valid for `MR` rows of `e` contiguous bf16, `k.1` elements apart;
-/// `qp` (of `(qp, e)`) for `⌈e/2⌉` rows of `16·NQ` pairs; `s` and (when not null)
-/// `mb.0` for `MR` rows of `16·NQ` floats (the mask's `mb.1` apart); with `early`,
+/// `qp` (of `(qp, e)`) for `⌈e/2⌉` rows of `16·NQ` pairs; `s` and (unless none)
+/// `mask` for `MR` rows of `16·NQ` floats; with `early`,
 /// `s` and its `pp` also for the block before, as [`EarlyRows`] says.
 #[inline(always)]
 unsafe fn qk_rows<I: Simd, const NQ: usize, const MR: usize>(
@@ -795,7 +794,7 @@ unsafe fn qk_rows<I: Simd, const NQ: usize, const MR: usize>(
     k: (*const u16, isize),
     scale: f32,
     s: *mut f32,
-    mb: (*const f32, usize),
+    mask: MaskRows,
     early: Option<EarlyRows>,
 ) {
     // SAFETY: the caller upholds this function's contract (see # Safety).
@@ -866,8 +865,8 @@ unsafe fn qk_rows<I: Simd, const NQ: usize, const MR: usize>(
                     }
                     if last {
                         val = isa.mul(val, isa.splat(scale));
-                        if !mb.0.is_null() {
-                            let add = isa.load(mb.0.add(r * mb.1 + x * LANES));
+                        if !mask.is_none() {
+                            let add = isa.load(mask.row(r).add(x * LANES));
                             val = masked_score(isa, val, add);
                         }
                     }

@@ -11,7 +11,7 @@ use super::{
     drive, exp_shifted, join_sums, masked_score, query_vectors, register_block, running_max,
     seen_products,
 };
-use super::{Operands, Stats, UnitAt};
+use super::{MaskRows, Operands, Stats, UnitAt};
 use crate::isa::transpose::transpose;
 use crate::isa::{IsaToken, Simd, LANES};
 use crate::kernels::scratch::carve;
@@ -181,7 +181,7 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
         u: &F32Unit<'_>,
         j: usize,
         s: *mut f32,
-        mask: (*const f32, usize),
+        mask: MaskRows,
     ) {
         let (kp, krs, kcs) = u.k;
         let w = NQ * LANES;
@@ -201,7 +201,7 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
                 partial: DOT_CHUNK,
             };
             over_panels::<I, MR, NQ>(isa, tile, s, Rescale::None);
-            if !mask.0.is_null() {
+            if !mask.is_none() {
                 add_mask_terms::<I, NQ, MR>(isa, s, mask);
             }
         }
@@ -275,7 +275,7 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
         s: *const f32,
         ot: *mut f32,
         alpha: *const f32,
-        mask: (*const f32, usize),
+        mask: MaskRows,
     ) {
         let (vp, vrs, vcs) = u.v;
         let w = NQ * LANES;
@@ -342,8 +342,7 @@ fn head_ptr(a: &ndarray::ArrayView4<'_, f32>, b: usize, h: usize) -> (*const f32
 }
 
 /// `s[r][·] = masked(s[r][·] + mb[r][·])` for `MR` rows of base-2 scores of
-/// `16·NQ` queries: each score with its mask term ([`masked_score`]), the mask's
-/// rows `mbs` floats apart.
+/// `16·NQ` queries: each score with its mask term ([`masked_score`]).
 ///
 /// # Safety
 /// `s` and `mb` must be valid for `MR` rows of `16·NQ` floats.
@@ -351,7 +350,7 @@ fn head_ptr(a: &ndarray::ArrayView4<'_, f32>, b: usize, h: usize) -> (*const f32
 unsafe fn add_mask_terms<I: Simd, const NQ: usize, const MR: usize>(
     isa: I,
     s: *mut f32,
-    (mb, mbs): (*const f32, usize),
+    mask: MaskRows,
 ) {
     let w = NQ * LANES;
     for r in 0..MR {
@@ -359,7 +358,7 @@ unsafe fn add_mask_terms<I: Simd, const NQ: usize, const MR: usize>(
             // SAFETY: row `r < MR`, vector `v < NQ` (the caller's contract).
             unsafe {
                 let at = s.add(r * w + v * LANES);
-                let term = isa.load(mb.add(r * mbs + v * LANES));
+                let term = isa.load(mask.row(r).add(v * LANES));
                 isa.store(at, masked_score(isa, isa.load(at), term));
             }
         }

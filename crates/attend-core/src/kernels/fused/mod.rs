@@ -29,7 +29,9 @@
 //!   with `V` broadcast from its own strides.
 //!
 //! Tiles that causality or the window hide from every query of the unit are never
-//! visited; tiles inside the band with no other mask skip all per-score masking.
+//! visited; tiles inside the band with no other mask skip all per-score masking;
+//! a tile the band alone cuts through adds its terms from one short row
+//! (`band_row`: whether a query sees a key depends only on their distance).
 //! Fully masked rows end with a running max of −∞, and give 0 and a log-sum-exp
 //! of −∞.
 //!
@@ -52,7 +54,7 @@ use rayon::prelude::*;
 use crate::isa::transpose::transpose;
 use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
 use crate::kernels::scratch::{carve, with_scratch};
-use crate::problem::{cut_to_band, Dims, MaskTiles, Problem, SoftmaxAxis};
+use crate::problem::{band_row, Dims, MaskTiles, Problem, SoftmaxAxis};
 
 pub(crate) mod bf16;
 mod float;
@@ -187,9 +189,8 @@ trait Operands<'p>: Sync {
         rest: &mut &'s mut [f32],
     ) -> Self::Unit<'s>;
 
-    /// Starts the tile of keys `keys.0..keys.1`. Where `early` allows it (the tile's
-    /// scores are final when the products have made them), the operands may make
-    /// the tile's weights while [`Operands::score_rows`] makes its scores, against
+    /// Starts the tile of keys `keys.0..keys.1`. The operands may make the tile's
+    /// weights while [`Operands::score_rows`] makes its scores, against
     /// the running maxima of `stats` as they stand (or a larger maximum the tile's
     /// first scores give) rather than the tile's own, and [`Operands::weights`]
     /// keep them where no score passed that maximum by more than [`EARLY_SLACK`].
@@ -203,23 +204,22 @@ trait Operands<'p>: Sync {
         _u: &mut Self::Unit<'_>,
         _keys: (usize, usize),
         _stats: Stats,
-        _early: bool,
     ) {
     }
 
     /// `s[r][·]`, the base-2 scores of keys `j + r` for `r < MR`, with the mask term
-    /// `mask.0[r·mask.1 + ·]` added (both in base 2) when `mask.0` is not null.
+    /// `mask.row(r)` added (both in base 2) when there are terms.
     ///
     /// # Safety
     /// Keys `j..j + MR` must be inside the unit's head; `s` valid for `MR` rows of
-    /// `16·NQ` floats and a non-null `mask.0` for `MR` rows `mask.1` apart.
+    /// `16·NQ` floats and `mask` (unless none) for `MR` rows.
     unsafe fn score_rows<I: Simd, const NQ: usize, const MR: usize>(
         &self,
         isa: I,
         u: &Self::Unit<'_>,
         j: usize,
         s: *mut f32,
-        mask: (*const f32, usize),
+        mask: MaskRows,
     );
 
     /// Turns the scores `s` of keys `keys.0..keys.1` into the tile's weights with
@@ -246,13 +246,13 @@ trait Operands<'p>: Sync {
 
     /// [`Operands::value_cols`] over every value column, one product at a time,
     /// skipping the keys the mask hides from each query (mask term −∞ in
-    /// `mask.0[r·mask.1 + ·]`), so that a NaN or infinite value never reaches a
+    /// `mask.row(r)`), so that a NaN or infinite value never reaches a
     /// query that does not see its key: the exact path for masked tiles whose values
     /// are not all finite.
     ///
     /// # Safety
-    /// As [`Operands::value_cols`]'s for every column; `mask.0` valid for
-    /// `keys.1 − keys.0` rows of `16·NQ` floats `mask.1` apart.
+    /// As [`Operands::value_cols`]'s for every column; `mask` valid for
+    /// `keys.1 − keys.0` rows.
     #[allow(clippy::too_many_arguments)]
     unsafe fn value_cols_seen<I: Simd, const NQ: usize>(
         &self,
@@ -262,7 +262,7 @@ trait Operands<'p>: Sync {
         s: *const f32,
         ot: *mut f32,
         alpha: *const f32,
-        mask: (*const f32, usize),
+        mask: MaskRows,
     );
 
     /// `ot[c][·] = α · ot[c][·] + Σ_j v[j, c0 + c] · p[j][·]` for `c < MC` over the
@@ -301,6 +301,49 @@ struct Stats {
     m: *mut f32,
     l: *mut f32,
     alpha: *mut f32,
+}
+
+/// A tile's mask terms (base 2), one row of `16·NQ` queries per key: key `r`'s row
+/// starts `r · stride` floats after the first. The stride is negative for the
+/// band's terms, whose rows shift by one query per key ([`band_row`]).
+#[derive(Clone, Copy)]
+struct MaskRows {
+    /// Null where the tile has no terms.
+    first: *const f32,
+    stride: isize,
+}
+
+impl MaskRows {
+    /// No terms: nothing masks the tile's scores one by one.
+    const NONE: MaskRows = MaskRows {
+        first: std::ptr::null(),
+        stride: 0,
+    };
+
+    fn is_none(self) -> bool {
+        self.first.is_null()
+    }
+
+    /// The rows from key `r` on.
+    ///
+    /// # Safety
+    /// Key `r` must be one of the tile's (or one past its last).
+    unsafe fn from(self, r: usize) -> MaskRows {
+        MaskRows {
+            // SAFETY: inside the rows (the caller's contract).
+            first: unsafe { self.row(r) },
+            ..self
+        }
+    }
+
+    /// Key `r`'s row.
+    ///
+    /// # Safety
+    /// Key `r` must be one of the tile's.
+    unsafe fn row(self, r: usize) -> *const f32 {
+        // SAFETY: inside the rows (the caller's contract).
+        unsafe { self.first.offset(r as isize * self.stride) }
+    }
 }
 
 /// Floats of scratch one unit of work (16, 32 or 64 queries of one head) needs:
@@ -526,58 +569,58 @@ fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
             continue; // no key visible to any query of the block
         }
         let nk = j1 - j0;
-        // The additive mask term of the tile, `[nk][w]` rows `mbs` floats apart:
-        // read in place where neither the causal/window band nor key padding cuts
-        // through the tile, else a copy with the cuts made. Where the band is all
-        // that masks, its cut is made in the scores instead (no terms to fill and
-        // add), unless a value of the tile is not finite: the exact path below
-        // then needs the terms to skip the hidden pairs. The band leaves every key
-        // of `jlo..jhi` visible to some query of the unit, so no tile is skipped
-        // for it.
+        // The additive mask terms of the tile: read in place where neither the
+        // causal/window band nor key padding cuts through the tile; where the band is
+        // all that cuts, one row of band terms read at a shifting offset; else a copy
+        // with the cuts made. The band leaves every key of `jlo..jhi` visible to some
+        // query of the unit, so no tile is skipped for it.
         let cut = plan.masks.needs_copy(p, b, (i0, rows), (j0, nk));
         // Asked once, and only of a tile something masks (the NaN rule's concern).
         let finite = !(cut || plan.masks.has_masks()) || ops.values_finite(isa, &own, (j0, j1));
-        let cut_scores = cut && plan.masks.band_only(p) && finite;
-        let (mb, mbs): (*const f32, usize) = if cut && !cut_scores {
+        let mask = if cut && plan.masks.band_only(p) {
+            band_row(p, i0, (j0, nk), w, scr.mb);
+            MaskRows {
+                // SAFETY: the row holds `w + nk − 1` floats.
+                first: unsafe { scr.mb.as_ptr().add(nk - 1) },
+                stride: -1,
+            }
+        } else if cut {
             if !plan.masks.tile(p, (b, h), (i0, rows), (j0, nk), scr.mb, w) {
                 continue; // every score of the tile is masked
             }
             for jj in 0..nk {
                 scr.mb[jj * w + rows..(jj + 1) * w].fill(0.0);
             }
-            (scr.mb.as_ptr(), w)
+            MaskRows {
+                first: scr.mb.as_ptr(),
+                stride: w as isize,
+            }
         } else if plan.masks.has_masks() {
             let (rows_from, stride) = plan.masks.rows((b, h), i0, j0, (nk, w));
-            (rows_from.as_ptr(), stride)
+            MaskRows {
+                first: rows_from.as_ptr(),
+                stride: stride as isize,
+            }
         } else {
-            (std::ptr::null(), 0)
+            MaskRows::NONE
         };
 
-        // A tile whose band is cut in its scores has them changed after the
-        // products, too late for weights made beside them.
-        let early = !cut_scores;
         // SAFETY: the statistics hold `w` floats each.
-        unsafe { ops.begin_tile::<I, NQ>(isa, &mut own, (j0, j1), stats, early) };
+        unsafe { ops.begin_tile::<I, NQ>(isa, &mut own, (j0, j1), stats) };
 
         // Sᵀ = K Qᵀ (+ mask), MR keys at a time.
         let mut r0 = 0;
         while r0 < nk {
             let n = mr.min(nk - r0);
             // SAFETY: keys `j0 + r0 .. j0 + r0 + n` are inside the head (`j1 ≤ S`);
-            // `s` holds `BK ≥ nk` rows and the mask rows (a tile copy or
+            // `s` holds `BK ≥ nk` rows and the mask (a tile copy, a band row or
             // `MaskTiles` rows) `nk` rows of `w` floats.
             unsafe {
                 let sp = scr.s.as_mut_ptr().add(r0 * w);
-                let mbp = if mb.is_null() { mb } else { mb.add(r0 * mbs) };
-                with_block!(
-                    n,
-                    ops.score_rows::<I, NQ>(isa, &own, j0 + r0, sp, (mbp, mbs))
-                );
+                let mask = mask.from(r0);
+                with_block!(n, ops.score_rows::<I, NQ>(isa, &own, j0 + r0, sp, mask));
             }
             r0 += n;
-        }
-        if cut_scores {
-            cut_to_band(p, (i0, rows), (j0, nk), &mut scr.s[..nk * w], w);
         }
 
         // SAFETY: `s` holds `nk ≤ BK` rows of `w` floats, the statistics `w` each.
@@ -586,11 +629,11 @@ fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
         // A key the mask hides from a query must not reach it, not even as its zero
         // weight times a NaN value: a masked tile with a non-finite value takes the
         // exact path.
-        if !mb.is_null() && !finite {
+        if !mask.is_none() && !finite {
             let (sp, op, ap) = (scr.s.as_ptr(), scr.ot.as_mut_ptr(), scr.alpha.as_ptr());
-            // SAFETY: as for the products below, for every column; the mask rows
-            // hold `nk` rows of `w` floats `mbs` apart.
-            unsafe { ops.value_cols_seen::<I, NQ>(isa, &own, (j0, j1), sp, op, ap, (mb, mbs)) };
+            // SAFETY: as for the products below, for every column; the mask holds
+            // `nk` rows.
+            unsafe { ops.value_cols_seen::<I, NQ>(isa, &own, (j0, j1), sp, op, ap, mask) };
             continue;
         }
 
@@ -753,19 +796,19 @@ unsafe fn join_sums<I: Simd, const NQ: usize>(
 
 /// `ot[c][·] = α · ot[c][·] + Σ_j v(j, c) · p(j, ·)` for the `ev` value columns over
 /// the `nk` keys of a tile, one product at a time and only over the pairs that see
-/// each other (mask term `mask.0[j·mask.1 + ·]` not −∞): the exact path of
+/// each other (mask term in `mask.row(j)` not −∞): the exact path of
 /// [`Operands::value_cols_seen`], the same for every element type but for how a
 /// value `v(j, c)` and a weight `p(j, lane)` are read.
 ///
 /// # Safety
-/// `ot` must be valid for `ev` rows and `alpha` for one row of `w` floats, `mask.0`
-/// for `nk` rows of `w` floats `mask.1` apart.
+/// `ot` must be valid for `ev` rows and `alpha` for one row of `w` floats, `mask`
+/// for `nk` rows.
 #[inline(always)]
 unsafe fn seen_products(
     (ev, w, nk): (usize, usize, usize),
     ot: *mut f32,
     alpha: *const f32,
-    (mb, mbs): (*const f32, usize),
+    mask: MaskRows,
     value: impl Fn(usize, usize) -> f32,
     weight: impl Fn(usize, usize) -> f32,
 ) {
@@ -776,7 +819,7 @@ unsafe fn seen_products(
                 let o = ot.add(c * w + lane);
                 let mut acc = *o * *alpha.add(lane);
                 for j in 0..nk {
-                    if *mb.add(j * mbs + lane) != f32::NEG_INFINITY {
+                    if *mask.row(j).add(lane) != f32::NEG_INFINITY {
                         acc += value(j, c) * weight(j, lane);
                     }
                 }
