@@ -12,8 +12,9 @@ use rayon::prelude::*;
 
 use super::{choose_kernel, Config, Kernel};
 use crate::element::{bf16, sealed::Sealed, Element};
-use crate::isa::{bf16_bits, dispatch, IsaToken, Simd, SimdJob, LANES};
+use crate::isa::{dispatch, IsaToken, Simd, SimdJob};
 use crate::kernels::fused::bf16 as fused_bf16;
+use crate::kernels::round::round_into;
 use crate::kernels::{decode, reference};
 use crate::problem::{Precision, Problem};
 use crate::Result;
@@ -25,27 +26,25 @@ impl Sealed for bf16 {
     ) -> Result<(Array4<bf16>, Array3<f32>)> {
         let isa = config.exec.token()?;
         let which = choose_kernel(problem, config.kernel)?;
-        let run = || {
-            let (out, lse) = match which {
-                Kernel::Fused if fused_bf16::reads_in_place(problem) => {
-                    fused_bf16::run(problem, isa)
-                }
-                Kernel::Fused => {
-                    let [k, v] = [&problem.k, &problem.v].map(|a| a.as_standard_layout());
-                    let p = problem.with_tensors(problem.q.view(), k.view(), v.view());
-                    fused_bf16::run(&p, isa)
-                }
-                // Reads the bf16 rows of k and v in place, widening them as it loads.
-                Kernel::Decode => {
-                    decode::run(problem, decode::KeySpan::whole(problem.dims().kv_len), isa)
-                }
-                Kernel::Reference | Kernel::Auto => {
-                    let [q, k, v] = widen(problem);
-                    let trace = reference::run(&problem.with_tensors(q.view(), k.view(), v.view()));
-                    (trace.output, trace.lse)
-                }
-            };
-            (round_output(&out, isa), lse)
+        // The fused kernel writes bf16 itself; the others' f32 output is rounded.
+        let run = || match which {
+            Kernel::Fused if fused_bf16::reads_in_place(problem) => fused_bf16::run(problem, isa),
+            Kernel::Fused => {
+                let [k, v] = [&problem.k, &problem.v].map(|a| a.as_standard_layout());
+                let p = problem.with_tensors(problem.q.view(), k.view(), v.view());
+                fused_bf16::run(&p, isa)
+            }
+            // Reads the bf16 rows of k and v in place, widening them as it loads.
+            Kernel::Decode => {
+                let (out, lse) =
+                    decode::run(problem, decode::KeySpan::whole(problem.dims().kv_len), isa);
+                (round_output(&out, isa), lse)
+            }
+            Kernel::Reference | Kernel::Auto => {
+                let [q, k, v] = widen(problem);
+                let trace = reference::run(&problem.with_tensors(q.view(), k.view(), v.view()));
+                (round_output(&trace.output, isa), trace.lse)
+            }
         };
         config.exec.install(run)
     }
@@ -85,19 +84,7 @@ impl SimdJob for RoundChunk<'_> {
     type Output = ();
     #[inline(always)]
     fn run<I: Simd>(self, isa: I) {
-        let (src, dst) = (self.src, self.dst);
-        let whole = src.len() - src.len() % LANES;
-        for (s, d) in src[..whole]
-            .chunks_exact(LANES)
-            .zip(dst[..whole].chunks_exact_mut(LANES))
-        {
-            // SAFETY: both chunks are 16 elements (a bf16 is its `u16` bits), and the
-            // store only writes.
-            unsafe { isa.store_bf16(d.as_mut_ptr().cast(), isa.load(s.as_ptr())) };
-        }
-        for (s, d) in src[whole..].iter().zip(&mut dst[whole..]) {
-            d.write(bf16::from_bits(bf16_bits(*s)));
-        }
+        round_into(isa, self.src, self.dst);
     }
 }
 

@@ -13,6 +13,7 @@ pub mod decode;
 pub mod fused;
 pub(crate) mod merge;
 pub mod reference;
+pub(crate) mod round;
 mod scratch;
 mod stream;
 pub(crate) mod tile;

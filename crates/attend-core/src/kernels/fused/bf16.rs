@@ -13,8 +13,8 @@
 //!   packed as pairs of adjacent keys, `[BK/2][W]`, and the tile's values as pairs
 //!   of adjacent rows, `[BK/2][Ev]`.
 //!
-//! Scores, the softmax statistics and the output accumulate in f32; the caller
-//! rounds the output to bf16. A width or tile of odd length ends with a pair whose
+//! Scores, the softmax statistics and the output accumulate in f32; the output is
+//! rounded to bf16 as each unit writes it out. A width or tile of odd length ends with a pair whose
 //! high half is zero.
 
 use ndarray::{Array3, Array4, ArrayView2, ArrayView4, ArrayViewMut2};
@@ -54,12 +54,12 @@ fn pairs(n: usize) -> usize {
 }
 
 /// Runs the bf16 fused forward on the current rayon pool with `isa`'s vectors,
-/// returning the f32 output `[B, Hq, L, Ev]` (before rounding to bf16) and the
-/// log-sum-exp `[B, Hq, L]`.
+/// returning the output `[B, Hq, L, Ev]` (accumulated in f32, each value rounded to
+/// bf16 once) and the log-sum-exp `[B, Hq, L]`.
 ///
 /// # Panics
 /// If `!supports(p)` or `!reads_in_place(p)` (both checked by the caller).
-pub(crate) fn run(p: &Problem<'_, bf16>, isa: IsaToken) -> (Array4<f32>, Array3<f32>) {
+pub(crate) fn run(p: &Problem<'_, bf16>, isa: IsaToken) -> (Array4<bf16>, Array3<f32>) {
     assert!(reads_in_place(p), "bf16 fused kernel needs contiguous rows");
     let ops = Bf16Operands {
         p,
@@ -155,6 +155,7 @@ struct Bf16Unit<'s> {
 
 impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
     type Elem = bf16;
+    type Out = bf16;
     type Unit<'s> = Bf16Unit<'s>;
 
     fn problem(&self) -> &Problem<'p, bf16> {

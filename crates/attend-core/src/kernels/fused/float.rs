@@ -118,6 +118,7 @@ struct F32Unit<'s> {
 
 impl<'p> Operands<'p> for F32Operands<'_, 'p> {
     type Elem = f32;
+    type Out = f32;
     type Unit<'s> = F32Unit<'s>;
 
     fn problem(&self) -> &Problem<'p> {

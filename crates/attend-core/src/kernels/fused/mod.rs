@@ -48,16 +48,17 @@
 use std::f32::consts::LOG2_E;
 use std::mem::MaybeUninit;
 
-use ndarray::{Array3, Array4, ArrayView2, ArrayViewMut2};
+use ndarray::{Array3, Array4, ArrayView2};
 use rayon::prelude::*;
 
-use crate::isa::transpose::transpose;
 use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
 use crate::kernels::scratch::{carve, with_scratch};
 use crate::problem::{band_row, Dims, MaskTiles, Problem, SoftmaxAxis};
+use output::Output;
 
 pub(crate) mod bf16;
 mod float;
+mod output;
 
 pub(crate) use float::run;
 
@@ -163,6 +164,8 @@ fn tile_keys<I: Simd>() -> usize {
 trait Operands<'p>: Sync {
     /// The element type of `q`, `k` and `v`.
     type Elem: Sync + 'p;
+    /// The output's element type.
+    type Out: Output;
     /// A unit's own state: its packed queries, its buffers, where its head starts.
     type Unit<'s>;
 
@@ -359,13 +362,13 @@ fn scratch_len<'p, O: Operands<'p>>(d: &Dims) -> usize {
 ///
 /// # Panics
 /// If `!supports(p)` (checked by [`crate::attention::attention_with`]).
-fn drive<'p, O: Operands<'p>>(ops: &O, isa: IsaToken) -> (Array4<f32>, Array3<f32>) {
+fn drive<'p, O: Operands<'p>>(ops: &O, isa: IsaToken) -> (Array4<O::Out>, Array3<f32>) {
     let p = ops.problem();
     assert!(supports(p), "fused kernel does not support this problem");
     let d = p.dims();
     // Left uninitialised: the units write every element (`write_out`), and zeroing
     // first was a serial pass over the whole output (1.4 % of a causal bf16 N2048).
-    let mut out = Array4::<f32>::uninit((d.batch, d.heads, d.q_len, d.value_dim));
+    let mut out = Array4::<O::Out>::uninit((d.batch, d.heads, d.q_len, d.value_dim));
     let mut lse = Array3::<f32>::uninit((d.batch, d.heads, d.q_len));
     if out.is_empty() {
         // SAFETY: neither has an element to initialise: with a value width above zero
@@ -400,12 +403,12 @@ fn drive<'p, O: Operands<'p>>(ops: &O, isa: IsaToken) -> (Array4<f32>, Array3<f3
 
 /// The units of a call, `w` queries wide, each with the part of the fresh output
 /// `out` and log-sum-exp `lse` it writes.
-fn units<'o>(
+fn units<'o, T>(
     d: &Dims,
     w: usize,
-    out: &'o mut Array4<MaybeUninit<f32>>,
+    out: &'o mut Array4<MaybeUninit<T>>,
     lse: &'o mut Array3<MaybeUninit<f32>>,
-) -> Vec<Unit<'o>> {
+) -> Vec<Unit<'o, T>> {
     let mut units = Vec::new();
     let outs = out.as_slice_mut().expect("fresh array is contiguous");
     let lses = lse.as_slice_mut().expect("fresh array is contiguous");
@@ -437,12 +440,12 @@ struct Plan {
 }
 
 /// One block of queries of one head, and the part of the output it writes.
-struct Unit<'o> {
+struct Unit<'o, T> {
     b: usize,
     h: usize,
     i0: usize,
     /// `[rows, Ev]`, uninitialised until [`write_out`] writes all of it.
-    out: &'o mut [MaybeUninit<f32>],
+    out: &'o mut [MaybeUninit<T>],
     /// `[rows]`, likewise.
     lse: &'o mut [MaybeUninit<f32>],
 }
@@ -483,7 +486,7 @@ struct UnitJob<'a, 'p, 'o, 's, O: Operands<'p>> {
     p: &'a Problem<'p, O::Elem>,
     ops: &'a O,
     plan: &'a Plan,
-    unit: Unit<'o>,
+    unit: Unit<'o, O::Out>,
     scratch: &'s mut [f32],
 }
 
@@ -533,7 +536,7 @@ fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
     isa: I,
     (p, ops): (&Problem<'p, O::Elem>, &O),
     plan: &Plan,
-    u: Unit<'_>,
+    u: Unit<'_, O::Out>,
     mut scratch: &mut [f32],
 ) {
     let w = NQ * LANES;
@@ -662,11 +665,12 @@ fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
         }
     }
 
-    write_out(isa, scr.ot, scr.m, scr.l, w, u);
+    write_out(isa, (scr.ot, scr.s), (scr.m, scr.l), w, u);
 }
 
 /// Normalises a unit's `Oᵀ` (`[Ev][w]`) by the running sums `l` and writes it out
-/// `[rows, Ev]`, with the (natural) log-sum-exp from the base-2 running maxima `m`.
+/// `[rows, Ev]` in the output's element type ([`Output::write`], with `spare` as its
+/// scratch), with the (natural) log-sum-exp from the base-2 running maxima `m`.
 ///
 /// The divisions run down the rows of `Oᵀ` in place first, a vector at a time;
 /// divided while transposing, one at a time, they took 3.5 % of the samples of
@@ -675,7 +679,13 @@ fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
 /// cut at the last query, a row of 22 left a scalar tail that took a tenth of a
 /// 22-token unit's time.
 #[inline(always)]
-fn write_out<I: Simd>(isa: I, ot: &mut [f32], m: &[f32], l: &[f32], w: usize, u: Unit<'_>) {
+fn write_out<I: Simd, T: Output>(
+    isa: I,
+    (ot, spare): (&mut [f32], &mut [f32]),
+    (m, l): (&[f32], &[f32]),
+    w: usize,
+    u: Unit<'_, T>,
+) {
     let rows = u.lse.len();
     let ev = u.out.len() / rows.max(1);
     for orow in ot.chunks_exact_mut(w).take(ev) {
@@ -688,20 +698,14 @@ fn write_out<I: Simd>(isa: I, ot: &mut [f32], m: &[f32], l: &[f32], w: usize, u:
         }
     }
     let ot = ArrayView2::from_shape((ev, w), &ot[..ev * w]).expect("ev·w floats");
-    assert_eq!(u.out.len(), rows * ev, "a unit's output is rows·ev floats");
-    // SAFETY: `u.out` holds `rows·ev` floats (checked), contiguous, borrowed mutably
-    // for the view's life; the transpose only writes through the view, every element
-    // of it, so nothing uninitialised is read.
-    let out =
-        unsafe { ArrayViewMut2::from_shape_ptr((rows, ev), u.out.as_mut_ptr().cast::<f32>()) };
-    transpose(isa, ot.slice(ndarray::s![.., ..rows]), out);
+    T::write(isa, ot.slice(ndarray::s![.., ..rows]), u.out, spare);
     for ii in 0..rows {
         let (m, l) = (m[ii], l[ii]);
         // A running max of −∞ means no score was seen, unless a NaN score came
         // first and a masked −∞ after it replaced it (`max` keeps only a NaN in its
         // second operand); the NaN is still in the sum then.
         let lse = if m == f32::NEG_INFINITY && !l.is_nan() {
-            u.out[ii * ev..(ii + 1) * ev].fill(MaybeUninit::new(0.0));
+            u.out[ii * ev..(ii + 1) * ev].fill(MaybeUninit::new(T::ZERO));
             f32::NEG_INFINITY
         } else {
             (m as f64 * std::f64::consts::LN_2 + (l as f64).ln()) as f32
