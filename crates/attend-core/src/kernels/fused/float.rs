@@ -5,14 +5,13 @@
 
 use std::f32::consts::LOG2_E;
 
-use ndarray::{Array3, Array4, ArrayViewMut2};
+use ndarray::{Array3, Array4};
 
 use super::{
-    drive, exp_shifted, join_sums, masked_score, query_vectors, register_block, running_max,
-    seen_products,
+    drive, exp_shifted, head_ptr, join_sums, masked_score, query_vectors, register_block,
+    running_max, seen_products, transpose_into_lanes,
 };
 use super::{MaskRows, Operands, Stats, UnitAt};
-use crate::isa::transpose::transpose;
 use crate::isa::{IsaToken, Simd, LANES};
 use crate::kernels::scratch::carve;
 use crate::kernels::tile::{Rescale, Tile, SUM_BLOCK};
@@ -153,15 +152,11 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
         let e = self.p.dims().head_dim;
         let qt = carve(rest, e * w);
         // Qᵀ times the scores' scale; lanes past the last query are zero.
-        let mut view = ArrayViewMut2::from_shape((e, w), &mut *qt).expect("e·w floats");
-        view.slice_mut(ndarray::s![.., at.rows..]).fill(0.0);
-        transpose(
-            isa,
-            self.p
-                .q
-                .slice(ndarray::s![at.b, at.h, at.i0..at.i0 + at.rows, ..]),
-            view.slice_move(ndarray::s![.., ..at.rows]),
-        );
+        let q = self
+            .p
+            .q
+            .slice(ndarray::s![at.b, at.h, at.i0..at.i0 + at.rows, ..]);
+        transpose_into_lanes(isa, q, qt, w);
         let scale = isa.splat(self.scale);
         for x in qt.chunks_exact_mut(LANES) {
             // SAFETY: `x` is one whole vector (`w` is a multiple of 16).
@@ -329,17 +324,6 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
             over_panels::<I, MC, NQ>(isa, tile, ot, Rescale::By(alpha));
         }
     }
-}
-
-/// Base pointer of head `(b, h)` of a `[B, H, T, D]` view, and its row and column
-/// strides in elements.
-fn head_ptr(a: &ndarray::ArrayView4<'_, f32>, b: usize, h: usize) -> (*const f32, isize, isize) {
-    let st = a.strides();
-    // SAFETY (of later reads): indices are within the view's shape.
-    let base = a
-        .as_ptr()
-        .wrapping_offset(b as isize * st[0] + h as isize * st[1]);
-    (base, st[2], st[3])
 }
 
 /// `s[r][·] = masked(s[r][·] + mb[r][·])` for `MR` rows of base-2 scores of
