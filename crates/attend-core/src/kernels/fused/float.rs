@@ -5,13 +5,14 @@
 
 use std::f32::consts::LOG2_E;
 
-use ndarray::{Array3, Array4};
+use ndarray::{Array3, Array4, ArrayViewMut2};
 
 use super::{
     drive, exp_shifted, head_ptr, join_sums, masked_score, query_vectors, register_block,
-    running_max, seen_products, transpose_into_lanes,
+    running_max, seen_products,
 };
 use super::{MaskRows, Operands, Stats, UnitAt};
+use crate::isa::transpose::transpose;
 use crate::isa::{IsaToken, Simd, LANES};
 use crate::kernels::scratch::carve;
 use crate::kernels::tile::{Rescale, Tile, SUM_BLOCK};
@@ -152,11 +153,15 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
         let e = self.p.dims().head_dim;
         let qt = carve(rest, e * w);
         // Qᵀ times the scores' scale; lanes past the last query are zero.
-        let q = self
-            .p
-            .q
-            .slice(ndarray::s![at.b, at.h, at.i0..at.i0 + at.rows, ..]);
-        transpose_into_lanes(isa, q, qt, w);
+        let mut view = ArrayViewMut2::from_shape((e, w), &mut *qt).expect("e·w floats");
+        view.slice_mut(ndarray::s![.., at.rows..]).fill(0.0);
+        transpose(
+            isa,
+            self.p
+                .q
+                .slice(ndarray::s![at.b, at.h, at.i0..at.i0 + at.rows, ..]),
+            view.slice_move(ndarray::s![.., ..at.rows]),
+        );
         let scale = isa.splat(self.scale);
         for x in qt.chunks_exact_mut(LANES) {
             // SAFETY: `x` is one whole vector (`w` is a multiple of 16).

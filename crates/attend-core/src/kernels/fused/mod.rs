@@ -48,10 +48,9 @@
 use std::f32::consts::LOG2_E;
 use std::mem::MaybeUninit;
 
-use ndarray::{Array3, Array4, ArrayView2, ArrayView4, ArrayViewMut2, ShapeBuilder};
+use ndarray::{Array3, Array4, ArrayView2, ArrayView4};
 use rayon::prelude::*;
 
-use crate::isa::transpose::transpose;
 use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
 use crate::kernels::scratch::{carve, with_scratch};
 use crate::problem::{band_row, Dims, MaskTiles, Problem, SoftmaxAxis};
@@ -508,27 +507,6 @@ impl<'p, O: Operands<'p>> SimdJob for UnitJob<'_, 'p, '_, '_, O> {
             _ => unit::<I, 4, O>(isa, (p, ops), plan, u, scratch),
         }
     }
-}
-
-/// `dst`, `[cols][w]` (rows of `w` lanes), set to `src`, `[rows][cols]`,
-/// transposed, and zero in the lanes past `rows`: a unit's queries packed along
-/// the lanes.
-///
-/// # Panics
-/// If `dst` holds fewer than `cols · w` floats or `rows > w`.
-#[inline(always)]
-fn transpose_into_lanes<I: Simd>(isa: I, src: ArrayView2<'_, f32>, dst: &mut [f32], w: usize) {
-    let (rows, cols) = src.dim();
-    if cols == 0 {
-        return; // a zero head width: nothing to pack
-    }
-    if rows < w {
-        for lanes in dst.chunks_exact_mut(w).take(cols) {
-            lanes[rows..].fill(0.0);
-        }
-    }
-    let dst = ArrayViewMut2::from_shape((cols, rows).strides((w, 1)), dst).expect("cols rows of w");
-    transpose(isa, src, dst);
 }
 
 /// Base pointer of head `(b, h)` of a `[B, H, T, D]` view, and its row and column
