@@ -14,8 +14,8 @@
 //!   of adjacent rows, `[BK/2][Ev]`.
 //!
 //! Scores, the softmax statistics and the output accumulate in f32; the output is
-//! rounded to bf16 as each unit writes it out. A width or tile of odd length ends with a pair whose
-//! high half is zero.
+//! rounded to bf16 as each unit writes it out. A width or tile of odd length ends
+//! with a pair whose high half is zero.
 
 use ndarray::{Array3, Array4, ArrayView2, ArrayView4, ArrayViewMut2, ShapeBuilder};
 use rayon::prelude::*;
@@ -225,8 +225,8 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
                 let row = q0.offset((at.i0 + r) as isize * qrs);
                 if qcs != 1 {
                     for (c, word) in dst.iter_mut().enumerate() {
-                        let at = |c: usize| (*row.offset(c as isize * qcs)).to_bits();
-                        *word = pair(at(2 * c), if 2 * c + 1 < e { at(2 * c + 1) } else { 0 });
+                        let bits = |c: usize| (*row.offset(c as isize * qcs)).to_bits();
+                        *word = pair(bits(2 * c), if 2 * c + 1 < e { bits(2 * c + 1) } else { 0 });
                     }
                     continue;
                 }

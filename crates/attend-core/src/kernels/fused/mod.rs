@@ -327,10 +327,10 @@ impl MaskRows {
         self.first.is_null()
     }
 
-    /// The rows from key `r` on.
+    /// The rows from key `r` on (none stay none).
     ///
     /// # Safety
-    /// Key `r` must be one of the tile's (or one past its last).
+    /// Unless none, key `r` must be one of the tile's.
     unsafe fn from(self, r: usize) -> MaskRows {
         MaskRows {
             // SAFETY: inside the rows (the caller's contract).
