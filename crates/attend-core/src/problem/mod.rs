@@ -355,7 +355,7 @@ impl<'a, Q, KV> Problem<'a, Q, KV> {
     /// `0..kv_len`; `None` where nothing bands the keys. The offsets do not depend
     /// on `i`, so whether query `i` sees key `j` depends only on `j − i` (for `j`
     /// inside `0..kv_len`): the fused kernel masks a tile's band with one row of
-    /// terms read at a shifting offset (`MaskTiles::band_rows`). In i128: a window
+    /// terms read at a shifting offset (`band_row`). In i128: a window
     /// side may be any usize (usize::MAX means "unbounded"), and i64 arithmetic
     /// would wrap it into a negative width.
     pub(crate) fn band_offsets(&self, q_len: usize, kv_len: usize) -> Option<(Option<i128>, i128)> {
