@@ -305,15 +305,14 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
         c0: usize,
         s: *const f32,
         ot: *mut f32,
-        alpha: *const f32,
+        rescale: Rescale<'_>,
     ) {
         let (vp, vrs, vcs) = u.v;
         let w = NQ * LANES;
         // Oᵀ = α·Oᵀ + Vᵀ·Pᵀ: value columns against the weights' panels, the sum
         // along the keys. SAFETY: value rows `j0..j1` and columns `c0..c0 + MC` are
         // inside the head (the caller's contract), read through the view's own
-        // strides; `s` holds `j1 - j0` rows of `16·NQ` weights, `ot` `MC` rows and
-        // `alpha` one.
+        // strides; `s` holds `j1 - j0` rows of `16·NQ` weights, `ot` `MC` rows.
         unsafe {
             let tile = Tile {
                 a: vp.offset(j0 as isize * vrs + c0 as isize * vcs),
@@ -325,8 +324,7 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
                 kc: j1 - j0,
                 partial: SUM_BLOCK,
             };
-            let alpha = std::slice::from_raw_parts(alpha.cast(), NQ);
-            over_panels::<I, MC, NQ>(isa, tile, ot, Rescale::By(alpha));
+            over_panels::<I, MC, NQ>(isa, tile, ot, rescale);
         }
     }
 }

@@ -48,13 +48,14 @@
 use std::f32::consts::LOG2_E;
 use std::mem::MaybeUninit;
 
-use ndarray::{Array3, Array4, ArrayView2, ArrayView4};
+use ndarray::{Array3, Array4, ArrayView4};
 use rayon::prelude::*;
 
 use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
 use crate::kernels::scratch::{carve, with_scratch};
+use crate::kernels::tile::Rescale;
 use crate::problem::{band_row, Dims, MaskTiles, Problem, SoftmaxAxis};
-use output::Output;
+use output::{write_normalised, Output};
 
 pub(crate) mod bf16;
 mod float;
@@ -269,11 +270,13 @@ trait Operands<'p>: Sync {
     );
 
     /// `ot[c][·] = α · ot[c][·] + Σ_j v[j, c0 + c] · p[j][·]` for `c < MC` over the
-    /// keys `keys.0..keys.1` of the last [`Operands::weights`] call.
+    /// keys `keys.0..keys.1` of the last [`Operands::weights`] call, `rescale`
+    /// saying how the sums meet `ot`: `By(α)`, or `None` where `ot` holds nothing
+    /// yet (the unit's first products write it).
     ///
     /// # Safety
     /// Columns `c0..c0 + MC` must be inside the values; `s` as for `weights`; `ot`
-    /// valid for `MC` rows and `alpha` one row of `16·NQ` floats.
+    /// valid for `MC` rows of `16·NQ` floats.
     #[allow(clippy::too_many_arguments)]
     unsafe fn value_cols<I: Simd, const NQ: usize, const MC: usize>(
         &self,
@@ -283,7 +286,7 @@ trait Operands<'p>: Sync {
         c0: usize,
         s: *const f32,
         ot: *mut f32,
-        alpha: *const f32,
+        rescale: Rescale<'_>,
     );
 }
 
@@ -562,7 +565,9 @@ fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
     let (b, h, i0, rows) = (at.b, at.h, at.i0, at.rows);
     let mut own = ops.start::<I, NQ>(isa, &at, &mut scratch);
     let scr = UnitScratch::new(&mut scratch, ev, w);
-    scr.ot.fill(0.0);
+    // `Oᵀ` is left as the scratch holds it until the first value products write it
+    // (zeroing it first was 0.4 % of a causal bf16 N2048's samples).
+    let mut ot_written = false;
     scr.m.fill(f32::NEG_INFINITY);
     scr.l.fill(0.0);
     let stats = Stats {
@@ -644,6 +649,10 @@ fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
         // weight times a NaN value: a masked tile with a non-finite value takes the
         // exact path.
         if !mask.is_none() && !finite {
+            if !ot_written {
+                scr.ot.fill(0.0);
+                ot_written = true;
+            }
             let (sp, op, ap) = (scr.s.as_ptr(), scr.ot.as_mut_ptr(), scr.alpha.as_ptr());
             // SAFETY: as for the products below, for every column; the mask holds
             // `nk` rows.
@@ -652,6 +661,13 @@ fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
         }
 
         // Oᵀ = α Oᵀ + Vᵀ Pᵀ, MR value columns at a time.
+        let rescale = if ot_written {
+            // SAFETY: `alpha` holds `NQ` vectors of 16 floats.
+            Rescale::By(unsafe { std::slice::from_raw_parts(scr.alpha.as_ptr().cast(), NQ) })
+        } else {
+            Rescale::None
+        };
+        ot_written = true;
         let mut c0 = 0;
         while c0 < ev {
             let n = mr.min(ev - c0);
@@ -661,55 +677,33 @@ fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
                 let op = scr.ot.as_mut_ptr().add(c0 * w);
                 with_block!(
                     n,
-                    ops.value_cols::<I, NQ>(
-                        isa,
-                        &own,
-                        (j0, j1),
-                        c0,
-                        scr.s.as_ptr(),
-                        op,
-                        scr.alpha.as_ptr()
-                    )
+                    ops.value_cols::<I, NQ>(isa, &own, (j0, j1), c0, scr.s.as_ptr(), op, rescale)
                 );
             }
             c0 += n;
         }
     }
 
-    write_out(isa, (scr.ot, scr.s), (scr.m, scr.l), w, u);
+    if !ot_written {
+        scr.ot.fill(0.0); // no tile: every query's output is zero
+    }
+    write_out(isa, scr.ot, (scr.m, scr.l), w, u);
 }
 
 /// Normalises a unit's `Oᵀ` (`[Ev][w]`) by the running sums `l` and writes it out
-/// `[rows, Ev]` in the output's element type ([`Output::write`], with `spare` as its
-/// scratch), with the (natural) log-sum-exp from the base-2 running maxima `m`.
-///
-/// The divisions run down the rows of `Oᵀ` in place first, a vector at a time;
-/// divided while transposing, one at a time, they took 3.5 % of the samples of
-/// `perf record` at B1 H8 N512 d64. Each row is divided whole, the lanes past the
-/// last query too (their sums are set, and their results never leave the scratch):
-/// cut at the last query, a row of 22 left a scalar tail that took a tenth of a
-/// 22-token unit's time.
+/// `[rows, Ev]` in the output's element type ([`write_normalised`]), with the
+/// (natural) log-sum-exp from the base-2 running maxima `m`.
 #[inline(always)]
 fn write_out<I: Simd, T: Output>(
     isa: I,
-    (ot, spare): (&mut [f32], &mut [f32]),
+    ot: &[f32],
     (m, l): (&[f32], &[f32]),
     w: usize,
     u: Unit<'_, T>,
 ) {
     let rows = u.lse.len();
     let ev = u.out.len() / rows.max(1);
-    for orow in ot.chunks_exact_mut(w).take(ev) {
-        for (o, l) in orow.chunks_exact_mut(LANES).zip(l.chunks_exact(LANES)) {
-            // SAFETY: `o` and `l` are whole vectors (`w` is a multiple of 16).
-            unsafe {
-                let x = isa.div(isa.load(o.as_ptr()), isa.load(l.as_ptr()));
-                isa.store(o.as_mut_ptr(), x);
-            }
-        }
-    }
-    let ot = ArrayView2::from_shape((ev, w), &ot[..ev * w]).expect("ev·w floats");
-    T::write(isa, ot.slice(ndarray::s![.., ..rows]), u.out, spare);
+    write_normalised(isa, (ot, w), l, rows, u.out);
     for ii in 0..rows {
         let (m, l) = (m[ii], l[ii]);
         // A running max of −∞ means no score was seen, unless a NaN score came

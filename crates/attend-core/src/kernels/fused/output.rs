@@ -1,82 +1,128 @@
-//! How a unit's normalised output, held transposed in its scratch (`Oᵀ`: one value
-//! column per row, one query per lane), reaches the call's output in each element
-//! type the fused forward writes: f32 transposed straight into place, bf16 through
-//! a short f32 strip rounded as it is stored (no f32 output of the whole call, and
-//! no second pass over it to round).
+//! How a unit's output, held transposed and unnormalised in its scratch (`Oᵀ`: one
+//! value column per row, one query per lane), reaches the call's output in each
+//! element type the fused forward writes: in one pass of 16 × 16 blocks, each
+//! divided by its queries' sums, transposed in registers and stored in the output's
+//! type (f32 as it is, bf16 rounded). Three passes before (the divisions in place,
+//! a transpose through a strip of scratch, the rounding) took about 4 % of a causal
+//! bf16 N2048's samples (docs/fused-forward.md).
 
 use std::mem::MaybeUninit;
 
-use ndarray::{s, ArrayView2, ArrayViewMut2};
-
 use crate::element::bf16;
-use crate::isa::transpose::transpose;
-use crate::isa::{Simd, LANES};
-use crate::kernels::round::round_into;
+use crate::isa::{bf16_bits, Simd, LANES};
 
 /// An element type of the fused forward's output.
 pub(crate) trait Output: Copy + Send + Sync + 'static {
     /// The output of a query that sees no key.
     const ZERO: Self;
 
-    /// Writes `ot` (`[Ev][rows]`) transposed into `out` (`[rows][Ev]`, row-major),
-    /// every element of it; `spare` is scratch of at least `16 · 16` floats.
+    /// Stores the first `n ≤ 16` lanes of `x` at `p`, in this type.
     ///
-    /// # Panics
-    /// If `out` does not hold `rows · Ev` elements or `spare` is shorter.
-    fn write<I: Simd>(
-        isa: I,
-        ot: ArrayView2<'_, f32>,
-        out: &mut [MaybeUninit<Self>],
-        spare: &mut [f32],
-    );
+    /// # Safety
+    /// `p` valid for writing `n` elements.
+    unsafe fn store<I: Simd>(isa: I, p: *mut MaybeUninit<Self>, x: I::V, n: usize);
 }
 
 impl Output for f32 {
     const ZERO: f32 = 0.0;
 
     #[inline(always)]
-    fn write<I: Simd>(
-        isa: I,
-        ot: ArrayView2<'_, f32>,
-        out: &mut [MaybeUninit<f32>],
-        _: &mut [f32],
-    ) {
-        let (ev, rows) = ot.dim();
-        assert_eq!(out.len(), rows * ev, "an output of rows·ev floats");
-        // SAFETY: `out` holds `rows·ev` floats (checked), contiguous, borrowed
-        // mutably for the view's life; the transpose only writes through the view,
-        // every element of it, so nothing uninitialised is read.
-        let out = unsafe { ArrayViewMut2::from_shape_ptr((rows, ev), out.as_mut_ptr().cast()) };
-        transpose(isa, ot, out);
+    unsafe fn store<I: Simd>(isa: I, p: *mut MaybeUninit<f32>, x: I::V, n: usize) {
+        // SAFETY: `p` holds `n` floats (the caller's contract).
+        unsafe {
+            if n == LANES {
+                isa.store(p.cast(), x);
+            } else {
+                isa.store_part(p.cast(), x, n);
+            }
+        }
     }
 }
 
 impl Output for bf16 {
     const ZERO: bf16 = bf16::ZERO;
 
-    /// Sixteen queries at a time (as many value columns as `spare` holds for them):
-    /// transposed into `spare`, then each query's row rounded into place.
+    /// Rounded to nearest, ties to even, as `bf16::from_f32` rounds (subnormals
+    /// kept).
     #[inline(always)]
-    fn write<I: Simd>(
-        isa: I,
-        ot: ArrayView2<'_, f32>,
-        out: &mut [MaybeUninit<bf16>],
-        spare: &mut [f32],
-    ) {
-        let (ev, rows) = ot.dim();
-        assert_eq!(out.len(), rows * ev, "an output of rows·ev values");
-        let cols = spare.len() / LANES;
-        assert!(cols >= LANES, "spare holds 16 rows of 16 floats");
-        for r0 in (0..rows).step_by(LANES) {
-            let nr = LANES.min(rows - r0);
-            for c0 in (0..ev).step_by(cols) {
-                let nc = cols.min(ev - c0);
-                let strip = &mut spare[..nr * nc];
-                let view = ArrayViewMut2::from_shape((nr, nc), &mut *strip).expect("nr·nc floats");
-                transpose(isa, ot.slice(s![c0..c0 + nc, r0..r0 + nr]), view);
-                for (r, row) in strip.chunks_exact(nc).enumerate() {
-                    let at = (r0 + r) * ev + c0;
-                    round_into(isa, row, &mut out[at..at + nc]);
+    unsafe fn store<I: Simd>(isa: I, p: *mut MaybeUninit<bf16>, x: I::V, n: usize) {
+        // SAFETY: `p` holds `n` bf16 (the caller's contract), each its `u16` bits.
+        unsafe {
+            if n == LANES {
+                isa.store_bf16(p.cast(), x);
+            } else {
+                let mut wide = [0.0; LANES];
+                isa.store(wide.as_mut_ptr(), x);
+                for (i, v) in wide.iter().take(n).enumerate() {
+                    p.add(i)
+                        .write(MaybeUninit::new(bf16::from_bits(bf16_bits(*v))));
+                }
+            }
+        }
+    }
+}
+
+/// Writes `out[r][c] = ot[c][r] / l[r]` for the unit's `rows` queries and `Ev =
+/// out.len() / rows` value columns, every element of `out` (`[rows][Ev]`,
+/// row-major), in its element type; `ot` holds `Ev` rows of `w` lanes and `l` `w`
+/// sums.
+///
+/// Each 16 × 16 block is divided whole (a vector of queries' sums for every value
+/// column), then transposed in registers: whole vectors, so that a unit of 22
+/// queries leaves no scalar tail (one took a tenth of such a unit's time). Lanes
+/// past the last query and columns past the last are computed but never stored.
+///
+/// # Panics
+/// If `ot` or `l` is shorter than that, `w` is not a multiple of 16 or `rows > w`.
+#[inline(always)]
+pub(crate) fn write_normalised<I: Simd, T: Output>(
+    isa: I,
+    (ot, w): (&[f32], usize),
+    l: &[f32],
+    rows: usize,
+    out: &mut [MaybeUninit<T>],
+) {
+    let ev = out.len() / rows.max(1);
+    assert!(
+        w % LANES == 0 && rows <= w,
+        "rows within whole vectors of lanes"
+    );
+    assert!(
+        ot.len() >= ev * w && l.len() >= w,
+        "Ev rows of w lanes and w sums"
+    );
+    assert_eq!(out.len(), rows * ev, "an output of rows·Ev elements");
+    let to = out.as_mut_ptr();
+    for r0 in (0..rows).step_by(LANES) {
+        let nr = LANES.min(rows - r0);
+        // SAFETY: lanes `r0..r0 + 16` are inside `l` and each row of `ot` (`w` is a
+        // whole number of vectors past `r0 < rows ≤ w`), rows `c0 + k < Ev` inside
+        // `ot`, and the stores cover columns `c0..c0 + nc < Ev` of rows `r0 + k <
+        // rows` of `out` (all checked above).
+        unsafe {
+            let sums = isa.load(l.as_ptr().add(r0));
+            for c0 in (0..ev).step_by(LANES) {
+                let nc = LANES.min(ev - c0);
+                let column = |k: usize| isa.div(isa.load(ot.as_ptr().add((c0 + k) * w + r0)), sums);
+                let store =
+                    |k: usize, v: I::V, n: usize| T::store(isa, to.add((r0 + k) * ev + c0), v, n);
+                // Whole blocks apart, with loops of fixed length: the block stays in
+                // registers (loops of `nc` and `nr` kept it on the stack).
+                if nc == LANES && nr == LANES {
+                    let mut block: [I::V; LANES] = std::array::from_fn(column);
+                    isa.transpose16(&mut block);
+                    for (k, v) in block.into_iter().enumerate() {
+                        store(k, v, LANES);
+                    }
+                } else {
+                    let mut block = [isa.splat(0.0); LANES];
+                    for (k, v) in block.iter_mut().enumerate().take(nc) {
+                        *v = column(k);
+                    }
+                    isa.transpose16(&mut block);
+                    for (k, v) in block.into_iter().enumerate().take(nr) {
+                        store(k, v, nc);
+                    }
                 }
             }
         }
@@ -90,64 +136,69 @@ mod tests {
     use super::*;
     use crate::isa::{dispatch, Isa, SimdJob};
 
-    /// Writes `ot` through `T::write` on `isa` with `spare` floats of scratch.
+    /// Writes `ot` (`[Ev][w]`) divided by `l` through [`write_normalised`] for
+    /// `rows` queries.
     struct Write<'a, T> {
-        ot: ArrayView2<'a, f32>,
-        spare: usize,
+        ot: &'a Array2<f32>,
+        l: &'a [f32],
         out: &'a mut [MaybeUninit<T>],
     }
 
     impl<T: Output> SimdJob for Write<'_, T> {
         type Output = ();
         fn run<I: Simd>(self, isa: I) {
-            T::write(isa, self.ot, self.out, &mut vec![0.0; self.spare]);
+            let (ev, w) = self.ot.dim();
+            let rows = self.out.len() / ev;
+            let ot = self.ot.as_slice().expect("standard layout");
+            write_normalised(isa, (ot, w), self.l, rows, self.out);
         }
     }
 
-    /// Every element written, transposed and (for bf16) rounded as `bf16::from_f32`
-    /// rounds, with odd shapes and a scratch of one 16 × 16 block, so that the
-    /// queries come in strips with a short last one and the value columns in
-    /// chunks with a short last one, on every instruction set.
+    /// Every element written, divided by its query's sum, transposed and (for bf16)
+    /// rounded as `bf16::from_f32` rounds, on every instruction set: 37 queries
+    /// (a short last strip of 16) of 40 value columns (a short last block), with
+    /// lanes past the last query whose zero sums must not reach the output.
     #[test]
-    fn writes_every_element_transposed_on_every_isa() {
-        let (ev, rows) = (40, 37);
-        let ot = Array2::from_shape_fn((ev, rows), |(c, r)| {
-            (c as f32 - 0.37 * r as f32) * 1.001_f32.powi((c * rows + r) as i32)
+    fn writes_every_element_normalised_and_transposed_on_every_isa() {
+        let (ev, rows, w) = (40, 37, 48);
+        let ot = Array2::from_shape_fn((ev, w), |(c, r)| {
+            (c as f32 - 0.37 * r as f32) * 1.001_f32.powi((c * w + r) as i32)
         });
+        let l: Vec<f32> = (0..w)
+            .map(|r| if r < rows { 0.75 + r as f32 / 7.0 } else { 0.0 })
+            .collect();
         for isa in Isa::available() {
             let token = isa.token().expect("available");
-            for spare in [LANES * LANES, 64 * LANES] {
-                let mut out = vec![MaybeUninit::new(bf16::from_f32(f32::NAN)); rows * ev];
-                dispatch(
-                    token,
-                    Write {
-                        ot: ot.view(),
-                        spare,
-                        out: &mut out,
-                    },
-                );
-                let mut wide = vec![MaybeUninit::new(f32::NAN); rows * ev];
-                dispatch(
-                    token,
-                    Write {
-                        ot: ot.view(),
-                        spare,
-                        out: &mut wide,
-                    },
-                );
-                for r in 0..rows {
-                    for c in 0..ev {
-                        // SAFETY: initialised above, and written again by `write`.
-                        let (got, wide) = unsafe {
-                            (
-                                out[r * ev + c].assume_init(),
-                                wide[r * ev + c].assume_init(),
-                            )
-                        };
-                        let want = ot[[c, r]];
-                        assert_eq!(wide.to_bits(), want.to_bits(), "{isa:?} f32 ({r}, {c})");
-                        assert_eq!(got, bf16::from_f32(want), "{isa:?} bf16 ({r}, {c})");
-                    }
+            let mut out = vec![MaybeUninit::new(bf16::from_f32(f32::NAN)); rows * ev];
+            dispatch(
+                token,
+                Write {
+                    ot: &ot,
+                    l: &l,
+                    out: &mut out,
+                },
+            );
+            let mut wide = vec![MaybeUninit::new(f32::NAN); rows * ev];
+            dispatch(
+                token,
+                Write {
+                    ot: &ot,
+                    l: &l,
+                    out: &mut wide,
+                },
+            );
+            for r in 0..rows {
+                for c in 0..ev {
+                    // SAFETY: initialised above, and written again by `write_normalised`.
+                    let (got, wide) = unsafe {
+                        (
+                            out[r * ev + c].assume_init(),
+                            wide[r * ev + c].assume_init(),
+                        )
+                    };
+                    let want = ot[[c, r]] / l[r];
+                    assert_eq!(wide.to_bits(), want.to_bits(), "{isa:?} f32 ({r}, {c})");
+                    assert_eq!(got, bf16::from_f32(want), "{isa:?} bf16 ({r}, {c})");
                 }
             }
         }
