@@ -563,6 +563,7 @@ fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
         rows: u.lse.len(),
     };
     let (b, h, i0, rows) = (at.b, at.h, at.i0, at.rows);
+    prefetch_queries(p, (b, h), i0 + w..i0 + 2 * w);
     let mut own = ops.start::<I, NQ>(isa, &at, &mut scratch);
     let scr = UnitScratch::new(&mut scratch, ev, w);
     // `Oᵀ` is left as the scratch holds it until the first value products write it
@@ -688,6 +689,28 @@ fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
         scr.ot.fill(0.0); // no tile: every query's output is zero
     }
     write_out(isa, scr.ot, (scr.m, scr.l), w, u);
+}
+
+/// Asks for the query rows `rows` of head `(b, h)` (those inside it) in the level-2
+/// cache: the next block of the head, usually the thread's next unit, whose query
+/// packing otherwise waits on the rows' loads.
+#[inline(always)]
+fn prefetch_queries<T>(p: &Problem<'_, T>, (b, h): (usize, usize), rows: std::ops::Range<usize>) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        let (q, rs, cs) = head_ptr(&p.q, b, h);
+        let d = p.dims();
+        let bytes =
+            (d.head_dim.saturating_sub(1) as isize * cs) as usize * std::mem::size_of::<T>();
+        for i in rows.start..rows.end.min(d.q_len) {
+            let row = q.wrapping_offset(i as isize * rs).cast::<u8>();
+            for at in (0..=bytes).step_by(64) {
+                // SAFETY: a prefetch never faults; the address is inside the view.
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(row.wrapping_add(at).cast()) };
+            }
+        }
+    }
 }
 
 /// Normalises a unit's `Oᵀ` (`[Ev][w]`) by the running sums `l` and writes it out
