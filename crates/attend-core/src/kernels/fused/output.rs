@@ -1,8 +1,8 @@
 //! How a unit's output, held transposed and unnormalised in its scratch (`Oᵀ`: one
 //! value column per row, one query per lane), reaches the call's output in each
 //! element type the fused forward writes: in one pass of 16 × 16 blocks, each
-//! divided by its queries' sums, transposed in registers and stored in the output's
-//! type (f32 as it is, bf16 rounded). Three passes before (the divisions in place,
+//! multiplied by its queries' reciprocal sums, transposed in registers and stored in
+//! the output's type (f32 as it is, bf16 rounded). Three passes before (the divisions in place,
 //! a transpose through a strip of scratch, the rounding) took about 4 % of a causal
 //! bf16 N2048's samples (docs/fused-forward.md).
 
@@ -62,15 +62,17 @@ impl Output for bf16 {
     }
 }
 
-/// Writes `out[r][c] = ot[c][r] / l[r]` for the unit's `rows` queries and `Ev =
+/// Writes `out[r][c] = ot[c][r] · (1 / l[r])` for the unit's `rows` queries and `Ev =
 /// out.len() / rows` value columns, every element of `out` (`[rows][Ev]`,
 /// row-major), in its element type; `ot` holds `Ev` rows of `w` lanes and `l` `w`
 /// sums.
 ///
-/// Each 16 × 16 block is divided whole (a vector of queries' sums for every value
-/// column), then transposed in registers: whole vectors, so that a unit of 22
-/// queries leaves no scalar tail (one took a tenth of such a unit's time). Lanes
-/// past the last query and columns past the last are computed but never stored.
+/// One division per 16 queries, then a multiplication per element: dividing every
+/// element took 2–3 % of a causal bf16 N2048 at one thread (the products round the
+/// same to within an f32 unit in the last place). Each 16 × 16 block is scaled
+/// whole, then transposed in registers: whole vectors, so that a unit of 22 queries
+/// leaves no scalar tail (one took a tenth of such a unit's time). Lanes past the
+/// last query and columns past the last are computed but never stored.
 ///
 /// # Panics
 /// If `ot` or `l` is shorter than that, `w` is not a multiple of 16 or `rows > w`.
@@ -100,10 +102,10 @@ pub(crate) fn write_normalised<I: Simd, T: Output>(
         // `ot`, and the stores cover columns `c0..c0 + nc < Ev` of rows `r0 + k <
         // rows` of `out` (all checked above).
         unsafe {
-            let sums = isa.load(l.as_ptr().add(r0));
+            let inv = isa.div(isa.splat(1.0), isa.load(l.as_ptr().add(r0)));
             for c0 in (0..ev).step_by(LANES) {
                 let nc = LANES.min(ev - c0);
-                let column = |k: usize| isa.div(isa.load(ot.as_ptr().add((c0 + k) * w + r0)), sums);
+                let column = |k: usize| isa.mul(isa.load(ot.as_ptr().add((c0 + k) * w + r0)), inv);
                 let store =
                     |k: usize, v: I::V, n: usize| T::store(isa, to.add((r0 + k) * ev + c0), v, n);
                 // Whole blocks apart, with loops of fixed length: the block stays in
@@ -136,7 +138,7 @@ mod tests {
     use super::*;
     use crate::isa::{dispatch, Isa, SimdJob};
 
-    /// Writes `ot` (`[Ev][w]`) divided by `l` through [`write_normalised`] for
+    /// Writes `ot` (`[Ev][w]`) normalised by `l` through [`write_normalised`] for
     /// `rows` queries.
     struct Write<'a, T> {
         ot: &'a Array2<f32>,
@@ -154,7 +156,7 @@ mod tests {
         }
     }
 
-    /// Every element written, divided by its query's sum, transposed and (for bf16)
+    /// Every element written, times its query's reciprocal sum, transposed and (for bf16)
     /// rounded as `bf16::from_f32` rounds, on every instruction set: 37 queries
     /// (a short last strip of 16) of 40 value columns (a short last block), with
     /// lanes past the last query whose zero sums must not reach the output.
@@ -196,7 +198,7 @@ mod tests {
                             wide[r * ev + c].assume_init(),
                         )
                     };
-                    let want = ot[[c, r]] / l[r];
+                    let want = ot[[c, r]] * (1.0 / l[r]);
                     assert_eq!(wide.to_bits(), want.to_bits(), "{isa:?} f32 ({r}, {c})");
                     assert_eq!(got, bf16::from_f32(want), "{isa:?} bf16 ({r}, {c})");
                 }
