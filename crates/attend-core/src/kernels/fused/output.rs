@@ -105,25 +105,30 @@ pub(crate) fn write_normalised<I: Simd, T: Output>(
             let inv = isa.div(isa.splat(1.0), isa.load(l.as_ptr().add(r0)));
             for c0 in (0..ev).step_by(LANES) {
                 let nc = LANES.min(ev - c0);
-                let column = |k: usize| isa.mul(isa.load(ot.as_ptr().add((c0 + k) * w + r0)), inv);
-                let store =
-                    |k: usize, v: I::V, n: usize| T::store(isa, to.add((r0 + k) * ev + c0), v, n);
+                let column = ot.as_ptr().add(c0 * w + r0);
+                let row = to.add(r0 * ev + c0);
                 // Whole blocks apart, with loops of fixed length: the block stays in
-                // registers (loops of `nc` and `nr` kept it on the stack).
+                // registers (loops of `nc` and `nr` kept it on the stack). No
+                // closures: each is a function of its own, compiled without the
+                // instruction set's features unless inlined (on AVX2 they were not).
                 if nc == LANES && nr == LANES {
-                    let mut block: [I::V; LANES] = std::array::from_fn(column);
+                    let mut block = [isa.splat(0.0); LANES];
+                    for (k, v) in block.iter_mut().enumerate() {
+                        *v = isa.mul(isa.load(column.add(k * w)), inv);
+                    }
                     isa.transpose16(&mut block);
                     for (k, v) in block.into_iter().enumerate() {
-                        store(k, v, LANES);
+                        T::store(isa, row.add(k * ev), v, LANES);
                     }
                 } else {
                     let mut block = [isa.splat(0.0); LANES];
-                    for (k, v) in block.iter_mut().enumerate().take(nc) {
-                        *v = column(k);
+                    #[allow(clippy::needless_range_loop)]
+                    for k in 0..nc {
+                        block[k] = isa.mul(isa.load(column.add(k * w)), inv);
                     }
                     isa.transpose16(&mut block);
-                    for (k, v) in block.into_iter().enumerate().take(nr) {
-                        store(k, v, nc);
+                    for k in 0..nr {
+                        T::store(isa, row.add(k * ev), block[k], nc);
                     }
                 }
             }
