@@ -122,13 +122,12 @@ pub(crate) fn write_normalised<I: Simd, T: Output>(
                     }
                 } else {
                     let mut block = [isa.splat(0.0); LANES];
-                    #[allow(clippy::needless_range_loop)]
-                    for k in 0..nc {
-                        block[k] = isa.mul(isa.load(column.add(k * w)), inv);
+                    for (k, v) in block.iter_mut().enumerate().take(nc) {
+                        *v = isa.mul(isa.load(column.add(k * w)), inv);
                     }
                     isa.transpose16(&mut block);
-                    for k in 0..nr {
-                        T::store(isa, row.add(k * ev), block[k], nc);
+                    for (k, v) in block.into_iter().enumerate().take(nr) {
+                        T::store(isa, row.add(k * ev), v, nc);
                     }
                 }
             }
