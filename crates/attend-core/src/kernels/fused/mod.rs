@@ -696,13 +696,17 @@ fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
 /// packing otherwise waits on the rows' loads.
 #[inline(always)]
 fn prefetch_queries<T>(p: &Problem<'_, T>, (b, h): (usize, usize), rows: std::ops::Range<usize>) {
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, (b, h), rows);
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
         let (q, rs, cs) = head_ptr(&p.q, b, h);
         let d = p.dims();
-        let bytes =
-            (d.head_dim.saturating_sub(1) as isize * cs) as usize * std::mem::size_of::<T>();
+        if cs != 1 {
+            return; // rows that are not contiguous: left to the hardware
+        }
+        let bytes = d.head_dim.saturating_sub(1) * std::mem::size_of::<T>();
         for i in rows.start..rows.end.min(d.q_len) {
             let row = q.wrapping_offset(i as isize * rs).cast::<u8>();
             for at in (0..=bytes).step_by(64) {

@@ -1,10 +1,10 @@
 //! How a unit's output, held transposed and unnormalised in its scratch (`Oᵀ`: one
 //! value column per row, one query per lane), reaches the call's output in each
 //! element type the fused forward writes: in one pass of 16 × 16 blocks, each
-//! multiplied by its queries' reciprocal sums, transposed in registers and stored in
-//! the output's type (f32 as it is, bf16 rounded). Three passes before (the divisions in place,
-//! a transpose through a strip of scratch, the rounding) took about 4 % of a causal
-//! bf16 N2048's samples (docs/fused-forward.md).
+//! multiplied by its queries' reciprocal sums, transposed in registers and stored
+//! in the output's type (f32 as it is, bf16 rounded). Three passes before (the
+//! divisions in place, a transpose through a strip of scratch, the rounding) took
+//! 2.4 % of a causal bf16 N2048's samples at one thread (docs/bf16.md).
 
 use std::mem::MaybeUninit;
 
@@ -68,8 +68,8 @@ impl Output for bf16 {
 /// sums.
 ///
 /// One division per 16 queries, then a multiplication per element: dividing every
-/// element took 2–3 % of a causal bf16 N2048 at one thread (the products round the
-/// same to within an f32 unit in the last place). Each 16 × 16 block is scaled
+/// element took 2–3 % of a causal bf16 N2048 at one thread (a product differs from
+/// the quotient by at most two f32 units in the last place). Each 16 × 16 block is scaled
 /// whole, then transposed in registers: whole vectors, so that a unit of 22 queries
 /// leaves no scalar tail (one took a tenth of such a unit's time). Lanes past the
 /// last query and columns past the last are computed but never stored.
