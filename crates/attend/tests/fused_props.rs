@@ -23,7 +23,8 @@ struct Case {
     masks: u8,
     causal: Option<Causal>,
     window: Option<(usize, usize)>,
-    /// 0 `[B, H, T, D]`, 1 `[B, T, H, D]` permuted, 2 every other column, 3 reversed time.
+    /// 0 `[B, H, T, D]`, 1 `[B, T, H, D]` permuted, 2 every other column, 3 reversed time,
+    /// 4 reversed columns (a negative column stride).
     layout: u8,
     scale: Option<f32>,
     seed: u64,
@@ -59,7 +60,7 @@ fn case() -> impl Strategy<Value = Case> {
             0u8..5,
             0u8..3,
             prop::option::of((window_side(), window_side())),
-            0u8..4,
+            0u8..5,
         ),
         (prop::option::of(0.01f32..2.0), any::<u64>()),
     )
@@ -103,6 +104,11 @@ fn laid_out(rng: &mut Rng, shape: [usize; 4], layout: u8) -> Array4<f32> {
         3 => {
             let mut a: Array4<f32> = rng.array((b, h, t, d));
             a.invert_axis(ndarray::Axis(2));
+            a
+        }
+        4 => {
+            let mut a: Array4<f32> = rng.array((b, h, t, d));
+            a.invert_axis(ndarray::Axis(3));
             a
         }
         _ => rng.array((b, h, t, d)),
