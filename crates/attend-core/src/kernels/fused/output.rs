@@ -9,7 +9,8 @@
 use std::mem::MaybeUninit;
 
 use crate::element::bf16;
-use crate::isa::{bf16_bits, Simd, LANES};
+use crate::isa::{Simd, LANES};
+use crate::kernels::round::round_into;
 
 /// An element type of the fused forward's output.
 pub(crate) trait Output: Copy + Send + Sync + 'static {
@@ -53,10 +54,7 @@ impl Output for bf16 {
             } else {
                 let mut wide = [0.0; LANES];
                 isa.store(wide.as_mut_ptr(), x);
-                for (i, v) in wide.iter().take(n).enumerate() {
-                    p.add(i)
-                        .write(MaybeUninit::new(bf16::from_bits(bf16_bits(*v))));
-                }
+                round_into(isa, &wide[..n], std::slice::from_raw_parts_mut(p, n));
             }
         }
     }
