@@ -473,7 +473,7 @@ def sdpa_torch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
     _check_mask(attn_mask, query.dtype)
     dropout_p, scale = check_options(dropout_p, is_causal, scale, enable_gqa)
     seed = torch.randint(0, 2**63 - 1, (), dtype=torch.int64) if dropout_p else None
-    # Numbers go in as given (check_options allowed int or float): under
+    # Numbers go in as check_options returns them (an int or float as given): under
     # torch.compile(dynamic=True), float() of a constant would trace a symbolic float
     # and restart the analysis.
     out, _ = sdpa(query, key, value, attn_mask, dropout_p, bool(is_causal), scale, bool(enable_gqa), seed)
