@@ -74,6 +74,42 @@ pub struct Args {
     /// Seconds a client has to send a request's head, and then its body.
     #[arg(long, value_name = "S", default_value_t = 10)]
     client_timeout: u64,
+    /// Log lines on stderr as text or as JSON objects, one a line.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    /// Also log each request: method, route, status, failure reason, milliseconds.
+    #[arg(long)]
+    access_log: bool,
+}
+
+/// `--log-format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// `2026-11-27T13:40:00.123Z  INFO attend_serve: …`.
+    Text,
+    /// `{"timestamp": …, "level": "INFO", "fields": {"message": …}, …}`.
+    Json,
+}
+
+/// Log lines on stderr in `format`; requests only with `access_log`.
+fn init_logging(format: LogFormat, access_log: bool) {
+    use tracing_subscriber::filter::filter_fn;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+
+    // Levels order by verbosity: INFO and everything more severe.
+    let keep = filter_fn(move |meta| {
+        *meta.level() <= tracing::Level::INFO
+            && (access_log || meta.target() != "attend_serve::access")
+    });
+    let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let layer = match format {
+        LogFormat::Text => layer.with_ansi(false).with_filter(keep).boxed(),
+        LogFormat::Json => layer.json().with_filter(keep).boxed(),
+    };
+    // A second subscriber (tests that call run twice) keeps the first.
+    let _ = tracing_subscriber::registry().with(layer).try_init();
 }
 
 /// Runs `attend serve` until SIGTERM or SIGINT, then drains and returns.
@@ -102,12 +138,13 @@ pub fn run(args: Args) -> Result<(), Error> {
         client_timeout: Duration::from_secs(args.client_timeout),
     };
     let server = Server::bind(options).map_err(|e| Error::value(e.to_string()))?;
+    init_logging(args.log_format, args.access_log);
     server
-        .run(|startup| eprintln!("attend serve: {startup}"), async {
+        .run(|startup| tracing::info!("{startup}"), async {
             shutdown_signal().await;
-            eprintln!("attend serve: draining: accepted requests finish, new ones are refused");
+            tracing::info!("draining: accepted requests finish, new ones are refused");
         })
         .map_err(|e| Error::value(e.to_string()))?;
-    eprintln!("attend serve: stopped");
+    tracing::info!("stopped");
     Ok(())
 }

@@ -187,17 +187,31 @@ async fn authorize(State(state): State<Arc<AppState>>, request: Request, next: N
     }
 }
 
-/// Counts each answer by route and status, and each failure by reason.
+/// Counts each answer by route and status, and each failure by reason, and
+/// reports it as an event of the `attend_serve::access` target.
 async fn count(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
     let route = request
         .extensions()
         .get::<MatchedPath>()
         .map_or_else(|| "other".to_owned(), |p| p.as_str().to_owned());
+    let method = request.method().clone();
     let response = next.run(request).await;
-    state.metrics.answered(&route, response.status().as_u16());
-    if let Some(&failure) = response.extensions().get::<Failure>() {
+    let status = response.status().as_u16();
+    state.metrics.answered(&route, status);
+    let failure = response.extensions().get::<Failure>().copied();
+    if let Some(failure) = failure {
         state.metrics.failed(failure);
     }
+    tracing::info!(
+        target: "attend_serve::access",
+        method = %method,
+        route = %route,
+        status,
+        failure = failure.map(Failure::name),
+        millis = started.elapsed().as_secs_f64() * 1e3,
+        "request"
+    );
     response
 }
 

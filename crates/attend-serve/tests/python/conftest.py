@@ -21,7 +21,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 REPO = Path(__file__).resolve().parents[4]
-LISTENING = re.compile(r"listening on http://(\S+)")
+LISTENING = re.compile(r"listening on http://([0-9a-f.:\[\]]+)")
 
 
 def _binary() -> Path:

@@ -174,7 +174,7 @@ def test_overload_gives_429_with_retry_after_and_no_crash(serve):
 
 def test_a_request_past_the_timeout_gets_503(serve):
     s = serve("--request-timeout", "1", "--max-client-batch-size", "8")
-    r = requests.post(s.url + "/embed", json={"inputs": [LONG] * 96}, timeout=60)
+    r = requests.post(s.url + "/embed", json={"inputs": [LONG] * 192}, timeout=60)
     assert r.status_code == 503 and r.json()["error_type"] == "Unhealthy", r.text
     assert "timeout" in r.json()["error"]
     assert requests.post(s.url + "/embed", json={"inputs": "after"}, timeout=30).status_code == 200
@@ -252,3 +252,16 @@ def test_bad_model_and_taken_port_are_one_line_errors(model_dir, tmp_path):
     )
     taken.close()
     assert busy.returncode == 2 and busy.stderr.count("\n") == 1 and "cannot listen" in busy.stderr, busy.stderr
+
+
+def test_json_logs_with_an_access_line_per_request(serve):
+    s = serve("--log-format", "json", "--access-log")
+    assert requests.post(s.url + "/embed", json={"inputs": "logged"}).status_code == 200
+    assert requests.post(s.url + "/embed", json={"inputs": []}).status_code == 400
+    assert s.stop() == 0
+    events = [json.loads(line) for line in s.lines]
+    messages = [e["fields"].get("message", "") for e in events]
+    assert any("listening on http://" in m for m in messages) and "stopped" in messages
+    access = [e["fields"] for e in events if e.get("target") == "attend_serve::access"]
+    assert [(a["route"], a["status"]) for a in access] == [("/embed", 200), ("/embed", 400)]
+    assert access[1]["failure"] == "validation" and access[0]["millis"] >= 0
