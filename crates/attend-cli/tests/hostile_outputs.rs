@@ -420,8 +420,8 @@ fn a_full_disk_is_one_line_in_every_command() {
         vec!["--help"],
         vec!["embed", "hello"],
         vec!["attention", "--layer", "0", "--head", "0", "hello"],
-        vec!["explain"],
-        vec!["view"],
+        vec!["explain", "--sentence", "the cat sat", "--embed-dim", "4"],
+        vec!["view", "--sentence", "the cat sat", "--embed-dim", "4"],
         vec![
             "train",
             "--steps",
@@ -452,6 +452,12 @@ fn a_full_disk_is_one_line_in_every_command() {
         strs(&sdpa_args),
     ];
     for args in cases {
+        // sdpa's output is a file, named as its flag gave it.
+        let named = if args[0] == "sdpa" {
+            "/dev/stdout"
+        } else {
+            "standard output"
+        };
         let child = attend_cmd(&args, &dir)
             .stdout(OpenOptions::new().write(true).open("/dev/full").unwrap())
             .stderr(Stdio::piped())
@@ -459,7 +465,7 @@ fn a_full_disk_is_one_line_in_every_command() {
             .unwrap();
         let (code, _, err) = finish(child, &format!("{args:?}"));
         assert_eq!(code, 2, "{args:?}: {err}");
-        assert_one_line(&err, &["standard output", "No space left on device"]);
+        assert_one_line(&err, &[named, "No space left on device"]);
     }
     fs::remove_dir_all(&dir).unwrap();
 }

@@ -68,6 +68,10 @@ pub fn run(args: Args) -> Result<(), Error> {
             args.dropout
         )));
     }
+    let outputs = Outputs::new(&[
+        ("--weights", Some(&args.weights)),
+        ("--curve", Some(&args.curve)),
+    ])?;
     let svg = args
         .curve
         .extension()
@@ -78,10 +82,6 @@ pub fn run(args: Args) -> Result<(), Error> {
             args.curve.display()
         )));
     }
-    let outputs = Outputs::new(&[
-        ("--weights", Some(&args.weights)),
-        ("--curve", Some(&args.curve)),
-    ])?;
     let config = TrainConfig {
         len: args.len,
         d_model: args.d_model,
