@@ -85,7 +85,7 @@ pub fn run(args: Args) -> Result<(), Error> {
         Some(EmbedFormat::Json) => Format::Json,
         Some(other) => {
             return Err(Error::value(format!(
-                "--format {} is for --output; sentences print as text or json",
+                "--format {} is for --output (sentences may go to a file too); printed sentences are text or json",
                 other.name()
             )))
         }
