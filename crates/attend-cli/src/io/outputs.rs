@@ -22,6 +22,7 @@
 //! [`Outputs`] is dropped uncommitted, and removed by `cleanup` on SIGINT, SIGTERM
 //! or SIGHUP. Two flags naming the same regular file are refused.
 
+use std::cell::Cell;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -48,6 +49,9 @@ struct Output {
     target: PathBuf,
     temp: PathBuf,
     delivery: Delivery,
+    /// Whether [`Outputs::write`] wrote it: the empty temporary file made up
+    /// front must never replace a target.
+    written: Cell<bool>,
 }
 
 /// A command's output files, pending until [`commit`](Self::commit).
@@ -94,6 +98,7 @@ impl Outputs {
                 target: target.to_path_buf(),
                 temp: temp.clone(),
                 delivery,
+                written: Cell::new(false),
             });
             File::create(&temp).map_err(|e| {
                 Error::io(
@@ -118,6 +123,7 @@ impl Outputs {
         };
         let (temp, target) = (o.temp.display().to_string(), o.target.display().to_string());
         let named = |m: String| m.replace(&temp, &target);
+        o.written.set(true);
         write(&o.temp).map_err(|e| match e {
             Error::Io { path, source } if path == o.temp => Error::Io {
                 path: o.target.clone(),
@@ -135,10 +141,11 @@ impl Outputs {
 
     /// Moves every written output into place: renamed over a regular file (synced
     /// to disk first, so that the rename publishes a complete file), copied into
-    /// a device, FIFO or stream.
+    /// a device, FIFO or stream. An output never written is left as it was.
     pub fn commit(mut self) -> Result<(), Error> {
         for o in std::mem::take(&mut self.files) {
             let delivered = match &o.delivery {
+                _ if !o.written.get() => Ok(()),
                 Delivery::Rename(resolved) => rename(&o.temp, resolved),
                 Delivery::Through => copy(&o.temp, &o.target),
             };
@@ -348,6 +355,19 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&a).unwrap(), "new a");
         assert_eq!(std::fs::read_to_string(&b).unwrap(), "new b");
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_output_never_written_leaves_its_target() {
+        let dir = scratch("unwritten");
+        let (a, b) = (dir.join("a.txt"), dir.join("b.txt"));
+        std::fs::write(&a, "old").unwrap();
+        let outputs = Outputs::new(&[("--a", Some(&a)), ("--b", Some(&b))]).unwrap();
+        outputs.commit().unwrap();
+        assert_eq!(std::fs::read_to_string(&a).unwrap(), "old");
+        assert!(!b.exists());
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
