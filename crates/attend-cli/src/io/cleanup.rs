@@ -30,8 +30,10 @@ pub fn on_signals() -> std::io::Result<()> {
         .name("attend-signals".into())
         .spawn(move || {
             if let Some(signal) = signals.forever().next() {
-                // The list stays locked until the process is gone, so no temporary
-                // file can be registered (and then created) after the sweep.
+                // The list stays locked until the process is gone, so no new
+                // temporary file is registered after the sweep. (A writer that
+                // reopens a registered file in the instant between the sweep and
+                // the exit could still leave it: the window is what exit takes.)
                 let files = pending();
                 for f in files.iter() {
                     let _ = std::fs::remove_file(f);
