@@ -17,7 +17,7 @@ mod args;
 mod commands;
 mod io;
 
-use commands::{attention, bench, embed, explain, sdpa, train, view};
+use commands::{attention, bench, embed, explain, sdpa, serve, train, view};
 use io::console::{errln, is_broken_pipe, BROKEN_PIPE_STATUS};
 
 /// Self-attention, faithful to PyTorch and fast on CPU.
@@ -44,6 +44,8 @@ enum Command {
     Attention(attention::Args),
     /// Train a small attention model to reverse digit sequences.
     Train(train::Args),
+    /// Serve sentence embeddings over HTTP: OpenAI's /v1/embeddings and text-embeddings-inference's /embed.
+    Serve(serve::Args),
 }
 
 fn main() -> ExitCode {
@@ -87,10 +89,6 @@ fn main() -> ExitCode {
             return exit_status(printed);
         }
     };
-    if let Err(err) = io::cleanup::on_signals() {
-        errln!("error: cannot watch for signals: {err}");
-        return ExitCode::from(2);
-    }
     // An instruction-set cap the kernels would ignore is refused up front.
     if let Err(err) = attend::kernels::Isa::env_cap() {
         errln!("error: {err}");
@@ -104,6 +102,7 @@ fn main() -> ExitCode {
         Command::Embed(args) => embed::run(args),
         Command::Attention(args) => attention::run(args),
         Command::Train(args) => train::run(args),
+        Command::Serve(args) => serve::run(args),
     };
     exit_status(result)
 }

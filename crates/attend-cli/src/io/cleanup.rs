@@ -3,12 +3,16 @@
 //! [`Outputs`](super::outputs::Outputs) registers each temporary file here before
 //! creating it and forgets it once it is renamed into place or removed. An error
 //! unwinds through `Outputs`'s `Drop`, which removes them; a SIGINT, SIGTERM or
-//! SIGHUP does not unwind, so [`on_signals`] starts a thread that receives those
-//! signals, removes every registered file and exits with 128 + the signal's number,
-//! as a shell reports a process killed by it.
+//! SIGHUP does not unwind, so the first registration starts a thread that
+//! receives those signals, removes every registered file and exits with 128 + the
+//! signal's number, as a shell reports a process killed by it. A command that
+//! writes no file (`attend serve`, which drains on SIGTERM) keeps the signals'
+//! usual handling.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+
+use attend::Error;
 
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -22,9 +26,18 @@ fn pending() -> MutexGuard<'static, Vec<PathBuf>> {
     PENDING.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Starts the signal thread, once.
+fn watch_signals() -> Result<(), Error> {
+    static WATCHING: OnceLock<Result<(), String>> = OnceLock::new();
+    WATCHING
+        .get_or_init(|| on_signals().map_err(|e| e.to_string()))
+        .clone()
+        .map_err(|e| Error::value(format!("cannot watch for signals: {e}")))
+}
+
 /// Removes the registered files when SIGINT, SIGTERM or SIGHUP arrives, then exits
 /// with 128 + the signal's number.
-pub fn on_signals() -> std::io::Result<()> {
+fn on_signals() -> std::io::Result<()> {
     let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP])?;
     std::thread::Builder::new()
         .name("attend-signals".into())
@@ -44,9 +57,11 @@ pub fn on_signals() -> std::io::Result<()> {
     Ok(())
 }
 
-/// Registers `path` before it is created.
-pub fn register(path: &Path) {
+/// Registers `path` before it is created (watching for signals from the first).
+pub fn register(path: &Path) -> Result<(), Error> {
+    watch_signals()?;
     pending().push(path.to_path_buf());
+    Ok(())
 }
 
 /// Forgets `path` once it is in place or removed.

@@ -92,7 +92,7 @@ impl Outputs {
                 std::process::id(),
                 name.to_string_lossy()
             ));
-            cleanup::register(&temp);
+            cleanup::register(&temp)?;
             outputs.files.push(Output {
                 flag,
                 target: target.to_path_buf(),

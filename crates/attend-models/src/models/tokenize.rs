@@ -9,7 +9,35 @@ use attend_core::{Error, Result};
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     truncating: tokenizers::Tokenizer,
+    /// Truncating from the start instead (TEI's `truncation_direction: "Left"`).
+    truncating_left: tokenizers::Tokenizer,
     max_len: usize,
+}
+
+/// Which tokens of a text over the maximum length are kept.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Truncation {
+    /// The first tokens (sentence-transformers' truncation).
+    #[default]
+    Right,
+    /// The last tokens.
+    Left,
+    /// None: the text is tokenised whole, however long, for a caller that refuses
+    /// texts over the maximum.
+    Off,
+}
+
+/// One token of a text with where it came from (TEI's `/tokenize`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Piece {
+    /// The token id.
+    pub id: u32,
+    /// The token as a string.
+    pub text: String,
+    /// Whether the tokenizer added it (`[CLS]`, `[SEP]`, …).
+    pub special: bool,
+    /// The byte offsets in the text it was read from (`0..0` for special tokens).
+    pub span: std::ops::Range<usize>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -84,16 +112,20 @@ impl Tokenizer {
                 "maximum length {max_len} leaves no room for [CLS] and [SEP]"
             )));
         }
-        let mut truncating = inner.clone();
-        truncating
-            .with_truncation(Some(tokenizers::TruncationParams {
+        let truncating_to = |direction| -> Result<tokenizers::Tokenizer> {
+            let mut t = inner.clone();
+            t.with_truncation(Some(tokenizers::TruncationParams {
                 max_length: max_len,
+                direction,
                 ..Default::default()
             }))
             .map_err(|e| Error::value(format!("maximum length {max_len}: {e}")))?;
+            Ok(t)
+        };
         Ok(Tokenizer {
+            truncating: truncating_to(tokenizers::TruncationDirection::Right)?,
+            truncating_left: truncating_to(tokenizers::TruncationDirection::Left)?,
             inner,
-            truncating,
             max_len,
         })
     }
@@ -128,27 +160,50 @@ impl Tokenizer {
     /// of a 10 MB line are never all held at once. A first word longer than the
     /// prefix is cut inside the word.
     pub fn encode(&self, text: &str) -> Result<Tokenized> {
-        let fail =
-            |e: tokenizers::Error| Error::value(format!("cannot tokenise {:?}: {e}", short(text)));
-        let mut cut = self.max_len.saturating_mul(FIRST_BYTES_PER_TOKEN);
+        self.encode_with(text, Truncation::Right)
+    }
+
+    /// [`encode`](Self::encode) keeping the tokens `truncation` says of a text
+    /// over the maximum length ([`Truncation::Off`]: all of them).
+    ///
+    /// Truncating, a long text is tokenised only as far as the model reads: a
+    /// prefix ending before a whitespace character (a suffix starting at one, for
+    /// [`Truncation::Left`]), where every tokenizer of this family starts a new
+    /// word, so that its tokens are the text's first (last) tokens; doubled until
+    /// it holds more than `max_len` tokens or is the whole text. The tokens of a
+    /// 10 MB line are never all held at once. A word longer than the prefix is cut
+    /// inside the word.
+    pub fn encode_with(&self, text: &str, truncation: Truncation) -> Result<Tokenized> {
+        let fail = |e: tokenizers::Error| tokenise_error(text, e);
+        let mut cut = match truncation {
+            Truncation::Off => usize::MAX,
+            Truncation::Right | Truncation::Left => {
+                self.max_len.saturating_mul(FIRST_BYTES_PER_TOKEN)
+            }
+        };
         loop {
-            let (part, whole) = prefix(text, cut);
+            let (part, whole) = match truncation {
+                Truncation::Left => suffix(text, cut),
+                Truncation::Right | Truncation::Off => prefix(text, cut),
+            };
             let full = self.inner.encode(part, true).map_err(fail)?;
             if full.len() <= self.max_len && !whole {
                 cut = cut.saturating_mul(2);
                 continue;
             }
-            let (enc, truncated_from) = if full.len() > self.max_len {
-                let count = match whole {
-                    true => TokenCount::Exactly(full.len()),
-                    false => TokenCount::AtLeast(full.len()),
-                };
-                (
-                    self.truncating.encode(part, true).map_err(fail)?,
-                    Some(count),
-                )
-            } else {
-                (full, None)
+            let truncating = match truncation {
+                _ if full.len() <= self.max_len => None,
+                Truncation::Right => Some(&self.truncating),
+                Truncation::Left => Some(&self.truncating_left),
+                Truncation::Off => None,
+            };
+            let count = match whole {
+                true => TokenCount::Exactly(full.len()),
+                false => TokenCount::AtLeast(full.len()),
+            };
+            let (enc, truncated_from) = match truncating {
+                Some(t) => (t.encode(part, true).map_err(fail)?, Some(count)),
+                None => (full, None),
             };
             return Ok(Tokenized {
                 ids: enc.get_ids().to_vec(),
@@ -177,6 +232,52 @@ fn prefix(text: &str, max: usize) -> (&str, bool) {
     }
 }
 
+/// The text's last `max` bytes at most, started at its first whitespace character
+/// there (at a character boundary when there is none), and whether that is all
+/// of it.
+fn suffix(text: &str, max: usize) -> (&str, bool) {
+    if text.len() <= max {
+        return (text, true);
+    }
+    let mut start = text.len() - max;
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    let part = &text[start..];
+    match part.find(char::is_whitespace) {
+        Some(space) => (&part[space..], false),
+        None => (part, false),
+    }
+}
+
+impl Tokenizer {
+    /// Every token of `text`, with the special tokens if `special_tokens`, and
+    /// where each came from; never truncated.
+    pub fn pieces(&self, text: &str, special_tokens: bool) -> Result<Vec<Piece>> {
+        let enc = self
+            .inner
+            .encode(text, special_tokens)
+            .map_err(|e| tokenise_error(text, e))?;
+        Ok(enc
+            .get_ids()
+            .iter()
+            .zip(enc.get_tokens())
+            .zip(enc.get_special_tokens_mask())
+            .zip(enc.get_offsets())
+            .map(|(((&id, token), &special), &(start, stop))| Piece {
+                id,
+                text: token.clone(),
+                special: special == 1,
+                span: start..stop,
+            })
+            .collect())
+    }
+}
+
+fn tokenise_error(text: &str, e: tokenizers::Error) -> Error {
+    Error::value(format!("cannot tokenise {:?}: {e}", short(text)))
+}
+
 /// The first 40 characters of `text`, for messages.
 pub(crate) fn short(text: &str) -> String {
     let mut s: String = text.chars().take(40).collect();
@@ -198,5 +299,14 @@ mod tests {
         // No whitespace: cut at the last whole character (é is two bytes).
         assert_eq!(prefix("abcé", 4), ("abc", false));
         assert_eq!(prefix(" abcdef", 4), (" abc", false));
+    }
+
+    #[test]
+    fn suffixes_start_at_whitespace_on_a_character_boundary() {
+        assert_eq!(suffix("ab cd", 10), ("ab cd", true));
+        assert_eq!(suffix("ab cd ef", 6), (" cd ef", false));
+        assert_eq!(suffix("abcd ef", 4), (" ef", false));
+        // No whitespace: start at the first whole character (é is two bytes).
+        assert_eq!(suffix("éabc", 4), ("abc", false));
     }
 }
