@@ -1,7 +1,12 @@
 //! The `attend` command-line tool.
 //!
 //! Every subcommand lives in its own module; errors print as one line on stderr
-//! and exit with code 2, like clap's own usage errors.
+//! and exit with code 2, like clap's own usage errors. Output goes through
+//! [`io::console`]: a closed pipe ends quietly with status 141.
+
+// println! and eprintln! panic on a closed pipe or a full disk: io::console's
+// outln! and errln! instead.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
 
 use std::process::ExitCode;
 
@@ -13,6 +18,7 @@ mod commands;
 mod io;
 
 use commands::{attention, bench, embed, explain, sdpa, serve, train, view};
+use io::console::{errln, is_broken_pipe, BROKEN_PIPE_STATUS};
 
 /// Self-attention, faithful to PyTorch and fast on CPU.
 #[derive(Parser)]
@@ -57,7 +63,7 @@ fn main() -> ExitCode {
                 .map(|c| c.get_name().to_owned())
                 .filter(|n| n != "help")
                 .collect();
-            eprintln!(
+            errln!(
                 "error: attend needs a subcommand: {} (attend --help describes them)",
                 names.join(", ")
             );
@@ -72,17 +78,20 @@ fn main() -> ExitCode {
                 .take_while(|l| !l.is_empty())
                 .map(str::trim)
                 .collect();
-            eprintln!("{}", problem.join(" "));
+            errln!("{}", problem.join(" "));
             return ExitCode::from(2);
         }
+        // --help and --version, printed to standard output.
         Err(err) => {
-            let _ = err.print();
-            return ExitCode::SUCCESS;
+            let printed = err
+                .print()
+                .map_err(|e| attend::Error::io("standard output", e));
+            return exit_status(printed);
         }
     };
     // An instruction-set cap the kernels would ignore is refused up front.
     if let Err(err) = attend::kernels::Isa::env_cap() {
-        eprintln!("error: {err}");
+        errln!("error: {err}");
         return ExitCode::from(2);
     }
     let result = match cli.command {
@@ -95,10 +104,16 @@ fn main() -> ExitCode {
         Command::Train(args) => train::run(args),
         Command::Serve(args) => serve::run(args),
     };
+    exit_status(result)
+}
+
+/// 0, a quiet 141 for a closed pipe, or a one-line error and 2.
+fn exit_status(result: attend::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(err) if is_broken_pipe(&err) => ExitCode::from(BROKEN_PIPE_STATUS),
         Err(err) => {
-            eprintln!("error: {err}");
+            errln!("error: {err}");
             ExitCode::from(2)
         }
     }

@@ -357,7 +357,7 @@ fn flags_that_do_not_fit_are_refused_in_one_line() {
         ),
         (
             &["--format", "npy", "a sentence"],
-            "error: --format npy is for --input/--output; sentences print as text or json\n".into(),
+            "error: --format npy is for --output (sentences may go to a file too); printed sentences are text or json\n".into(),
         ),
     ];
     for (args, want) in cases {

@@ -3,6 +3,8 @@
 //! stderr naming the flag or file (or with a correct result), and never with a
 //! Rust panic or backtrace.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -280,6 +282,51 @@ fn refusals(dir: &Path) -> Vec<(&'static str, Vec<String>, Vec<&'static str>)> {
                 "12",
             ]),
             vec!["overlap.safetensors", "overlap"],
+        ),
+        // Issue 47: endless streams end at their first bytes or at a bound, and
+        // flags that would be ignored are refused.
+        (
+            "endless corpus line",
+            vec![
+                "embed".into(),
+                "--model".into(),
+                common::model_dir().display().to_string(),
+                "--input".into(),
+                "/dev/zero".into(),
+                "--output".into(),
+                "z.npy".into(),
+            ],
+            vec!["/dev/zero", "line 1", "newline"],
+        ),
+        (
+            "endless attention-maps JSON",
+            s(&["view", "--input-json", "/dev/zero"]),
+            vec!["/dev/zero", "JSON"],
+        ),
+        (
+            "random bytes as .npy",
+            s(&[
+                "sdpa",
+                "--q",
+                "/dev/urandom",
+                "--k",
+                &q,
+                "--v",
+                &q,
+                "--out",
+                "o.npy",
+            ]),
+            vec!["/dev/urandom", "magic"],
+        ),
+        (
+            "a loss curve that is not SVG",
+            s(&["train", "--steps", "1", "--curve", "c.jpg"]),
+            vec!["--curve", "c.jpg", "svg"],
+        ),
+        (
+            "a query length for decoding",
+            s(&["bench", "--decode", "--seq", "5"]),
+            vec!["--seq", "--decode"],
         ),
     ]
 }

@@ -360,6 +360,41 @@ fn bad_configs_are_clear_errors() {
     assert_eq!(c.num_hidden_layers, 6);
 }
 
+/// A long text is tokenised only as far as the model reads: a prefix ending before
+/// whitespace, doubled while it holds too few tokens. Runs of spaces (tokens of
+/// none) push the words past the first prefix, and the tokens are still those of
+/// the text with single spaces, which is tokenised whole.
+#[test]
+fn a_long_text_is_tokenised_as_far_as_the_model_reads() {
+    use attend::models::tokenize::TokenCount;
+    let enc = encoder();
+    let words: Vec<String> = (0..400).map(|i| format!("w{i}")).collect();
+    let plain = words.join(" ");
+    let spaced = words.join(&" ".repeat(100));
+    let (whole, cut) = (
+        enc.tokenizer.encode(&plain).unwrap(),
+        enc.tokenizer.encode(&spaced).unwrap(),
+    );
+    assert_eq!(cut.ids, whole.ids);
+    assert_eq!(whole.ids.len(), 256);
+    let Some(TokenCount::Exactly(n)) = whole.truncated_from else {
+        panic!("{:?}", whole.truncated_from)
+    };
+    let Some(TokenCount::AtLeast(m)) = cut.truncated_from else {
+        panic!("{:?}", cut.truncated_from)
+    };
+    assert!(256 < m && m < n, "{m} {n}");
+    // Keeping the last tokens, the suffix is doubled the same way.
+    let left = attend::models::tokenize::Truncation::Left;
+    let (whole, cut) = (
+        enc.tokenizer.encode_with(&plain, left).unwrap(),
+        enc.tokenizer.encode_with(&spaced, left).unwrap(),
+    );
+    assert_eq!(cut.ids, whole.ids);
+    assert_eq!(whole.ids.len(), 256);
+    assert!(matches!(cut.truncated_from, Some(TokenCount::AtLeast(_))));
+}
+
 #[test]
 fn empty_and_overlong_texts_warn_and_work() {
     let enc = encoder();

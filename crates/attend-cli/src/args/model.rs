@@ -8,6 +8,7 @@ use attend::viz::AttentionMaps;
 use attend::Error;
 
 use crate::args::experiment::MODULE_FLAGS;
+use crate::io::console::errln;
 
 /// The flags that pick a real model and the text it reads.
 #[derive(clap::Args, Debug)]
@@ -42,7 +43,7 @@ impl ModelArgs {
         let encoder = SentenceEncoder::load(dir)?;
         let trace = encoder.trace(text)?;
         for w in &trace.warnings {
-            eprintln!("warning: {w}");
+            errln!("warning: {w}");
         }
         Ok(Some(ModelRun {
             encoder,

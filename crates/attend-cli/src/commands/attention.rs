@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use attend::models::SentenceEncoder;
 use attend::viz::AttentionMaps;
 
+use crate::io::console::{errln, outln};
 use crate::io::model_dir::{self, Format};
 use crate::io::outputs::Outputs;
 
@@ -39,11 +40,11 @@ pub struct Args {
 /// Runs `attend attention`.
 pub fn run(args: Args) -> Result<(), attend::Error> {
     let outputs = Outputs::new(&[("--heatmap", args.heatmap.as_deref())])?;
-    let dir = model_dir::resolve(args.model);
+    let dir = model_dir::resolve(args.model)?;
     let encoder = SentenceEncoder::load(&dir)?;
     let trace = encoder.trace(&args.sentence)?;
     for w in &trace.warnings {
-        eprintln!("warning: {w}");
+        errln!("warning: {w}");
     }
     let (layer, head) = (args.layer.unwrap_or(0), args.head.unwrap_or(0));
     // Checked before anything is written: a bad --head must not leave a picture.
@@ -54,24 +55,25 @@ pub fn run(args: Args) -> Result<(), attend::Error> {
     })?;
     outputs.commit()?;
     if args.all {
-        println!("{}", AttentionMaps::of_trace(&trace, &title)?.to_json());
+        outln!("{}", AttentionMaps::of_trace(&trace, &title)?.to_json())?;
         return Ok(());
     }
     match args.format {
         Format::Json => {
-            println!(
+            outln!(
                 "{{\"layer\":{},\"head\":{},\"tokens\":{},\"weights\":{}}}",
                 layer,
                 head,
                 serde_json::to_string(&trace.tokens).expect("strings serialise"),
                 model_dir::json_matrix(weights.rows())
-            );
+            )?;
         }
         Format::Text => {
-            println!(
+            outln!(
                 "layer {} head {}: row = query token, column = key token; each row sums to 1",
-                layer, head
-            );
+                layer,
+                head
+            )?;
             let width = trace
                 .tokens
                 .iter()
@@ -83,13 +85,13 @@ pub fn run(args: Args) -> Result<(), attend::Error> {
             for t in &trace.tokens {
                 header.push_str(&format!(" {t:>width$}"));
             }
-            println!("{header}");
+            outln!("{header}")?;
             for (t, row) in trace.tokens.iter().zip(weights.rows()) {
                 let mut line = format!("{t:<width$}");
                 for w in row {
                     line.push_str(&format!(" {w:>width$.4}"));
                 }
-                println!("{line}");
+                outln!("{line}")?;
             }
         }
     }

@@ -12,6 +12,7 @@ use clap::ValueEnum;
 
 use crate::args::experiment::{experiment, ExperimentArgs};
 use crate::args::model::{ModelArgs, ModelRun};
+use crate::io::console::{errln, out, outln};
 use crate::io::outputs::Outputs;
 
 /// Flags of `attend explain`.
@@ -64,13 +65,13 @@ pub fn run(args: Args) -> Result<(), Error> {
     }
     outputs.commit()?;
     match args.format {
-        Format::Json => println!("{}", ex.to_json()),
+        Format::Json => outln!("{}", ex.to_json())?,
         Format::Text => {
-            print!(
+            out!(
                 "{}",
                 walkthrough::render(&walkthrough::experiment_steps(&ex, &exp))
-            );
-            print!("{}", walkthrough::heatmaps(&maps, 0, ColorMode::detect())?);
+            )?;
+            out!("{}", walkthrough::heatmaps(&maps, 0, ColorMode::detect())?)?;
         }
     }
     Ok(())
@@ -114,17 +115,15 @@ fn explain_model(args: &Args, run: &ModelRun, outputs: Outputs) -> Result<(), Er
                 }
                 obj.insert(s.key.into(), value);
             }
-            println!("{}", serde_json::Value::Object(obj));
+            outln!("{}", serde_json::Value::Object(obj))?;
         }
         Format::Text => {
-            println!("{}, layer {layer}, head {head}", run.title);
-            println!("tokens: {:?}\n", run.trace.tokens);
-            print!("{}", walkthrough::render(&steps));
-            println!(
-                "Attention weights, layer {layer}, head {head} (rows: queries, columns: keys)"
-            );
+            outln!("{}, layer {layer}, head {head}", run.title)?;
+            outln!("tokens: {:?}\n", run.trace.tokens)?;
+            out!("{}", walkthrough::render(&steps))?;
+            outln!("Attention weights, layer {layer}, head {head} (rows: queries, columns: keys)")?;
             let w = maps.layers[layer].index_axis(ndarray::Axis(0), head);
-            print!(
+            out!(
                 "{}",
                 viz::terminal_heatmap(
                     w,
@@ -132,7 +131,7 @@ fn explain_model(args: &Args, run: &ModelRun, outputs: Outputs) -> Result<(), Er
                     &maps.key_tokens,
                     ColorMode::detect()
                 )?
-            );
+            )?;
         }
     }
     Ok(())
@@ -144,6 +143,6 @@ fn write_page(outputs: Outputs, html: &std::path::Path, page: &str) -> Result<()
         std::fs::write(path, page).map_err(|e| Error::io(path, e))
     })?;
     outputs.commit()?;
-    eprintln!("wrote {}", html.display());
+    errln!("wrote {}", html.display());
     Ok(())
 }

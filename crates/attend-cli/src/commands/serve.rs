@@ -115,7 +115,7 @@ fn init_logging(format: LogFormat, access_log: bool) {
 /// Runs `attend serve` until SIGTERM or SIGINT, then drains and returns.
 pub fn run(args: Args) -> Result<(), Error> {
     let options = ServeOptions {
-        model: model_dir::resolve(args.model),
+        model: model_dir::resolve(args.model)?,
         served_model_name: args.served_model_name,
         host: args.host,
         port: args.port,

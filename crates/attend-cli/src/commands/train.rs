@@ -10,6 +10,7 @@ use attend::train::{evaluate, loss_curve_svg, save, train, TrainConfig, EVAL_SEQ
 use attend::Error;
 
 use crate::args::flags;
+use crate::io::console::{err, errln, outln};
 use crate::io::outputs::Outputs;
 
 /// Flags of `attend train`.
@@ -45,7 +46,7 @@ pub struct Args {
     /// Where to write the trained weights.
     #[arg(long, default_value = "reverser.safetensors")]
     weights: PathBuf,
-    /// Where to write the loss curve.
+    /// Where to write the loss curve, an SVG picture (FILE.svg).
     #[arg(long, default_value = "loss.svg")]
     curve: PathBuf,
     /// No progress bar.
@@ -71,6 +72,16 @@ pub fn run(args: Args) -> Result<(), Error> {
         ("--weights", Some(&args.weights)),
         ("--curve", Some(&args.curve)),
     ])?;
+    let svg = args
+        .curve
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("svg"));
+    if !svg {
+        return Err(Error::value(format!(
+            "--curve {}: the loss curve is an SVG picture; name a .svg file",
+            args.curve.display()
+        )));
+    }
     let config = TrainConfig {
         len: args.len,
         d_model: args.d_model,
@@ -92,7 +103,7 @@ pub fn run(args: Args) -> Result<(), Error> {
             running = Some(r);
             if !quiet && (step % 10 == 0 || step + 1 == steps) {
                 let filled = (step + 1) * 30 / steps;
-                eprint!(
+                err!(
                     "\r[{}{}] {:>5}/{steps}  loss {r:.4}  {:.1}s",
                     "#".repeat(filled),
                     ".".repeat(30 - filled),
@@ -105,7 +116,7 @@ pub fn run(args: Args) -> Result<(), Error> {
     })?;
     let train_secs = start.elapsed().as_secs_f64();
     if !quiet {
-        eprintln!();
+        errln!();
     }
     let (digit, sequence) = evaluate(&model, EVAL_SEQUENCES, args.seed ^ 0xA11CE)?;
     outputs.write("--weights", |path| save(&model, path))?;
@@ -118,20 +129,20 @@ pub fn run(args: Args) -> Result<(), Error> {
         std::fs::write(path, loss_curve_svg(&losses, &title)).map_err(|e| Error::io(path, e))
     })?;
     outputs.commit()?;
-    println!(
+    outln!(
         "trained {steps} steps in {train_secs:.1}s on {} threads; final loss {:.4}",
         args.threads,
         losses.last().copied().unwrap_or(f32::NAN)
-    );
-    println!(
+    )?;
+    outln!(
         "held-out accuracy: {:.2}% of digits, {:.2}% of whole sequences ({EVAL_SEQUENCES} new sequences)",
         digit * 100.0,
         sequence * 100.0
-    );
-    println!(
+    )?;
+    outln!(
         "wrote {} and {}",
         args.weights.display(),
         args.curve.display()
-    );
+    )?;
     Ok(())
 }

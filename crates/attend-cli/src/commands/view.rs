@@ -12,6 +12,7 @@ use attend::viz::{self, AttentionMaps, ColorMode};
 
 use crate::args::experiment::{self as experiment_args, ExperimentArgs};
 use crate::args::model::ModelArgs;
+use crate::io::console::{errln, out};
 use crate::io::outputs::Outputs;
 use attend::{Error, Result};
 
@@ -65,13 +66,13 @@ pub fn run(args: Args) -> Result<()> {
     outputs.write("--html", |path| viz::write_html(&maps, path))?;
     outputs.commit()?;
     for path in [&args.heatmap, &args.html].into_iter().flatten() {
-        eprintln!("wrote {}", path.display());
+        errln!("wrote {}", path.display());
     }
     if args.heatmap.is_none() && args.html.is_none() {
-        print!(
+        out!(
             "{}",
             terminal(&maps, args.layer, args.head, mode(&args.color)?)?
-        );
+        )?;
     }
     Ok(())
 }

@@ -2,16 +2,23 @@
 
 use std::path::PathBuf;
 
+use attend::Error;
+
 /// `--model DIR`, else `$ATTEND_MODEL_DIR`, else `~/.cache/attend/all-minilm-l6-v2`
-/// (where `scripts/fetch-model` puts all-MiniLM-L6-v2).
-pub fn resolve(arg: Option<PathBuf>) -> PathBuf {
-    arg.or_else(|| std::env::var_os("ATTEND_MODEL_DIR").map(PathBuf::from))
-        .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME")
-                .map(PathBuf::from)
-                .unwrap_or_default();
-            home.join(".cache/attend/all-minilm-l6-v2")
-        })
+/// (where `scripts/fetch-model` puts all-MiniLM-L6-v2). Without a home directory
+/// there is no default: a path relative to the working directory would load
+/// whatever happens to be there.
+pub fn resolve(arg: Option<PathBuf>) -> Result<PathBuf, Error> {
+    let given = |v: Option<std::ffi::OsString>| v.filter(|v| !v.is_empty()).map(PathBuf::from);
+    if let Some(dir) = arg.or_else(|| given(std::env::var_os("ATTEND_MODEL_DIR"))) {
+        return Ok(dir);
+    }
+    match given(std::env::var_os("HOME")) {
+        Some(home) if home.is_absolute() => Ok(home.join(".cache/attend/all-minilm-l6-v2")),
+        _ => Err(Error::value(
+            "no model directory: pass --model DIR or set ATTEND_MODEL_DIR (HOME is unset or not absolute, so there is no ~/.cache/attend/all-minilm-l6-v2 to default to)",
+        )),
+    }
 }
 
 /// Output formats of the model commands.

@@ -6,6 +6,7 @@ use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::io::console::{err, errln};
 use attend::corpus::Progress;
 
 /// Redraws at most this often: a terminal need not see every batch.
@@ -75,14 +76,14 @@ impl ProgressBar {
     /// Erases the line.
     pub fn clear(&self) {
         if self.last.is_some() {
-            eprint!("\r\x1b[K");
+            err!("\r\x1b[K");
         }
     }
 
     /// Replaces the line with the run's total.
     pub fn finish(self, texts: u64, output: &Path) {
         let secs = self.start.elapsed().as_secs_f64();
-        eprintln!(
+        errln!(
             "\r\x1b[Kembedded {texts} texts in {secs:.1} s ({:.0} texts/s) into {}",
             texts as f64 / secs.max(1e-9),
             output.display()

@@ -17,6 +17,7 @@ pub(crate) mod html;
 mod picture;
 mod terminal;
 
+use std::io::Read;
 use std::path::Path;
 
 use ndarray::{Array3, ArrayView4, Axis};
@@ -46,6 +47,10 @@ pub struct AttentionMaps {
     /// A title shown above pictures and pages.
     pub title: String,
 }
+
+/// The largest attention-maps JSON file read: 1 GiB, some 100 million weights
+/// (every layer and head of a 12-layer, 12-head model over 800 tokens).
+pub const MAX_JSON_BYTES: u64 = 1 << 30;
 
 /// The JSON form of [`AttentionMaps`]: `layers` is nested lists `[layer][head][q][k]`.
 #[derive(Serialize, Deserialize)]
@@ -185,6 +190,11 @@ impl AttentionMaps {
     pub fn from_json(text: &str) -> Result<Self> {
         let j: MapsJson = serde_json::from_str(text)
             .map_err(|e| Error::format(format!("attention maps JSON: {e}")))?;
+        Self::from_parsed(j)
+    }
+
+    /// The maps of a parsed document, checked.
+    fn from_parsed(j: MapsJson) -> Result<Self> {
         let key_tokens = j.key_tokens.unwrap_or_else(|| j.query_tokens.clone());
         let (tq, tk) = (j.query_tokens.len(), key_tokens.len());
         let mut layers = Vec::with_capacity(j.layers.len());
@@ -217,10 +227,25 @@ impl AttentionMaps {
         Self::new(j.query_tokens, key_tokens, layers, j.title)
     }
 
-    /// Reads maps from a JSON file (see [`from_json`](Self::from_json)).
+    /// Reads maps from a JSON file (see [`from_json`](Self::from_json)), parsed as
+    /// it is read: a file that is not JSON (`/dev/zero`) fails at its first byte,
+    /// and one larger than [`MAX_JSON_BYTES`] is refused when it gets there.
     pub fn read_json(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        Self::from_json(&text).map_err(|e| Error::format(format!("{}: {e}", path.display())))
+        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        let mut input = std::io::BufReader::new(file).take(MAX_JSON_BYTES + 1);
+        let parsed = serde_json::from_reader(&mut input);
+        let named = |e: Error| Error::format(format!("{}: {e}", path.display()));
+        if input.limit() == 0 {
+            return Err(named(Error::format(format!(
+                "attention maps JSON larger than {} MiB",
+                MAX_JSON_BYTES >> 20
+            ))));
+        }
+        let j: MapsJson = parsed.map_err(|e| match e.io_error_kind() {
+            Some(_) => Error::io(path, e),
+            None => named(Error::format(format!("attention maps JSON: {e}"))),
+        })?;
+        Self::from_parsed(j).map_err(named)
     }
 
     /// The JSON form read by [`from_json`](Self::from_json).

@@ -6,7 +6,7 @@ use std::io::BufRead;
 use rayon::prelude::*;
 
 use super::{embed_in_length_order, TextReader, VectorSink};
-use crate::models::tokenize::Tokenized;
+use crate::models::tokenize::{TokenCount, Tokenized};
 use crate::models::{SentenceEncoder, Sequence};
 use attend_core::{Error, Result};
 
@@ -51,7 +51,7 @@ pub struct Summary {
     /// sentence-transformers does.
     pub truncated: u64,
     /// The first truncated text's line and token count.
-    pub first_truncated: Option<(u64, usize)>,
+    pub first_truncated: Option<(u64, TokenCount)>,
 }
 
 /// Embeds every text `reader` yields into `sink`, chunk by chunk.

@@ -16,6 +16,7 @@ use attend::{limits, Error};
 use ndarray::{Array2, Array4};
 
 use crate::args::flags;
+use crate::io::console::outln;
 
 mod decode;
 
@@ -31,8 +32,8 @@ pub struct Args {
     /// Key/value heads (default: H).
     #[arg(long, value_parser = flags::positive)]
     kv_heads: Option<usize>,
-    /// Query length L.
-    #[arg(long, default_value_t = 2048, value_parser = flags::positive)]
+    /// Query length L (not with --decode: a decode step has one query token).
+    #[arg(long, default_value_t = 2048, value_parser = flags::positive, conflicts_with = "decode")]
     seq: usize,
     /// Key length S (default: L).
     #[arg(long, value_parser = flags::positive)]
@@ -193,9 +194,9 @@ pub fn run(args: Args) -> Result<(), Error> {
             min_time: args.min_time,
         })?;
         if args.format == "json" {
-            println!("{record}");
+            outln!("{record}")?;
         } else {
-            println!(
+            outln!(
                 "attend decode {} {} B={} H={} Hkv={} S={} E={} threads={}: {:.3} ms, {:.2} GB/s ({:.0}% of the {:.2} GB/s read bandwidth)",
                 record["isa"].as_str().unwrap_or("?"),
                 record["dtype"].as_str().unwrap_or("?"),
@@ -205,7 +206,7 @@ pub fn run(args: Args) -> Result<(), Error> {
                 record["gbps"].as_f64().unwrap_or(0.0),
                 100.0 * record["fraction_of_read"].as_f64().unwrap_or(0.0),
                 record["read_gbps"].as_f64().unwrap_or(0.0),
-            );
+            )?;
         }
         return Ok(());
     }
@@ -293,9 +294,9 @@ pub fn run(args: Args) -> Result<(), Error> {
             "head_dim": e, "causal": args.causal, "mask": args.mask.map(MaskKind::name), "backward": args.backward, "ms": median * 1e3, "gflops": gflops,
             "peak_rss_bytes": limits::peak_rss(),
         });
-        println!("{j}");
+        outln!("{j}")?;
     } else {
-        println!(
+        outln!(
             "attend {} {} B={b} H={h} Hkv={hkv} L={l} S={s} E={e} causal={} mask={} threads={}: {:.3} ms, {:.1} GFLOP/s{}",
             isa.name(),
             dtype_flag(args.dtype),
@@ -308,7 +309,7 @@ pub fn run(args: Args) -> Result<(), Error> {
                 (false, _) | (true, Isa::Avx512Bf16) => "",
                 (true, _) => " (bf16 pairs widened to f32: no vdpbf16ps on this path)",
             }
-        );
+        )?;
     }
     Ok(())
 }

@@ -3,7 +3,9 @@
 //! The library does the work ([`attend::corpus`]); this module opens the files,
 //! picks the output format, and writes through [`Outputs`] so that the output
 //! appears only when every line has been embedded: a bad line leaves an existing
-//! file as it was and no temporary file behind.
+//! file as it was and no temporary file behind. A line keeps only the bytes the
+//! model can read (a warning counts the lines cut), and a line with no end is
+//! refused, so `--input /dev/zero` ends.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, IsTerminal};
@@ -18,6 +20,7 @@ use attend::models::SentenceEncoder;
 use attend::Error;
 
 use super::format::EmbedFormat;
+use crate::io::console::errln;
 use crate::io::outputs::Outputs;
 use crate::io::progress::ProgressBar;
 
@@ -67,7 +70,8 @@ pub fn run(job: Job) -> Result<(), Error> {
         Some(field) => InputFormat::Jsonl { field },
         None => InputFormat::Lines,
     };
-    let mut reader = TextReader::new(input, input_format, origin);
+    let mut reader = TextReader::new(input, input_format, origin)
+        .with_max_text_bytes(encoder.tokenizer.max_text_bytes());
     let options = CorpusOptions {
         batch_size: job.batch_size,
         chunk_size: job.chunk_size,
@@ -77,30 +81,13 @@ pub fn run(job: Job) -> Result<(), Error> {
         .then(|| ProgressBar::new(size));
     let mut summary = Summary::default();
     let written = outputs.write("--output", |temp| {
-        let file = File::create(temp).map_err(|e| Error::io(temp, e))?;
-        let out = BufWriter::new(file);
-        let mut run = |sink: &mut dyn VectorSink| {
+        summary = write_file(format, temp, encoder.dimension(), |sink| {
             embed_corpus(&encoder, &mut reader, sink, options, |p| {
                 if let Some(bar) = bar.as_mut() {
                     bar.update(p);
                 }
             })
-        };
-        summary = match format {
-            OutputFormat::Npy => {
-                let width = encoder.dimension();
-                let mut sink = RowWriter::new(out, width, temp.display().to_string())?;
-                let summary = run(&mut sink)?;
-                sync(sink.finish()?, temp)?;
-                summary
-            }
-            OutputFormat::Jsonl => {
-                let mut sink = JsonlWriter::new(out, temp.display().to_string());
-                let summary = run(&mut sink)?;
-                sync(sink.finish()?, temp)?;
-                summary
-            }
-        };
+        })?;
         Ok(())
     });
     if let (Err(_), Some(bar)) = (&written, &bar) {
@@ -111,8 +98,15 @@ pub fn run(job: Job) -> Result<(), Error> {
     if let Some(bar) = bar {
         bar.finish(summary.texts, &job.output);
     }
+    if let (cut, Some(line)) = reader.texts_cut() {
+        errln!(
+            "warning: {cut} line(s) were cut to their first {} bytes before tokenizing: the model reads at most {} tokens (the first: line {line})",
+            encoder.tokenizer.max_text_bytes(),
+            encoder.tokenizer.max_len()
+        );
+    }
     if let Some((line, tokens)) = summary.first_truncated {
-        eprintln!(
+        errln!(
             "warning: {} text(s) longer than the model's maximum of {} tokens were truncated, as sentence-transformers does (the first: line {line}, {tokens} tokens)",
             summary.truncated,
             encoder.tokenizer.max_len()
@@ -121,8 +115,35 @@ pub fn run(job: Job) -> Result<(), Error> {
     Ok(())
 }
 
+/// Writes a new `format` file at `path` (`width` numbers a vector) with what `fill`
+/// puts into its sink, and returns what `fill` returned.
+pub fn write_file<T>(
+    format: OutputFormat,
+    path: &Path,
+    width: usize,
+    fill: impl FnOnce(&mut dyn VectorSink) -> Result<T, Error>,
+) -> Result<T, Error> {
+    let file = File::create(path).map_err(|e| Error::io(path, e))?;
+    let out = BufWriter::new(file);
+    let origin = path.display().to_string();
+    match format {
+        OutputFormat::Npy => {
+            let mut sink = RowWriter::new(out, width, origin)?;
+            let filled = fill(&mut sink)?;
+            flush(sink.finish()?, path)?;
+            Ok(filled)
+        }
+        OutputFormat::Jsonl => {
+            let mut sink = JsonlWriter::new(out, origin);
+            let filled = fill(&mut sink)?;
+            flush(sink.finish()?, path)?;
+            Ok(filled)
+        }
+    }
+}
+
 /// `--format`, else the output's extension.
-fn output_format(flag: Option<EmbedFormat>, output: &Path) -> Result<OutputFormat, Error> {
+pub fn output_format(flag: Option<EmbedFormat>, output: &Path) -> Result<OutputFormat, Error> {
     match flag {
         Some(EmbedFormat::Npy) => Ok(OutputFormat::Npy),
         Some(EmbedFormat::Jsonl) => Ok(OutputFormat::Jsonl),
@@ -139,10 +160,9 @@ fn output_format(flag: Option<EmbedFormat>, output: &Path) -> Result<OutputForma
     }
 }
 
-/// Flushes the buffered file to disk, so that the rename publishes a complete file.
-fn sync(out: BufWriter<File>, path: &Path) -> Result<(), Error> {
-    let file = out
-        .into_inner()
-        .map_err(|e| Error::io(path, e.into_error()))?;
-    file.sync_all().map_err(|e| Error::io(path, e))
+/// Flushes the buffered file (`Outputs::commit` syncs it to disk).
+fn flush(out: BufWriter<File>, path: &Path) -> Result<(), Error> {
+    out.into_inner()
+        .map(drop)
+        .map_err(|e| Error::io(path, e.into_error()))
 }

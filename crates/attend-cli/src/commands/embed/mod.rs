@@ -1,17 +1,21 @@
 //! `attend embed`: sentence embeddings from a BERT-family model, of the sentences
-//! on the command line or of a whole corpus (`--input`, see [`corpus`]).
+//! on the command line (printed, or written to `--output`) or of a whole corpus
+//! (`--input`, see [`corpus`]).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use attend::models::SentenceEncoder;
+use attend::corpus::Record;
+use attend::models::{Embeddings, SentenceEncoder};
 use attend::Error;
 
 use crate::args::model::PrecisionArg;
 use crate::io::model_dir::{self, Format};
+use crate::io::outputs::Outputs;
 
 mod corpus;
 mod format;
 
+use crate::io::console::{errln, outln};
 use format::EmbedFormat;
 
 /// Flags of `attend embed`.
@@ -44,9 +48,10 @@ pub struct Args {
     /// With --input: each line is a JSON object and its text is in this field.
     #[arg(long, value_name = "NAME", requires = "input")]
     field: Option<String>,
-    /// With --input: where the vectors go, `.npy` (float32 [texts, dim]) or `.jsonl`
-    /// (one object per text, in input order). Written in full or not at all.
-    #[arg(long, value_name = "FILE", requires = "input")]
+    /// Where the vectors go instead of standard output (required with --input):
+    /// `.npy` (float32 [texts, dim]) or `.jsonl` (one object per text, in input
+    /// order). Written in full or not at all.
+    #[arg(long, value_name = "FILE")]
     output: Option<PathBuf>,
     /// With --input: texts per forward pass (texts of similar length share one).
     #[arg(long, value_name = "N", default_value_t = 32, requires = "input")]
@@ -59,49 +64,82 @@ pub struct Args {
 
 /// Runs `attend embed`.
 pub fn run(args: Args) -> Result<(), Error> {
-    if let (Some(input), Some(output)) = (args.input, args.output) {
+    if let (Some(input), Some(output)) = (&args.input, &args.output) {
         let job = corpus::Job {
-            model: model_dir::resolve(args.model),
+            model: model_dir::resolve(args.model)?,
             precision: args.precision.into(),
-            input,
+            input: input.clone(),
             field: args.field,
-            output,
+            output: output.clone(),
             format: args.format,
             batch_size: args.batch_size,
             chunk_size: args.chunk_size,
         };
         return corpus::run(job);
     }
+    if let Some(output) = &args.output {
+        return sentences_to_file(&args, output);
+    }
     let format = match args.format {
         None | Some(EmbedFormat::Text) => Format::Text,
         Some(EmbedFormat::Json) => Format::Json,
         Some(other) => {
             return Err(Error::value(format!(
-                "--format {} is for --input/--output; sentences print as text or json",
+                "--format {} is for --output (sentences may go to a file too); printed sentences are text or json",
                 other.name()
             )))
         }
     };
-    let encoder =
-        SentenceEncoder::load_with(model_dir::resolve(args.model), args.precision.into())?;
-    let texts: Vec<&str> = args.sentences.iter().map(String::as_str).collect();
-    let out = encoder.embed(&texts)?;
-    for w in &out.warnings {
-        eprintln!("warning: {w}");
-    }
+    let out = embed(&args)?;
     match format {
         Format::Json => {
-            println!(
+            outln!(
                 "{{\"embeddings\":{}}}",
                 model_dir::json_matrix(out.vectors.rows())
-            );
+            )?;
         }
         Format::Text => {
             for row in out.vectors.rows() {
                 let line: Vec<String> = row.iter().map(|x| x.to_string()).collect();
-                println!("{}", line.join(" "));
+                outln!("{}", line.join(" "))?;
             }
         }
     }
     Ok(())
+}
+
+/// The sentences' embeddings, warnings printed.
+fn embed(args: &Args) -> Result<Embeddings, Error> {
+    let encoder = SentenceEncoder::load_with(
+        model_dir::resolve(args.model.clone())?,
+        args.precision.into(),
+    )?;
+    let texts: Vec<&str> = args.sentences.iter().map(String::as_str).collect();
+    let out = encoder.embed(&texts)?;
+    for w in &out.warnings {
+        errln!("warning: {w}");
+    }
+    Ok(out)
+}
+
+/// `attend embed --output FILE SENTENCE…`: the sentences' vectors written as a
+/// corpus's are, one record per sentence.
+fn sentences_to_file(args: &Args, output: &Path) -> Result<(), Error> {
+    let format = corpus::output_format(args.format, output)?;
+    let outputs = Outputs::new(&[("--output", Some(output))])?;
+    let out = embed(args)?;
+    let records: Vec<Record> = (1..)
+        .zip(&args.sentences)
+        .map(|(line, text)| Record {
+            line,
+            text: text.clone(),
+            object: None,
+        })
+        .collect();
+    outputs.write("--output", |temp| {
+        corpus::write_file(format, temp, out.vectors.ncols(), |sink| {
+            sink.write_chunk(&records, out.vectors.view())
+        })
+    })?;
+    outputs.commit()
 }
