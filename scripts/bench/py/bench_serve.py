@@ -251,7 +251,9 @@ class Bench:
         env = dict(os.environ, RAYON_NUM_THREADS=str(self.args.threads))
         times = self.work / "embed-times"
         argv = ["/usr/bin/time", "-f", "%e %U %S", "-o", str(times), *argv]
-        subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, timeout=self.args.oha_timeout)
+        run = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=self.args.oha_timeout, check=False)
+        if run.returncode != 0:
+            raise SystemExit(f"attend embed failed ({run.returncode}): {run.stderr.strip()[-500:]}")
         wall, user, system = (float(x) for x in times.read_text().split()[-3:])
         self.embed_cpu_s += user + system
         return wall
@@ -415,8 +417,9 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=48)
     p.add_argument("--seconds", type=int, default=20)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--connections", type=int, default=32)
-    p.add_argument("--latency-connections", type=int, default=64)
+    # Enough requests in flight for a server to form full batches.
+    p.add_argument("--connections", type=int, default=64)
+    p.add_argument("--latency-connections", type=int, default=128)
     p.add_argument("--warmup", type=int, default=200)
     p.add_argument("--idle-requests", type=int, default=1000)
     p.add_argument("--rss", type=lambda s: [int(x) for x in s.split(",")], default=[10_000, 100_000])
