@@ -38,7 +38,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut tokens = 0;
     for _ in 0..reps {
         let t0 = Instant::now();
-        let (_, batch, _) = enc.tokenize(&refs)?;
+        let batch = enc.token_batch(&refs)?;
         let t1 = Instant::now();
         let mut timings = Timings::default();
         let hidden = enc.model.forward_timed(&batch, &mut timings)?;

@@ -74,7 +74,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let loaded = rss_mib()? - before;
     let texts = sentences();
     let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
-    let (_, batch, _) = encoder.tokenize(&texts)?;
+    let batch = encoder.token_batch(&texts)?;
     for _ in 0..2 {
         std::hint::black_box(encoder.embed(&texts)?);
     }

@@ -56,7 +56,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     for precision in [Precision::F32, Precision::Bf16] {
         let encoder = SentenceEncoder::load_with(dir, precision)?;
-        let (_, batch, _) = encoder.tokenize(&["A short query."])?;
+        let batch = encoder.token_batch(&["A short query."])?;
         let element = match precision {
             Precision::F32 => 4,
             Precision::Bf16 => 2,

@@ -157,7 +157,7 @@ fn every_attention_head_matches_transformers_eager() {
         }
         // The fast path (packed rows, `attention`) gives the same last hidden state.
         let want_h = Array2::from_shape_vec((t, 384), floats(&case["last_hidden_state"])).unwrap();
-        let (_, batch, _) = enc.tokenize(&[text]).unwrap();
+        let batch = enc.token_batch(&[text]).unwrap();
         let fast = enc.model.forward(&batch).unwrap();
         let traced = &trace.trace.hidden;
         let d_fast = max_abs_diff(fast.iter().copied(), want_h.iter().copied());
@@ -223,7 +223,7 @@ fn a_batch_with_padding_equals_one_by_one() {
         assert!(diff <= 1e-6, "text {i}: {diff:e}");
     }
     // The traced (padded, reference) path agrees too, padding positions aside.
-    let (_, batch, _) = enc.tokenize(&texts).unwrap();
+    let batch = enc.token_batch(&texts).unwrap();
     let traced = enc.model.trace(&batch).unwrap();
     for (i, text) in texts.iter().enumerate() {
         let one = enc.trace(text).unwrap();

@@ -70,7 +70,7 @@ fn a_padded_batch_equals_each_text_alone() {
 #[test]
 fn the_fused_path_equals_the_traced_path() {
     let enc = encoder();
-    let (_, batch, _) = enc.tokenize(&TEXTS).unwrap();
+    let batch = enc.token_batch(&TEXTS).unwrap();
     let fast = enc.model.forward(&batch).unwrap();
     let traced = enc.model.trace(&batch).unwrap();
     for (i, &n) in batch.lengths.iter().enumerate() {

@@ -7,7 +7,7 @@ use rayon::prelude::*;
 
 use super::{embed_in_length_order, TextReader, VectorSink};
 use crate::models::tokenize::Tokenized;
-use crate::models::SentenceEncoder;
+use crate::models::{SentenceEncoder, Sequence};
 use attend_core::{Error, Result};
 
 /// How a corpus is cut up.
@@ -100,7 +100,10 @@ pub fn embed_corpus<R: BufRead>(
             &lengths,
             options.batch_size,
             width,
-            |batch| encoder.embed_tokenized(batch),
+            |batch| {
+                let seqs: Vec<Sequence<'_>> = batch.iter().map(|&t| Sequence::from(t)).collect();
+                encoder.engine().embed(&seqs)
+            },
             |n| {
                 done += n as u64;
                 progress(Progress {

@@ -6,20 +6,16 @@
 
 use std::path::Path;
 
-use rayon::prelude::*;
-
-use ndarray::{s, Array2, Array3, Array4, ArrayView2, ArrayView4, Axis, ShapeBuilder};
+use ndarray::{Array2, Array4, ArrayView2};
 
 use super::family::{self, Family};
 use super::positions::{mpnet_bias, position_ids, sinusoidal_table, MPNET_BUCKETS};
-use super::probe::{Probe, Stopwatch, Timings, Watch, Work};
+use super::probe::{Probe, Work};
 use super::weights::Weights;
 use super::{BertConfig, TokenBatch};
-use attend_core::attention::{attention, AttentionOptions, Precision};
+use attend_core::attention::Precision;
 use attend_core::io::safetensors::SafeTensors;
-use attend_core::kernels::reference;
-use attend_core::nn::{merge_heads, LayerNorm, Linear, ModuleTrace, MultiHeadAttention};
-use attend_core::problem::Problem;
+use attend_core::nn::{LayerNorm, Linear, MultiHeadAttention};
 use attend_core::{Error, Result};
 
 /// Word, position and token-type embeddings, summed and normalised.
@@ -76,23 +72,6 @@ pub struct BertModel {
     /// ([`Linear::for_inference_with`]); the embeddings, LayerNorms, activations
     /// and attention stay f32.
     pub precision: Precision,
-}
-
-/// Every intermediate of a [`BertModel::trace`] run.
-#[derive(Clone, Debug)]
-pub struct BertTrace {
-    /// Input of each layer, `[B, T, d]` (entry 0 is the embedding output).
-    pub inputs: Vec<Array3<f32>>,
-    /// Each layer's self-attention: `q`, `k`, `v` (`[B, H, T, head_dim]`), raw scores,
-    /// scaled-and-masked scores and softmax weights (`[B, H, T, T]`), context and
-    /// output projection.
-    pub attention: Vec<ModuleTrace>,
-    /// Last hidden state, `[B, T, d]`, padding positions included (as transformers
-    /// computes them).
-    pub hidden: Array3<f32>,
-    /// MPNet's relative-position bias `[1, H, T, T]`, added to every layer's scaled
-    /// scores; `None` for the other families.
-    pub position_bias: Option<Array4<f32>>,
 }
 
 impl BertModel {
@@ -246,7 +225,7 @@ impl BertModel {
         })
     }
 
-    fn check(&self, batch: &TokenBatch) -> Result<()> {
+    pub(super) fn check(&self, batch: &TokenBatch) -> Result<()> {
         let (b, t) = batch.ids.dim();
         if batch.type_ids.dim() != (b, t) || batch.lengths.len() != b {
             return Err(Error::shape(format!(
@@ -293,7 +272,11 @@ impl BertModel {
     }
 
     /// Embedding-block output for the given `(batch, position)` pairs, one row each.
-    fn embed_rows(&self, batch: &TokenBatch, rows: &[(usize, usize)]) -> Result<Array2<f32>> {
+    pub(super) fn embed_rows(
+        &self,
+        batch: &TokenBatch,
+        rows: &[(usize, usize)],
+    ) -> Result<Array2<f32>> {
         let e = &self.embeddings;
         let padding_idx = self.config.position_padding_idx();
         let positions: Vec<Vec<usize>> = batch
@@ -319,120 +302,10 @@ impl BertModel {
         e.norm.forward_inplace(x.view_mut(), None)?;
         Ok(x)
     }
-
-    /// The last hidden state `[B, T, d]`; padding positions are zero.
-    ///
-    /// Only real tokens are computed: the rows of all sequences are packed
-    /// together through the dense layers, and attention runs on each sequence's
-    /// rows of the stacked projections where they lie (no padded copy, no padding
-    /// keys or queries). A sequence's result therefore does not depend on what
-    /// else is in the batch, and padding costs nothing until the output is laid
-    /// out as `[B, T, d]`.
-    pub fn forward(&self, batch: &TokenBatch) -> Result<Array3<f32>> {
-        Ok(self.forward_watched(batch, || ())?.0)
-    }
-
-    /// [`forward`](Self::forward), adding the time spent in each kind of work to
-    /// `timings` (for benchmarks: where does the time go?).
-    pub fn forward_timed(&self, batch: &TokenBatch, timings: &mut Timings) -> Result<Array3<f32>> {
-        let (out, watches) = self.forward_watched(batch, Stopwatch::new)?;
-        // The threads' mean, so that the kinds still add up to the forward's time.
-        let ways = watches.len() as u32;
-        for watch in &watches {
-            timings.matmul += watch.spent.matmul / ways;
-            timings.attention += watch.spent.attention / ways;
-            timings.other += watch.spent.other / ways;
-        }
-        Ok(out)
-    }
-
-    /// [`forward`](Self::forward) with a stopwatch from `watch` on each group of
-    /// sequences, returned with the output.
-    fn forward_watched<W: Watch + Send>(
-        &self,
-        batch: &TokenBatch,
-        watch: impl Fn() -> W + Send + Sync,
-    ) -> Result<(Array3<f32>, Vec<W>)> {
-        if rayon::current_thread_index().is_none() {
-            // Run on a worker of the thread pool: each parallel step is then a join
-            // the worker completes itself if the other thread is late, where a call
-            // from outside the pool would hand each step over and wait for it.
-            return rayon::scope(|_| self.forward_watched(batch, watch));
-        }
-        self.check(batch)?;
-        // MPNet's bias for the batch's T, made once and shared by every group.
-        let bias = self.position_bias(batch.ids.ncols());
-        let groups = sequence_groups(&batch.lengths, rayon::current_num_threads());
-        if groups.len() < 2 {
-            let (out, spent) = self.forward_rows(batch, bias.as_ref(), watch())?;
-            return Ok((out, vec![spent]));
-        }
-        // Groups of whole sequences side by side, one per thread: each product
-        // then runs on one core, where the whole batch's would make the threads
-        // meet at every product. A sequence's result does not depend on its
-        // group, so the output is the same.
-        let parts: Vec<(Array3<f32>, W)> = groups
-            .par_iter()
-            .with_max_len(1)
-            .map(|range| {
-                let group = TokenBatch {
-                    ids: batch.ids.slice(s![range.clone(), ..]).to_owned(),
-                    type_ids: batch.type_ids.slice(s![range.clone(), ..]).to_owned(),
-                    lengths: batch.lengths[range.clone()].to_vec(),
-                };
-                self.forward_rows(&group, bias.as_ref(), watch())
-            })
-            .collect::<Result<_>>()?;
-        let views: Vec<_> = parts.iter().map(|(out, _)| out.view()).collect();
-        let out = ndarray::concatenate(Axis(0), &views).expect("groups share T and d");
-        Ok((out, parts.into_iter().map(|(_, spent)| spent).collect()))
-    }
-
-    /// The forward of a checked batch with its position bias, every product split
-    /// over the thread pool, timed by `watch`.
-    fn forward_rows<W: Watch>(
-        &self,
-        batch: &TokenBatch,
-        bias: Option<&Array4<f32>>,
-        watch: W,
-    ) -> Result<(Array3<f32>, W)> {
-        let mut probe = Packed {
-            model: self,
-            lengths: &batch.lengths,
-            bias,
-            watch,
-        };
-        let (b, t) = batch.ids.dim();
-        let d = self.config.hidden_size;
-        let rows: Vec<(usize, usize)> = (0..b)
-            .flat_map(|bi| (0..batch.lengths[bi]).map(move |ti| (bi, ti)))
-            .collect();
-        if rows.is_empty() {
-            return Ok((Array3::zeros((b, t, d)), probe.watch));
-        }
-        let mut h = self.embed_rows(batch, &rows)?;
-        probe.done(Work::Other);
-        for layer in &self.layers {
-            h = self.layer(layer, h.view(), &mut probe)?;
-        }
-        // Each sequence's rows, then zeros for its padding.
-        let src = h.as_slice().expect("Linear returns row-major arrays");
-        let mut out = Vec::with_capacity(b * t * d);
-        let mut r = 0;
-        for &len in &batch.lengths {
-            out.extend_from_slice(&src[r * d..(r + len) * d]);
-            out.resize(out.len() + (t - len) * d, 0.0);
-            r += len;
-        }
-        probe.done(Work::Other);
-        let out = Array3::from_shape_vec((b, t, d), out).expect("B·T rows of d");
-        Ok((out, probe.watch))
-    }
-
     /// One encoder layer on rows `h [n, d]`: self-attention (run by the probe),
     /// then the feed-forward block, each added to its input and normalised. Both
     /// forwards are loops over this function; only their probes differ.
-    fn layer<P: Probe>(
+    pub(super) fn layer<P: Probe>(
         &self,
         layer: &BertLayer,
         h: ArrayView2<'_, f32>,
@@ -440,7 +313,7 @@ impl BertModel {
     ) -> Result<Array2<f32>> {
         let qkv = layer.qkv.forward(h)?;
         probe.done(Work::Matmul);
-        let context = probe.attention(layer, &qkv)?;
+        let context = probe.attention(&layer.attention, &qkv)?;
         probe.done(Work::Attention);
         let out_proj = layer.attention.out_proj.as_ref().ok_or_else(no_out_proj)?;
         let a = out_proj.forward_residual_norm(context.view(), h, &layer.attention_norm)?;
@@ -457,225 +330,15 @@ impl BertModel {
         Ok(out)
     }
 
-    /// One layer's attention over the packed rows of the stacked projections
-    /// `qkv [n, 3d]` (sequences of `lengths`, one after another), as packed rows
-    /// `[n, d]` of the heads side by side. Each sequence is its own call on views
-    /// of its rows, the sequences in parallel.
-    fn attend_sequences(
-        &self,
-        qkv: &Array2<f32>,
-        lengths: &[usize],
-        bias: Option<&Array4<f32>>,
-    ) -> Result<Array2<f32>> {
-        let (n, width) = qkv.dim();
-        let d = width / 3;
-        let heads = self.config.num_attention_heads;
-        let dh = self.config.head_dim();
-        let all = qkv.as_slice().expect("Linear returns row-major arrays");
-        let starts: Vec<usize> = lengths
-            .iter()
-            .scan(0, |r, &len| {
-                let start = *r;
-                *r += len;
-                Some(start)
-            })
-            .collect();
-        let contexts: Vec<Array4<f32>> = starts
-            .par_iter()
-            .zip(lengths)
-            .filter(|(_, &len)| len > 0)
-            .map(|(&start, &len)| {
-                let rows = &all[start * width..(start + len) * width];
-                let bias = bias.map(|a| a.slice(s![.., .., ..len, ..len]).into_dyn());
-                let opts = AttentionOptions {
-                    bias,
-                    ..Default::default()
-                };
-                attention(
-                    projection_heads(rows, 1, len, 0, heads),
-                    projection_heads(rows, 1, len, 1, heads),
-                    projection_heads(rows, 1, len, 2, heads),
-                    &opts,
-                )
-            })
-            .collect::<Result<_>>()?;
-        // [1, H, len, dh] per sequence → packed rows [n, H·dh].
-        let mut merged = Vec::with_capacity(n * d);
-        for ctx in &contexts {
-            let ctx = ctx.as_standard_layout();
-            let src = ctx.as_slice().expect("standard layout");
-            let len = ctx.dim().2;
-            for ti in 0..len {
-                for hi in 0..heads {
-                    let from = (hi * len + ti) * dh;
-                    merged.extend_from_slice(&src[from..from + dh]);
-                }
-            }
-        }
-        Ok(Array2::from_shape_vec((n, d), merged).expect("n rows of d"))
-    }
-
     /// MPNet's relative-position bias `[1, H, t, t]` for sequences padded to `t`
     /// tokens: made once per call, shared by every layer, and broadcast over the
     /// batch by the attention call (no `[B, H, t, t]` copy). `None` for the other
     /// families.
-    fn position_bias(&self, t: usize) -> Option<Array4<f32>> {
+    pub(super) fn position_bias(&self, t: usize) -> Option<Array4<f32>> {
         self.relative_attention_bias
             .as_ref()
             .map(|table| mpnet_bias(table.view(), t))
     }
-
-    /// [`forward`](Self::forward) on the padded batch through the reference attention,
-    /// keeping every intermediate: the per-layer, per-head Q, K, V, scores and
-    /// attention weights that `attend explain` and the HTML viewer show.
-    pub fn trace(&self, batch: &TokenBatch) -> Result<BertTrace> {
-        self.check(batch)?;
-        let (b, t) = batch.ids.dim();
-        let d = self.config.hidden_size;
-        let rows: Vec<(usize, usize)> = (0..b)
-            .flat_map(|bi| (0..t).map(move |ti| (bi, ti)))
-            .collect();
-        let padding = batch.padding_mask();
-        let bias = self.position_bias(t);
-        let mut probe = Tracer {
-            batch: b,
-            tokens: t,
-            heads: self.config.num_attention_heads,
-            opts: AttentionOptions {
-                key_padding: Some(padding.view()),
-                bias: bias.as_ref().map(|a| a.view().into_dyn()),
-                ..Default::default()
-            },
-            layers: Vec::with_capacity(self.layers.len()),
-        };
-        let to_batch = |rows: Array2<f32>| rows.into_shape_with_order((b, t, d)).expect("B·T rows");
-        let mut h = self.embed_rows(batch, &rows)?;
-        let mut inputs = Vec::with_capacity(self.layers.len());
-        for layer in &self.layers {
-            let out = self.layer(layer, h.view(), &mut probe)?;
-            inputs.push(to_batch(std::mem::replace(&mut h, out)));
-        }
-        Ok(BertTrace {
-            inputs,
-            attention: probe.layers,
-            hidden: to_batch(h),
-            position_bias: bias,
-        })
-    }
-}
-
-/// The fast forward's probe: each sequence's attention through the fused kernel
-/// on its own rows (packed, no padding), timed by `watch`.
-struct Packed<'a, W> {
-    model: &'a BertModel,
-    /// The rows of each sequence, one sequence after another.
-    lengths: &'a [usize],
-    /// MPNet's position bias for the batch.
-    bias: Option<&'a Array4<f32>>,
-    watch: W,
-}
-
-impl<W: Watch> Probe for Packed<'_, W> {
-    #[inline(always)]
-    fn done(&mut self, work: Work) {
-        self.watch.lap(work);
-    }
-
-    fn attention(&mut self, _: &BertLayer, qkv: &Array2<f32>) -> Result<Array2<f32>> {
-        self.model.attend_sequences(qkv, self.lengths, self.bias)
-    }
-}
-
-/// The traced forward's probe: attention on the padded batch through the
-/// reference kernel, each layer's Q, K, V, scores, weights, context and output
-/// projection kept.
-struct Tracer<'a> {
-    batch: usize,
-    /// The padded length `T`.
-    tokens: usize,
-    heads: usize,
-    /// The padding keys masked, MPNet's bias added.
-    opts: AttentionOptions<'a>,
-    /// Each layer's record so far.
-    layers: Vec<ModuleTrace>,
-}
-
-impl Probe for Tracer<'_> {
-    fn done(&mut self, _: Work) {}
-
-    fn attention(&mut self, layer: &BertLayer, qkv: &Array2<f32>) -> Result<Array2<f32>> {
-        let (b, t, heads) = (self.batch, self.tokens, self.heads);
-        let all = qkv.as_slice().expect("Linear returns row-major arrays");
-        let [q, k, v] = [0, 1, 2].map(|which| {
-            projection_heads(all, b, t, which, heads)
-                .as_standard_layout()
-                .into_owned()
-        });
-        let attention = reference::run(&Problem::new(q.view(), k.view(), v.view(), &self.opts)?);
-        let context = merge_heads(attention.output.view());
-        let rows =
-            Array2::from_shape_vec((b * t, qkv.ncols() / 3), context.iter().copied().collect())
-                .expect("B·T rows of d");
-        // The layer adds the output projection to its residual as it computes it,
-        // so the projection alone, which the record keeps, is computed here again.
-        let output = match &layer.attention.out_proj {
-            Some(o) => Some(o.forward(context.view())?),
-            None => None,
-        };
-        self.layers.push(ModuleTrace {
-            q,
-            k,
-            v,
-            attention,
-            context,
-            output,
-        });
-        Ok(rows)
-    }
-}
-
-/// Fewest tokens for which a group of sequences gets a thread of its own: from
-/// about 64 rows a product runs near its single-thread peak (examples/dense_bench).
-const GROUP_TOKENS: usize = 64;
-
-/// Splits the sequences of `lengths` into at most `threads` contiguous groups of
-/// about equal tokens, each of at least [`GROUP_TOKENS`] tokens (one group when
-/// the batch is too small to share).
-fn sequence_groups(lengths: &[usize], threads: usize) -> Vec<std::ops::Range<usize>> {
-    let tokens: usize = lengths.iter().sum();
-    let ways = threads.min(tokens / GROUP_TOKENS).min(lengths.len()).max(1);
-    let mut groups = Vec::with_capacity(ways);
-    let (mut start, mut seen) = (0, 0);
-    for (i, &len) in lengths.iter().enumerate() {
-        seen += len;
-        // Cut once this group has its share of the tokens.
-        if seen * ways >= tokens * (groups.len() + 1) && groups.len() + 1 < ways {
-            groups.push(start..i + 1);
-            start = i + 1;
-        }
-    }
-    groups.push(start..lengths.len());
-    groups
-}
-
-/// Projection `which` (0 queries, 1 keys, 2 values) of `batch` sequences of
-/// `len` rows each of stacked projections (`3d` wide) as `[batch, H, len, d/H]`:
-/// a view, no copy.
-fn projection_heads(
-    rows: &[f32],
-    batch: usize,
-    len: usize,
-    which: usize,
-    heads: usize,
-) -> ArrayView4<'_, f32> {
-    let width = rows.len() / (batch * len);
-    let d = width / 3;
-    let dh = d / heads;
-    ArrayView4::from_shape(
-        (batch, heads, len, dh).strides((len * width, dh, width, 1)),
-        &rows[which * d..],
-    )
-    .expect("the heads of one projection lie inside the stacked rows")
 }
 
 fn no_out_proj() -> Error {
@@ -684,9 +347,10 @@ fn no_out_proj() -> Error {
 
 #[cfg(test)]
 mod tests {
+    use super::super::forward::sequence_groups;
     use super::*;
     use attend_core::io::safetensors::serialize;
-    use ndarray::{ArrayD, IxDyn};
+    use ndarray::{s, ArrayD, IxDyn};
 
     /// A two-layer BERT of width 8 with arbitrary weights, in memory.
     fn tiny() -> BertModel {
@@ -890,17 +554,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn sequence_groups_share_the_tokens_and_keep_small_batches_whole() {
-        assert_eq!(sequence_groups(&[40, 40, 40, 40], 2), vec![0..2, 2..4]);
-        assert_eq!(sequence_groups(&[100, 10, 10, 10], 2), vec![0..1, 1..4]);
-        // Too few tokens for two groups of GROUP_TOKENS, or one sequence.
-        assert_eq!(sequence_groups(&[30, 30, 30], 2), vec![0..3]);
-        assert_eq!(sequence_groups(&[500], 2), vec![0..1]);
-        assert_eq!(sequence_groups(&[0, 0], 2), vec![0..2]);
-        assert_eq!(sequence_groups(&[64, 64, 64], 4), vec![0..1, 1..2, 2..3]);
     }
 
     #[test]

@@ -13,7 +13,9 @@
 mod batch;
 mod config;
 mod encoder;
+mod engine;
 mod family;
+mod forward;
 mod modules;
 mod pooling;
 mod positions;
@@ -22,15 +24,18 @@ mod probe;
 mod sentence;
 #[cfg(feature = "tokenizers")]
 pub mod tokenize;
+mod trace;
 mod weights;
 
 pub use batch::TokenBatch;
 pub use config::BertConfig;
-pub use encoder::{BertEmbeddings, BertLayer, BertModel, BertTrace};
+pub use encoder::{BertEmbeddings, BertLayer, BertModel};
+pub use engine::{Engine, Sequence};
 pub use family::{Family, SUPPORTED_MODEL_TYPES};
 pub use modules::{Dense, DenseActivation, SentenceModules};
 pub use pooling::{pool, Pooling};
 pub use probe::Timings;
+pub use trace::BertTrace;
 
 /// A checkpoint directory's last component, as a readable model name for titles.
 pub fn model_name(dir: &std::path::Path) -> String {

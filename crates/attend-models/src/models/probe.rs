@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use ndarray::Array2;
 
-use super::encoder::BertLayer;
+use attend_core::nn::MultiHeadAttention;
 use attend_core::Result;
 
 /// The kinds of work [`Timings`] tells apart.
@@ -29,10 +29,14 @@ pub(crate) trait Probe {
     /// A step of kind `work` has just finished.
     fn done(&mut self, work: Work);
 
-    /// `layer`'s attention over the stacked projections `qkv [n, 3d]` of the
+    /// A layer's `attention` over the stacked projections `qkv [n, 3d]` of the
     /// forward's rows, as rows `[n, d]` of the heads' contexts side by side (the
     /// output projection's input).
-    fn attention(&mut self, layer: &BertLayer, qkv: &Array2<f32>) -> Result<Array2<f32>>;
+    fn attention(
+        &mut self,
+        attention: &MultiHeadAttention,
+        qkv: &Array2<f32>,
+    ) -> Result<Array2<f32>>;
 }
 
 /// Where a fast forward's time goes: `()` keeps none, [`Stopwatch`] keeps

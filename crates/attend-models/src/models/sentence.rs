@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::modules::{read_json, SentenceModules};
 use super::tokenize::{short, Tokenized, Tokenizer};
-use super::{BertConfig, BertModel, BertTrace, TokenBatch};
+use super::{BertConfig, BertModel, BertTrace, Engine, Sequence, TokenBatch};
 use attend_core::attention::Precision;
 use attend_core::{Error, Result};
 
@@ -212,9 +212,8 @@ impl SentenceEncoder {
         self.modules.apply(hidden, lengths)
     }
 
-    /// Tokenises `texts` and pads them into one batch, with a warning for each
-    /// truncated or empty text.
-    pub fn tokenize(&self, texts: &[&str]) -> Result<(Vec<Tokenized>, TokenBatch, Vec<String>)> {
+    /// Tokenises `texts`, with a warning for each truncated or empty text.
+    pub fn tokenize(&self, texts: &[&str]) -> Result<(Vec<Tokenized>, Vec<String>)> {
         let mut warnings = Vec::new();
         let mut all = Vec::with_capacity(texts.len());
         for (i, text) in texts.iter().enumerate() {
@@ -235,50 +234,53 @@ impl SentenceEncoder {
             }
             all.push(tok);
         }
-        let batch = self.pad(all.iter())?;
-        Ok((all, batch, warnings))
+        Ok((all, warnings))
     }
 
-    /// Tokenised texts as one batch, padded with the model's padding id.
-    fn pad<'t>(&self, toks: impl Iterator<Item = &'t Tokenized>) -> Result<TokenBatch> {
-        let pad = self.model.config.pad_token_id as u32;
-        let seqs: Vec<(Vec<u32>, Vec<u32>)> =
-            toks.map(|t| (t.ids.clone(), t.type_ids.clone())).collect();
-        TokenBatch::from_sequences(&seqs, pad)
-    }
-
-    /// Sentence embeddings `[texts.len(), d]`, all texts in one padded batch.
-    pub fn embed(&self, texts: &[&str]) -> Result<Embeddings> {
-        let (_, batch, warnings) = self.tokenize(texts)?;
-        let vectors = self.embed_batch(&batch)?;
-        Ok(Embeddings { vectors, warnings })
-    }
-
-    /// [`embed`](Self::embed) of texts already tokenised by
-    /// [`tokenizer`](Self::tokenizer) (no warnings: the caller has the tokens), so
-    /// that a caller who needed the tokens first does not tokenise twice.
-    pub fn embed_tokenized(&self, toks: &[&Tokenized]) -> Result<Array2<f32>> {
-        self.embed_batch(&self.pad(toks.iter().copied())?)
-    }
-
-    /// Encoder, pooling and the later modules on one padded batch.
-    fn embed_batch(&self, batch: &TokenBatch) -> Result<Array2<f32>> {
-        if batch.lengths.is_empty() {
-            return Ok(Array2::zeros((0, self.dimension())));
+    /// The encoder and its modules as an [`Engine`]: token sequences in, vectors
+    /// out, for callers that tokenise by themselves.
+    pub fn engine(&self) -> Engine<'_> {
+        Engine {
+            model: &self.model,
+            modules: &self.modules,
         }
-        let hidden = self.model.forward(batch)?;
-        self.pool(hidden.view(), &batch.lengths)
+    }
+
+    /// `texts` tokenised into one padded batch, for [`BertModel::forward`] and
+    /// [`BertModel::trace`].
+    pub fn token_batch(&self, texts: &[&str]) -> Result<TokenBatch> {
+        let (toks, _) = self.tokenize(texts)?;
+        let seqs: Vec<Sequence<'_>> = toks.iter().map(Sequence::from).collect();
+        self.engine().batch(&seqs)
+    }
+
+    /// Sentence embeddings `[texts.len(), d]`, all texts in one batch.
+    pub fn embed(&self, texts: &[&str]) -> Result<Embeddings> {
+        let (toks, warnings) = self.tokenize(texts)?;
+        let seqs: Vec<Sequence<'_>> = toks.iter().map(Sequence::from).collect();
+        let vectors = self.engine().embed(&seqs)?;
+        Ok(Embeddings { vectors, warnings })
     }
 
     /// Runs one text through the reference path, keeping every layer's and head's
     /// Q, K, V, scores and attention weights.
     pub fn trace(&self, text: &str) -> Result<SentenceTrace> {
-        let (mut toks, batch, warnings) = self.tokenize(&[text])?;
+        let (mut toks, warnings) = self.tokenize(&[text])?;
+        let batch = self.engine().batch(&[Sequence::from(&toks[0])])?;
         let trace = self.model.trace(&batch)?;
         Ok(SentenceTrace {
             tokens: toks.remove(0).tokens,
             warnings,
             trace,
         })
+    }
+}
+
+impl<'a> From<&'a Tokenized> for Sequence<'a> {
+    fn from(tok: &'a Tokenized) -> Self {
+        Sequence {
+            ids: &tok.ids,
+            type_ids: &tok.type_ids,
+        }
     }
 }

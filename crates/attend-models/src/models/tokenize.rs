@@ -9,7 +9,35 @@ use attend_core::{Error, Result};
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     truncating: tokenizers::Tokenizer,
+    /// Truncating from the start instead (TEI's `truncation_direction: "Left"`).
+    truncating_left: tokenizers::Tokenizer,
     max_len: usize,
+}
+
+/// Which tokens of a text over the maximum length are kept.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Truncation {
+    /// The first tokens (sentence-transformers' truncation).
+    #[default]
+    Right,
+    /// The last tokens.
+    Left,
+    /// None: the text is tokenised whole, however long, for a caller that refuses
+    /// texts over the maximum.
+    Off,
+}
+
+/// One token of a text with where it came from (TEI's `/tokenize`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Piece {
+    /// The token id.
+    pub id: u32,
+    /// The token as a string.
+    pub text: String,
+    /// Whether the tokenizer added it (`[CLS]`, `[SEP]`, …).
+    pub special: bool,
+    /// The byte offsets in the text it was read from (`0..0` for special tokens).
+    pub span: std::ops::Range<usize>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -56,16 +84,20 @@ impl Tokenizer {
                 "maximum length {max_len} leaves no room for [CLS] and [SEP]"
             )));
         }
-        let mut truncating = inner.clone();
-        truncating
-            .with_truncation(Some(tokenizers::TruncationParams {
+        let truncating_to = |direction| -> Result<tokenizers::Tokenizer> {
+            let mut t = inner.clone();
+            t.with_truncation(Some(tokenizers::TruncationParams {
                 max_length: max_len,
+                direction,
                 ..Default::default()
             }))
             .map_err(|e| Error::value(format!("maximum length {max_len}: {e}")))?;
+            Ok(t)
+        };
         Ok(Tokenizer {
+            truncating: truncating_to(tokenizers::TruncationDirection::Right)?,
+            truncating_left: truncating_to(tokenizers::TruncationDirection::Left)?,
             inner,
-            truncating,
             max_len,
         })
     }
@@ -83,16 +115,28 @@ impl Tokenizer {
     /// Tokenises `text`, truncating it (and saying so in
     /// [`Tokenized::truncated_from`]) when it is too long.
     pub fn encode(&self, text: &str) -> Result<Tokenized> {
-        let fail =
-            |e: tokenizers::Error| Error::value(format!("cannot tokenise {:?}: {e}", short(text)));
-        let full = self.inner.encode(text, true).map_err(fail)?;
-        let (enc, truncated_from) = if full.len() > self.max_len {
-            (
-                self.truncating.encode(text, true).map_err(fail)?,
+        self.encode_with(text, Truncation::Right)
+    }
+
+    /// [`encode`](Self::encode) keeping the tokens `truncation` says of a text
+    /// over the maximum length ([`Truncation::Off`]: all of them).
+    pub fn encode_with(&self, text: &str, truncation: Truncation) -> Result<Tokenized> {
+        let full = self
+            .inner
+            .encode(text, true)
+            .map_err(|e| tokenise_error(text, e))?;
+        let truncating = match truncation {
+            _ if full.len() <= self.max_len => None,
+            Truncation::Right => Some(&self.truncating),
+            Truncation::Left => Some(&self.truncating_left),
+            Truncation::Off => None,
+        };
+        let (enc, truncated_from) = match truncating {
+            Some(t) => (
+                t.encode(text, true).map_err(|e| tokenise_error(text, e))?,
                 Some(full.len()),
-            )
-        } else {
-            (full, None)
+            ),
+            None => (full, None),
         };
         Ok(Tokenized {
             ids: enc.get_ids().to_vec(),
@@ -101,6 +145,34 @@ impl Tokenizer {
             truncated_from,
         })
     }
+}
+
+impl Tokenizer {
+    /// Every token of `text`, with the special tokens if `special_tokens`, and
+    /// where each came from; never truncated.
+    pub fn pieces(&self, text: &str, special_tokens: bool) -> Result<Vec<Piece>> {
+        let enc = self
+            .inner
+            .encode(text, special_tokens)
+            .map_err(|e| tokenise_error(text, e))?;
+        Ok(enc
+            .get_ids()
+            .iter()
+            .zip(enc.get_tokens())
+            .zip(enc.get_special_tokens_mask())
+            .zip(enc.get_offsets())
+            .map(|(((&id, token), &special), &(start, stop))| Piece {
+                id,
+                text: token.clone(),
+                special: special == 1,
+                span: start..stop,
+            })
+            .collect())
+    }
+}
+
+fn tokenise_error(text: &str, e: tokenizers::Error) -> Error {
+    Error::value(format!("cannot tokenise {:?}: {e}", short(text)))
 }
 
 /// The first 40 characters of `text`, for messages.
