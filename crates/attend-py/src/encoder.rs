@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 
 use attend::attention::Precision;
 use attend::element::Dtype;
-use attend::models::tokenize::Tokenized;
+use attend::models::Sequence;
 
 use crate::errors::{to_py, value_error};
 use crate::pool;
@@ -114,17 +114,13 @@ impl SentenceEncoder {
                 )));
             }
         }
-        let toks: Vec<Tokenized> = sequences
-            .into_iter()
-            .map(|ids| Tokenized {
-                type_ids: vec![0; ids.len()],
-                ids,
-                tokens: Vec::new(),
-                truncated_from: None,
-            })
+        let type_ids: Vec<Vec<u32>> = sequences.iter().map(|ids| vec![0; ids.len()]).collect();
+        let seqs: Vec<Sequence<'_>> = sequences
+            .iter()
+            .zip(&type_ids)
+            .map(|(ids, type_ids)| Sequence { ids, type_ids })
             .collect();
-        let refs: Vec<&Tokenized> = toks.iter().collect();
-        let vectors = pool::run(py, threads, || self.inner.embed_tokenized(&refs))?;
+        let vectors = pool::run(py, threads, || self.inner.engine().embed(&seqs))?;
         Ok(vectors.into_pyarray(py))
     }
 }
