@@ -78,6 +78,7 @@ class Server:
         self.base = ""
         self.model = ""
         self.served = 0  # requests answered so far, by oha's count
+        self.rss_at: List[int] = []  # the request counts its RSS is read after
 
     def start(self, timeout_s: float) -> None:
         """Starts the process and waits until its ready path answers 200. Without a
@@ -279,16 +280,17 @@ class Bench:
                 [sys.executable, str(Path(__file__).with_name("serve_texts.py")), "bodies", str(texts), s.model, str(self.bodies(s))],
                 check=True,
             )
-        rss_small, rss_large = a.rss
+        for s in servers:
+            s.rss_at = a.rss if s.label.startswith("attend") else a.peer_rss or a.rss
         rss: Dict[str, list] = {s.label: [] for s in servers}
         machine0, servers0 = machine_cpu(), sum(s.cpu_s() for s in servers)
         self0 = time.process_time()
 
-        log(f"warm-up ({a.warmup} requests each), then each server to {rss_small} requests for its first RSS")
+        log(f"warm-up ({a.warmup} requests each), then each server to its first RSS count")
         for s in servers:
             self.only(s)
             self.oha(s, ["-n", str(a.warmup), "-c", str(a.connections)], self.bodies(s), None)
-            self.serve_until(s, rss_small)
+            self.serve_until(s, s.rss_at[0])
             rss[s.label].append(s.rss_mib())
 
         if with_embed:
@@ -329,9 +331,9 @@ class Bench:
             self.oha(s, ["-n", "50", "-c", "1"], None, self.short_body(s))
             idle[s.label] = self.oha(s, ["-n", str(a.idle_requests), "-c", "1"], None, self.short_body(s))
 
-        log(f"each server to {rss_large} requests for its second RSS")
+        log("each server to its second RSS count")
         for s in servers:
-            self.serve_until(s, rss_large)
+            self.serve_until(s, s.rss_at[1])
             rss[s.label].append(s.rss_mib())
         self.only(None)
         for s in servers:
@@ -384,7 +386,7 @@ class Bench:
         for s in servers:
             (small, _, _), (large, rest, n) = rss[s.label]
             helpers = f"; its {n} helper processes hold {rest:.1f} more" if n else ""
-            print(f"  {s.label:<14} after {a.rss[0]} requests {small:8.1f}, after {a.rss[1]} {large:8.1f} (x{large / small:.3f}){helpers}")
+            print(f"  {s.label:<14} after {s.rss_at[0]} requests {small:8.1f}, after {s.rss_at[1]} {large:8.1f} (x{large / small:.3f}){helpers}")
         print()
         print("ratios (this run):")
         attend = servers[0].label if servers[0].label.startswith("attend") else None
@@ -399,11 +401,16 @@ class Bench:
             print(f"  {attend} idle round trip: {idle_ms:.2f} ms; goal <= 3 ms (MiniLM)")
             print(f"  {attend} p99 at 50 % / idle round trip: {latency[attend][50]['p99_ms'] / idle_ms:.2f}x; goal <= 3x")
             small, large = (m for m, _, _ in rss[attend])
-            print(f"  {attend} RSS after {a.rss[1]} / after {a.rss[0]} requests: {large / small:.3f}; goal within 10 %")
+            print(f"  {attend} RSS after {servers[0].rss_at[1]} / after {servers[0].rss_at[0]} requests: {large / small:.3f}; goal within 10 %")
         for s in servers:
             if not s.label.startswith("attend"):
                 small, large = (m for m, _, _ in rss[s.label])
-                print(f"  {s.label} RSS after {a.rss[1]} / after {a.rss[0]} requests: {large / small:.3f}")
+                print(f"  {s.label} RSS after {s.rss_at[1]} / after {s.rss_at[0]} requests: {large / small:.3f}")
+
+
+def request_counts(text: str) -> List[int]:
+    """``10000,100000`` -> ``[10000, 100000]``."""
+    return [int(x) for x in text.split(",")]
 
 
 def main() -> None:
@@ -422,15 +429,17 @@ def main() -> None:
     p.add_argument("--latency-connections", type=int, default=128)
     p.add_argument("--warmup", type=int, default=200)
     p.add_argument("--idle-requests", type=int, default=1000)
-    p.add_argument("--rss", type=lambda s: [int(x) for x in s.split(",")], default=[10_000, 100_000])
+    p.add_argument("--rss", type=request_counts, default=[10_000, 100_000], help="request counts of attend's two RSS readings")
+    p.add_argument("--peer-rss", type=request_counts, help="the same for the other servers (default: --rss)")
     p.add_argument("--oha-timeout", type=float, default=1800)
     p.add_argument("--start-timeout", type=float, default=300)
     p.add_argument("--cpu", required=True)
     p.add_argument("--mean-tokens", type=float, required=True)
     p.add_argument("--token-range", required=True)
     args = p.parse_args()
-    if len(args.rss) != 2 or not 0 < args.rss[0] < args.rss[1]:
-        raise SystemExit("--rss takes two request counts, the smaller first (e.g. 10000,100000)")
+    for pair in (args.rss, args.peer_rss or args.rss):
+        if len(pair) != 2 or not 0 < pair[0] < pair[1]:
+            raise SystemExit("--rss and --peer-rss take two request counts, the smaller first (e.g. 10000,100000)")
 
     threads = str(args.threads)
     servers: List[Server] = []
