@@ -12,7 +12,7 @@ mod args;
 mod commands;
 mod io;
 
-use commands::{attention, bench, embed, explain, sdpa, train, view};
+use commands::{attention, bench, embed, explain, sdpa, serve, train, view};
 
 /// Self-attention, faithful to PyTorch and fast on CPU.
 #[derive(Parser)]
@@ -38,6 +38,8 @@ enum Command {
     Attention(attention::Args),
     /// Train a small attention model to reverse digit sequences.
     Train(train::Args),
+    /// Serve sentence embeddings over HTTP: OpenAI's /v1/embeddings and text-embeddings-inference's /embed.
+    Serve(serve::Args),
 }
 
 fn main() -> ExitCode {
@@ -91,6 +93,7 @@ fn main() -> ExitCode {
         Command::Embed(args) => embed::run(args),
         Command::Attention(args) => attention::run(args),
         Command::Train(args) => train::run(args),
+        Command::Serve(args) => serve::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -4,6 +4,9 @@
 //! Building a rayon pool costs far more than a small attention call, and Python
 //! passes a thread count with every call (it follows `torch.get_num_threads()`), so
 //! the library's pools ([`attend::threads::pool`]), kept and reused, run the work.
+//! Those pools belong to one process (a forked child builds its own), so all of the
+//! work runs on them and none on rayon's global pool, whose threads a forked child
+//! would lack and which cannot be rebuilt.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 

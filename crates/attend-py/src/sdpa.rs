@@ -81,12 +81,15 @@ impl MaskView<'_> {
 /// Everything about a call but its tensors, as `scaled_dot_product_attention` takes
 /// it (a Python object for the shape rules and NumPy calls; the operators' kernels
 /// make theirs from the schema's arguments). The constructor refuses a dropout
-/// probability outside `[0, 1)`; the shape rules refuse the rest.
+/// probability outside `[0, 1]`; the shape rules refuse the rest.
 #[pyclass(frozen, module = "attend._attend")]
 pub struct Options {
     causal: bool,
     scale: Option<f64>,
     dropout: Option<Dropout>,
+    /// `dropout_p = 1`: every weight dropped, so the output and the gradients are
+    /// zeros, as PyTorch's are (the library's dropout takes `p < 1` only).
+    drops_all: bool,
     enable_gqa: bool,
 }
 
@@ -117,14 +120,23 @@ impl Options {
         enable_gqa: bool,
         seed: u64,
     ) -> PyResult<Self> {
+        if !(0.0..=1.0).contains(&dropout_p) {
+            return Err(to_py(Error::value(format!(
+                "dropout_p: dropout probability has to be between 0 and 1, but got {dropout_p}"
+            ))));
+        }
+        // A probability just below 1 that rounds to 1 in f32 drops all as well.
+        let drops_all = dropout_p as f32 == 1.0;
         let dropout = match dropout_p {
             0.0 => None,
+            _ if drops_all => None,
             p => Some(Dropout::new(p as f32, seed).map_err(to_py)?),
         };
         Ok(Options {
             causal: is_causal,
             scale,
             dropout,
+            drops_all,
             enable_gqa,
         })
     }
@@ -139,7 +151,7 @@ impl Options {
     ) -> Result<Layout> {
         if self.causal && mask.is_some() {
             return Err(Error::value(
-                "attn_mask and is_causal=True cannot both be given (PyTorch's rule): fold causality into the mask",
+                "Explicit attn_mask should not be set when is_causal=True (PyTorch's rule): fold causality into attn_mask",
             ));
         }
         let layout = Layout::new(q, k, v, mask, self.enable_gqa)?;
@@ -159,6 +171,7 @@ struct Call<'a, T> {
     mask: Option<CowArray<'a, bool, Ix4>>,
     bias: Option<CowArray<'a, f32, Ix4>>,
     causal: bool,
+    drops_all: bool,
 }
 
 impl<'a, T: Clone> Call<'a, T> {
@@ -182,6 +195,7 @@ impl<'a, T: Clone> Call<'a, T> {
             mask: bool_mask,
             bias,
             causal: options.causal,
+            drops_all: options.drops_all,
             layout,
         })
     }
@@ -198,7 +212,8 @@ impl<'a, T: Clone> Call<'a, T> {
     }
 
     /// The forward's `out` and `lse` as the caller sees them, `[..., L, Ev]` and
-    /// `[..., L]` (an empty output computes nothing).
+    /// `[..., L]` (an empty output computes nothing; with every weight dropped the
+    /// output is zeros and `lse` that of the weights before dropout).
     fn forward<U: Clone + Default, V: Clone + Default>(
         &self,
         compute: impl FnOnce(&Self) -> Result<(ndarray::Array4<U>, ndarray::Array3<V>)>,
@@ -207,18 +222,22 @@ impl<'a, T: Clone> Call<'a, T> {
         if self.layout.is_empty() {
             return Ok((ArrayD::default(out_shape), ArrayD::default(lse_shape)));
         }
-        let (out, lse) = compute(self)?;
+        let (mut out, lse) = compute(self)?;
+        if self.drops_all {
+            out.fill(U::default());
+        }
         Ok((reshape(out, out_shape)?, reshape(lse, lse_shape)?))
     }
 
     /// `(dq, dk, dv)` shaped like the caller's `q`, `k`, `v`, from the kernels'
-    /// rank-4 gradients (an empty output gives zeros without computing anything).
+    /// rank-4 gradients (an empty output, or one with every weight dropped, gives
+    /// zeros without computing anything).
     fn gradients<F: Clone + num_traits::Zero + std::ops::Add<Output = F>>(
         &self,
         [q, k, v]: [&[usize]; 3],
         compute: impl FnOnce() -> Result<[ndarray::Array4<F>; 3]>,
     ) -> Result<[ArrayD<F>; 3]> {
-        if self.layout.is_empty() {
+        if self.layout.is_empty() || self.drops_all {
             return Ok([q, k, v].map(ArrayD::zeros));
         }
         let [dq, dk, dv] = compute()?;

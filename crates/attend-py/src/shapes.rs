@@ -115,7 +115,7 @@ impl Layout {
         let shapes = || format!("query {query:?}, key {key:?}, value {value:?}");
         if query.len() < 2 || key.len() < 2 || value.len() < 2 {
             return Err(Error::shape(format!(
-                "query, key and value must be [..., L, E] (rank 2 or more): {}",
+                "Expected query, key, and value to all be at least 2 dimensional ([..., L, E]), but got {}",
                 shapes()
             )));
         }
@@ -139,7 +139,7 @@ impl Layout {
                 if shape.len() >= 3 && h.n != hq.n {
                     if h.n == 0 || hq.n % h.n != 0 {
                         return Err(Error::shape(format!(
-                            "with enable_gqa=True the key and value heads must divide the query's {}: {}",
+                            "Number of heads in key and value must divide the number of heads in query ({}, enable_gqa=True): {}",
                             hq.n,
                             shapes()
                         )));

@@ -184,11 +184,14 @@ def test_backward_gives_bf16_gradients_within_the_rule():
 
 BAD = [
     ("mixed dtypes", lambda q: (q, q.float(), q, {}), TypeError,
-     "query, key and value must have the same dtype: query torch.bfloat16, key torch.float32, value torch.bfloat16"),
+     "Expected query, key, and value to have the same dtype, but got query.dtype: torch.bfloat16 key.dtype: torch.float32 "
+     "and value.dtype: torch.bfloat16"),
     ("float64 mask", lambda q: (q, q, q, {"attn_mask": torch.zeros(4, 4, dtype=torch.float64)}), TypeError,
-     "attn_mask must be torch.bool or torch.float32 or torch.bfloat16 (with torch.bfloat16 inputs), got torch.float64"),
+     "attn_mask.dtype: torch.float64 and query.dtype: torch.bfloat16 "
+     "(attn_mask must be torch.bool or torch.float32 or torch.bfloat16)"),
     ("bf16 mask with f32", lambda q: (q.float(), q.float(), q.float(), {"attn_mask": torch.zeros(4, 4).bfloat16()}),
-     TypeError, "attn_mask must be torch.bool or torch.float32 (with torch.float32 inputs), got torch.bfloat16"),
+     TypeError,
+     "attn_mask.dtype: torch.bfloat16 and query.dtype: torch.float32 (attn_mask must be torch.bool or torch.float32)"),
     ("dropout", lambda q: (q, q, q, {"dropout_p": 0.1}), ValueError, "dropout_p > 0 is not supported for torch.bfloat16"),
 ]
 

@@ -107,6 +107,9 @@ def test_encode_arguments(model_dir, references):
         (dict(sentences=["ok", 3]), TypeError, "sentences[1] must be a str"),
         (dict(sentences=["ok"], batch_size=0), ValueError, "batch_size"),
         (dict(sentences=["ok"], truncate_dim=0), ValueError, "truncate_dim"),
+        (dict(sentences=["ok"], truncate_dim=1.5), ValueError, "truncate_dim must be a positive int or None, got 1.5"),
+        (dict(sentences=b"hello"), TypeError, "sentences must be a str or a sequence of str, got bytes"),
+        (dict(sentences=7), TypeError, "sentences must be a str or a sequence of str, got int"),
     ],
 )
 def test_bad_arguments(model_dir, kw, exc, text):

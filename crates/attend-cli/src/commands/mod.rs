@@ -5,5 +5,6 @@ pub mod bench;
 pub mod embed;
 pub mod explain;
 pub mod sdpa;
+pub mod serve;
 pub mod train;
 pub mod view;

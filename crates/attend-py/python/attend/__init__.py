@@ -45,9 +45,11 @@ __all__ = [
 
 _SUBMODULES = ("ops", "ray", "transformers")
 
-if "torch" in sys.modules:
+if sys.modules.get("torch") is not None:
     # Exported programs name torch.ops.attend.*: with torch already loaded this
     # costs little and lets torch.export.load find them after a plain import attend.
+    # (A None there is torch blocked, sys.modules["torch"] = None: the torch-free
+    # parts work without it.)
     from . import ops  # noqa: F401
 
 

@@ -23,7 +23,7 @@ _Qkv = Tuple[np.ndarray, np.ndarray, np.ndarray]
 
 @final
 class Options:
-    """A call's options; refuses a dropout probability outside [0, 1)."""
+    """A call's options; refuses a dropout probability outside [0, 1] (1 drops every weight)."""
 
     def __new__(
         cls, *, is_causal: bool, scale: Optional[float], dropout_p: float, enable_gqa: bool, seed: int

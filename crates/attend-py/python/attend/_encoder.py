@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Iterable, List, Optional, Sequence, Union
+from typing import Any, Iterable, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -106,7 +106,9 @@ class SentenceEncoder:
         texts: List[str] = [sentences] if single else list(_strings(sentences))
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        if truncate_dim is not None and not 1 <= truncate_dim:
+        if truncate_dim is not None and (
+            isinstance(truncate_dim, bool) or not isinstance(truncate_dim, int) or truncate_dim < 1
+        ):
             raise ValueError(f"truncate_dim must be a positive int or None, got {truncate_dim!r}")
         if prompt:
             texts = [prompt + t for t in texts]
@@ -199,7 +201,14 @@ def _token_ids(index: int, ids: Sequence[int], max_len: int, vocab_size: int) ->
     return [int(t) for t in out]
 
 
-def _strings(items: Iterable) -> Iterable[str]:
+def _strings(items: Any) -> Iterable[str]:
+    """The texts of ``sentences``: a sequence of ``str``, each checked."""
+    if isinstance(items, (bytes, bytearray, memoryview)):
+        raise TypeError(
+            f"sentences must be a str or a sequence of str, got {type(items).__name__} (decode it first: .decode())"
+        )
+    if not isinstance(items, Iterable):
+        raise TypeError(f"sentences must be a str or a sequence of str, got {type(items).__name__}")
     for i, t in enumerate(items):
         if not isinstance(t, str):
             raise TypeError(f"sentences[{i}] must be a str, got {type(t).__name__}")

@@ -12,6 +12,23 @@ from . import _attend
 
 _MODEL_ONLY = ("layer", "head", "text")
 
+_COUNTS = ("vocab_size", "embed_dim", "seed", "reseed", "skip_draws", "d_out", "d_k", "d_v", "heads", "layer", "head")
+"""The arguments the compiled half takes as unsigned integers: a negative one would
+reach it as an ``OverflowError`` that names no argument."""
+
+
+def _check_counts(arguments: Dict[str, Any]) -> None:
+    """Refuses a count (or a ``window`` side) that is not an int of 0 or more."""
+    window = arguments.get("window")
+    sides = [("window", side) for side in window] if isinstance(window, (tuple, list)) else []
+    for name, value in [(name, arguments.get(name)) for name in _COUNTS] + sides:
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if value < 0:
+            raise ValueError(f"{name} must be 0 or more, got {value}")
+
 
 class Explanation:
     """Every intermediate of one attention computation.
@@ -126,6 +143,7 @@ def explain(
     skip_draws, init, wq/wk/wv, d_out, d_k, d_v, heads, qkv, bias, out_proj, causal,
     window (``(left, right)``), mask_padding, softmax_dim, scale.
     """
+    _check_counts({"layer": layer, "head": head, **flags})
     if model is not None:
         given = [k for k, v in (("input", input), ("sentence", sentence), ("tokens", tokens), ("wq", wq)) if v is not None]
         given += sorted(flags)

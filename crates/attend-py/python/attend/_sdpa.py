@@ -25,7 +25,7 @@ def _sdpa_numpy(query, key, value, attn_mask, dropout_p, is_causal, scale, enabl
             )
         if attn_mask.dtype != np.bool_ and attn_mask.dtype != np.float32:
             raise AttendTypeError(f"attn_mask must be bool or float32 (the query's dtype), got {attn_mask.dtype}")
-    check_options(dropout_p, is_causal, scale, enable_gqa)
+    dropout_p, scale = check_options(dropout_p, is_causal, scale, enable_gqa)
     seed = int(np.random.randint(0, 2**63 - 1, dtype=np.int64)) if dropout_p else 0
     opts = _attend.Options(
         is_causal=bool(is_causal),
@@ -102,7 +102,7 @@ def scaled_dot_product_attention(
         return _sdpa_numpy(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     global _sdpa_torch
     if _sdpa_torch is None:
-        if "torch" not in sys.modules:  # no tensor without torch: not importing it here
+        if sys.modules.get("torch") is None:  # no tensor without torch: not importing it here
             raise kind_error(query, key, value)
         from .ops import sdpa_torch as _sdpa_torch  # torch, and the operators, with the first tensor
 

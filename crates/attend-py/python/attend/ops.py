@@ -46,7 +46,8 @@ from torch._C._functorch import (
     get_single_level_autograd_function_allowed,
     set_single_level_autograd_function_allowed,
 )
-from torch.fx.experimental.symbolic_shapes import guarding_hint_or_throw
+from torch.fx.experimental.symbolic_shapes import guarding_hint_or_throw, has_guarding_hint
+from torch.nn.attention.bias import CausalBias, CausalVariant
 
 from . import _attend
 from ._call import check_options, kind_error
@@ -132,7 +133,8 @@ def _shapes(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gq
     ``dynamic_shapes``) stay symbolic, under the equalities and divisibilities the
     rules rely on."""
     shapes = [query.shape, key.shape, value.shape, () if attn_mask is None else attn_mask.shape]
-    hints = [[guarding_hint_or_throw(n) for n in shape] for shape in shapes]
+    hints = [[guarding_hint_or_throw(n) for n in shape] for shape in shapes[:3]]
+    hints.append(_mask_hints(shapes[3], *hints))
     opts = _options(dropout_p, is_causal, scale, enable_gqa)
     out, lse, equal, divides = _attend.sdpa_shapes(*hints[:3], None if attn_mask is None else hints[3], opts)
 
@@ -140,10 +142,30 @@ def _shapes(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gq
         return source if isinstance(source, int) else shapes[source[0]][source[1]]
 
     for a, b in equal:
+        if isinstance(a, tuple) and a[0] == 3 and not has_guarding_hint(size(a)):
+            continue  # an unbacked mask size: checked by the kernel (see _mask_hints)
         torch._check(size(a) == size(b))
     for multiple, divisor in divides:
         torch._check(size(multiple) % size(divisor) == 0)
     return [size(s) for s in out], [size(s) for s in lse]
+
+
+def _mask_hints(mask_shape, q: list, k: list, v: list) -> list:
+    """The mask's sizes for the shape rules. A size with no hint, one made from data
+    under ``torch.export`` (``.item()``, ``nonzero()``: an unbacked size), is taken
+    as that of the attention weights' axis it lies on, which the rules accept; the
+    kernel checks its value when the program runs (a 1 broadcasts, as in PyTorch).
+    The output's shape never depends on the mask's."""
+    weights = []  # [..., L, S]; none for shapes the rules refuse
+    if min(len(q), len(k), len(v)) >= 2:
+        rank = max(len(q), len(k), len(v))
+        leading = [[1] * (rank - len(s)) + s[:-2] for s in (q, k, v)]
+        weights = [max(sizes) for sizes in zip(*leading)] + [q[-2], k[-2]]
+    offset = len(weights) - len(mask_shape)
+    return [
+        guarding_hint_or_throw(n) if has_guarding_hint(n) else (weights[offset + j] if offset + j >= 0 else 1)
+        for j, n in enumerate(mask_shape)
+    ]
 
 
 def _forward_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
@@ -409,12 +431,30 @@ def _check_mask(mask: Any, dtype: torch.dtype) -> None:
     floats = (torch.float32,) if dtype is torch.float32 else (torch.float32, dtype)
     if mask.dtype is not torch.bool and mask.dtype not in floats:
         names = " or ".join(str(d) for d in (torch.bool,) + floats)
-        raise AttendTypeError(f"attn_mask must be {names} (with {dtype} inputs), got {mask.dtype}")
+        raise AttendTypeError(
+            "Expected attn_mask dtype to be bool or float or to match query dtype, but got "
+            f"attn_mask.dtype: {mask.dtype} and query.dtype: {dtype} (attn_mask must be {names})"
+        )
     if mask.requires_grad and torch.is_grad_enabled():
         raise AttendValueError(
             "attend computes no gradient for attn_mask: pass attn_mask.detach() "
             "(or use torch's scaled_dot_product_attention for a learned mask)"
         )
+
+
+def _causal_bias(mask: Any, is_causal: Any, query: Tensor) -> tuple:
+    """``(attn_mask, is_causal)`` with a ``torch.nn.attention.bias.CausalBias`` mask
+    made attend's causal attention, as PyTorch's CPU path makes it: the upper-left
+    variant (and the lower-right one when ``L = S``, where the two agree) is
+    ``is_causal=True``; the lower-right one with ``L ≠ S`` is the boolean mask it
+    stands for."""
+    if not isinstance(mask, CausalBias):
+        return mask, is_causal
+    if is_causal:
+        raise AttendValueError("CausalBias should not be used with causal=True: the bias already is the causal mask")
+    if mask.variant == CausalVariant.UPPER_LEFT or mask.seq_len_q == mask.seq_len_kv:
+        return None, True
+    return mask._materialize(query.device), False
 
 
 def sdpa_torch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> Tensor:
@@ -426,12 +466,14 @@ def sdpa_torch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
         _check_tensor(name, t)
     if not query.dtype == key.dtype == value.dtype:
         raise AttendTypeError(
-            f"query, key and value must have the same dtype: query {query.dtype}, key {key.dtype}, value {value.dtype}"
+            "Expected query, key, and value to have the same dtype, but got "
+            f"query.dtype: {query.dtype} key.dtype: {key.dtype} and value.dtype: {value.dtype} instead"
         )
+    attn_mask, is_causal = _causal_bias(attn_mask, is_causal, query)
     _check_mask(attn_mask, query.dtype)
-    check_options(dropout_p, is_causal, scale, enable_gqa)
+    dropout_p, scale = check_options(dropout_p, is_causal, scale, enable_gqa)
     seed = torch.randint(0, 2**63 - 1, (), dtype=torch.int64) if dropout_p else None
-    # Numbers go in as given (check_options allowed int or float): under
+    # Numbers go in as check_options returns them (an int or float as given): under
     # torch.compile(dynamic=True), float() of a constant would trace a symbolic float
     # and restart the analysis.
     out, _ = sdpa(query, key, value, attn_mask, dropout_p, bool(is_causal), scale, bool(enable_gqa), seed)

@@ -1,0 +1,113 @@
+//! `attend serve`: sentence embeddings over HTTP (OpenAI's and
+//! text-embeddings-inference's APIs), from the `attend-serve` crate.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use attend::Error;
+use attend_serve::{shutdown_signal, ServeOptions, Server};
+
+use crate::args::model::PrecisionArg;
+use crate::io::model_dir;
+
+/// Flags of `attend serve`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model directory (config.json, model.safetensors, tokenizer.json); defaults to
+    /// $ATTEND_MODEL_DIR, then ~/.cache/attend/all-minilm-l6-v2 (scripts/fetch-model).
+    #[arg(long, value_name = "DIR")]
+    model: Option<PathBuf>,
+    /// The name clients send as `model` (default: the directory's name).
+    #[arg(long, value_name = "NAME")]
+    served_model_name: Option<String>,
+    /// The address to listen on; loopback unless told otherwise.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: IpAddr,
+    /// The port; 0 picks a free one (the start-up line names it).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Precision of the encoder's dense layers.
+    #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
+    precision: PrecisionArg,
+    /// Compute threads (default: the CPUs this process may use, from its cgroup
+    /// quota and cpuset).
+    #[arg(long, value_name = "N", value_parser = crate::args::flags::threads)]
+    threads: Option<usize>,
+    /// Tokens one forward pass holds at most, counted unpadded.
+    #[arg(long, value_name = "N", default_value_t = 16_384)]
+    max_batch_tokens: usize,
+    /// Milliseconds the oldest queued text may wait for others to share its pass
+    /// (0: a pass starts as soon as the engine is free).
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    max_wait_ms: u64,
+    /// Texts of one request one pass takes at most; a larger request is split
+    /// across passes.
+    #[arg(long, value_name = "N", default_value_t = 32)]
+    max_client_batch_size: usize,
+    /// Tokens queued at most; past it, requests get 429 with Retry-After.
+    #[arg(long, value_name = "N", default_value_t = 262_144)]
+    max_queue_tokens: usize,
+    /// Seconds before an unanswered request gets 503.
+    #[arg(long, value_name = "S", default_value_t = 30)]
+    request_timeout: u64,
+    /// Seconds accepted requests have to finish after SIGTERM or SIGINT.
+    #[arg(long, value_name = "S", default_value_t = 30)]
+    drain_timeout: u64,
+    /// Truncate texts over the model's maximum (as sentence-transformers does)
+    /// unless a request says otherwise; `false` refuses them.
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    auto_truncate: bool,
+    /// Require `Authorization: Bearer KEY`; $ATTEND_API_KEY is read when this is
+    /// not given (a key on the command line is visible to `ps`).
+    #[arg(long, value_name = "KEY")]
+    api_key: Option<String>,
+    /// With a key: /health, /ready and /metrics need it too.
+    #[arg(long)]
+    protect_probes: bool,
+    /// Allow cross-origin requests from ORIGIN (repeatable; `*` for any). Off by default.
+    #[arg(long, value_name = "ORIGIN")]
+    cors_allow_origin: Vec<String>,
+    /// The largest request body in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = 2 * 1024 * 1024)]
+    max_body_bytes: usize,
+    /// Seconds a client has to send a request's head, and then its body.
+    #[arg(long, value_name = "S", default_value_t = 10)]
+    client_timeout: u64,
+}
+
+/// Runs `attend serve` until SIGTERM or SIGINT, then drains and returns.
+pub fn run(args: Args) -> Result<(), Error> {
+    let options = ServeOptions {
+        model: model_dir::resolve(args.model),
+        served_model_name: args.served_model_name,
+        host: args.host,
+        port: args.port,
+        precision: args.precision.into(),
+        threads: args.threads,
+        max_batch_tokens: args.max_batch_tokens,
+        max_wait: Duration::from_millis(args.max_wait_ms),
+        max_client_batch_size: args.max_client_batch_size,
+        max_queue_tokens: args.max_queue_tokens,
+        request_timeout: Duration::from_secs(args.request_timeout),
+        drain_timeout: Duration::from_secs(args.drain_timeout),
+        auto_truncate: args.auto_truncate,
+        api_key: args
+            .api_key
+            .or_else(|| std::env::var("ATTEND_API_KEY").ok()),
+        protect_probes: args.protect_probes,
+        cors_allow_origins: args.cors_allow_origin,
+        max_body_bytes: args.max_body_bytes,
+        max_header_bytes: 16 * 1024,
+        client_timeout: Duration::from_secs(args.client_timeout),
+    };
+    let server = Server::bind(options).map_err(|e| Error::value(e.to_string()))?;
+    server
+        .run(|startup| eprintln!("attend serve: {startup}"), async {
+            shutdown_signal().await;
+            eprintln!("attend serve: draining: accepted requests finish, new ones are refused");
+        })
+        .map_err(|e| Error::value(e.to_string()))?;
+    eprintln!("attend serve: stopped");
+    Ok(())
+}
