@@ -7,8 +7,9 @@ use pyo3::prelude::*;
 
 use attend::attention::Precision;
 use attend::element::Dtype;
+use attend::models::Sequence;
 
-use crate::errors::to_py;
+use crate::errors::{to_py, value_error};
 use crate::pool;
 
 /// A sentence-transformers checkpoint directory loaded by the library.
@@ -73,6 +74,12 @@ impl SentenceEncoder {
         self.inner.tokenizer.max_len()
     }
 
+    /// The number of token ids the model knows (ids run from 0 to one less).
+    #[getter]
+    fn vocab_size(&self) -> usize {
+        self.inner.model.config.vocab_size
+    }
+
     /// Whether the checkpoint normalises its embeddings itself.
     #[getter]
     fn normalizes(&self) -> bool {
@@ -86,5 +93,34 @@ impl SentenceEncoder {
             .map(|t| self.inner.tokenizer.encode(t).map(|tok| tok.ids.len()))
             .collect::<attend::Result<_>>()
             .map_err(to_py)
+    }
+
+    /// Embeds sequences given as token ids of the model's vocabulary, taken as they
+    /// are (special tokens included, token type 0), as one padded batch. A sequence
+    /// that is empty or longer than `max_seq_length` is an error, as is an id
+    /// outside the vocabulary.
+    fn embed_ids<'py>(
+        &self,
+        py: Python<'py>,
+        sequences: Vec<Vec<u32>>,
+        threads: usize,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let max = self.inner.tokenizer.max_len();
+        for (i, ids) in sequences.iter().enumerate() {
+            if ids.is_empty() || ids.len() > max {
+                return Err(value_error(format!(
+                    "token sequence {i} has {} ids; it must have 1 to {max} (the model's max_seq_length)",
+                    ids.len()
+                )));
+            }
+        }
+        let type_ids: Vec<Vec<u32>> = sequences.iter().map(|ids| vec![0; ids.len()]).collect();
+        let seqs: Vec<Sequence<'_>> = sequences
+            .iter()
+            .zip(&type_ids)
+            .map(|(ids, type_ids)| Sequence { ids, type_ids })
+            .collect();
+        let vectors = pool::run(py, threads, || self.inner.engine().embed(&seqs))?;
+        Ok(vectors.into_pyarray(py))
     }
 }

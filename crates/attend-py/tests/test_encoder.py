@@ -123,3 +123,33 @@ def test_a_missing_model_names_the_file(tmp_path):
     with pytest.raises(OSError) as info:
         attend.SentenceEncoder(tmp_path)
     assert str(tmp_path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_token_ids_give_their_texts_vectors_and_counts(model_dir, references):
+    """``encode_ids`` of the tokenizer's own ids is ``encode`` of the texts, bit for bit
+    when each runs alone (the same sequence through the same code); ``count_tokens``
+    is transformers' count after truncation to 256."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    ids = tok(SENTENCES, truncation=True, max_length=256)["input_ids"]
+    enc = attend.SentenceEncoder(model_dir)
+    np.testing.assert_array_equal(enc.encode_ids(ids, batch_size=1), enc.encode(SENTENCES, batch_size=1))
+    assert enc.count_tokens(SENTENCES) == [len(s) for s in ids]
+    assert enc.encode_ids([]).shape == (0, 384)
+
+
+@pytest.mark.parametrize(
+    "sequences, exc, text",
+    [
+        ([[101, -1, 102]], ValueError, r"sequences\[0\]\[1\] must be a token id from 0 to 30521 .*got -1"),
+        ([[101, True]], ValueError, r"sequences\[0\]\[1\] must be a token id .*got True"),
+        ([[101, 102], [101, 30522, 102]], ValueError, r"sequences\[1\]\[1\] must be a token id .*got 30522"),
+        (["a text"], TypeError, r"sequences\[0\] must be a list of token ids, got str"),
+        ([[101, 102], []], ValueError, r"sequences\[1\] has 0 token ids; it must have 1 to 256"),
+        ([[1], list(range(257))], ValueError, r"sequences\[1\] has 257 token ids; it must have 1 to 256"),
+    ],
+)
+def test_bad_token_ids(model_dir, sequences, exc, text):
+    with pytest.raises(exc, match=text):
+        attend.SentenceEncoder(model_dir).encode_ids(sequences)

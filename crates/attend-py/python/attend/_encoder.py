@@ -66,6 +66,11 @@ class SentenceEncoder:
     get_sentence_embedding_dimension = get_embedding_dimension
 
     @property
+    def vocab_size(self) -> int:
+        """The number of token ids the model knows (``encode_ids`` takes 0 to one less)."""
+        return self._inner.vocab_size
+
+    @property
     def max_seq_length(self) -> int:
         """Texts longer than this many tokens are truncated, as sentence-transformers does."""
         return self._inner.max_seq_length
@@ -126,8 +131,7 @@ class SentenceEncoder:
         if truncate_dim is not None:
             vectors = np.ascontiguousarray(vectors[:, :truncate_dim])
         if normalize_embeddings:
-            norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-            vectors = vectors / np.maximum(norms, np.float32(1e-12))
+            vectors = _normalized(vectors)
         if convert_to_tensor:
             import torch
 
@@ -137,6 +141,64 @@ class SentenceEncoder:
             rows = list(vectors)
             return rows[0] if single else rows
         return vectors[0] if single else vectors
+
+    def encode_ids(
+        self,
+        sequences: Sequence[Sequence[int]],
+        batch_size: int = 32,
+        normalize_embeddings: bool = False,
+    ) -> np.ndarray:
+        """Sentence embeddings of texts already tokenised: each sequence holds token ids
+        of the model's vocabulary, special tokens included (as the checkpoint's
+        tokenizer gives them), and is embedded as it is, without truncation.
+
+        Args:
+            sequences: lists of ids, each 1 to ``max_seq_length`` long.
+            batch_size: sequences per forward pass, sorted by length as in ``encode``.
+            normalize_embeddings: scale each vector to unit length.
+
+        Returns:
+            ``float32`` ``[n, d]``; the vector of a text's ids equals ``encode``'s of
+            the text.
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        seqs = [_token_ids(i, s, self.max_seq_length, self._inner.vocab_size) for i, s in enumerate(sequences)]
+        order = np.argsort([-len(s) for s in seqs], kind="stable")
+        vectors = np.empty((len(seqs), self.dimension), dtype=np.float32)
+        threads = get_num_threads()
+        for start in range(0, len(seqs), batch_size):
+            idx = order[start : start + batch_size]
+            vectors[idx] = self._inner.embed_ids([seqs[i] for i in idx], threads)
+        return _normalized(vectors) if normalize_embeddings else vectors
+
+    def count_tokens(self, sentences: Sequence[str]) -> List[int]:
+        """The number of tokens ``encode`` runs for each text: special tokens
+        included, after truncation to ``max_seq_length``."""
+        return self._inner.token_counts(list(_strings(sentences)))
+
+
+def _normalized(vectors: np.ndarray) -> np.ndarray:
+    """Each row scaled to unit length (a zero row stays zero)."""
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return vectors / np.maximum(norms, np.float32(1e-12))
+
+
+def _token_ids(index: int, ids: Sequence[int], max_len: int, vocab_size: int) -> List[int]:
+    """Sequence ``index`` as a list of ints, checked: 1 to ``max_len`` ids, each
+    from 0 to ``vocab_size - 1``."""
+    if isinstance(ids, (str, bytes)):
+        raise TypeError(f"sequences[{index}] must be a list of token ids, got {type(ids).__name__}")
+    out = list(ids)
+    if not 1 <= len(out) <= max_len:
+        raise ValueError(f"sequences[{index}] has {len(out)} token ids; it must have 1 to {max_len} (max_seq_length)")
+    for j, t in enumerate(out):
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < vocab_size:
+            raise ValueError(
+                f"sequences[{index}][{j}] must be a token id from 0 to {vocab_size - 1} "
+                f"(the vocabulary's size is {vocab_size}), got {t!r}"
+            )
+    return [int(t) for t in out]
 
 
 def _strings(items: Any) -> Iterable[str]:
