@@ -2,7 +2,9 @@
 //!
 //! Nothing `L × S` is ever held: for each pair of a key block (64 keys) and a query
 //! block (64 queries) the kernel recomputes the scores, turns them into
-//! probabilities with the saved log-sum-exp (`P = exp(scale·qkᵀ + bias − lse)`), and
+//! probabilities with the saved log-sum-exp (`P = exp(scale·qkᵀ + bias − lse)`, or
+//! from statistics recomputed once for rows whose log-sum-exp is too large to
+//! carry them, `coarse`), and
 //! runs the five small matrix products of the backward pass:
 //!
 //! ```text
@@ -31,7 +33,7 @@ use std::borrow::Cow;
 use ndarray::{Array4, ArrayView3, ArrayView4, Zip};
 use rayon::prelude::*;
 
-use super::AttentionGrads;
+use super::{coarse, AttentionGrads};
 use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
 use crate::kernels::scratch::{carve, with_scratch};
 use crate::kernels::tile::{Init, Tile, MR, NR, SUM_BLOCK, WIDE};
@@ -74,8 +76,11 @@ struct Ctx<'a, 'p> {
     /// `[B, H, L, ep]` and `[B, H, L, evp]`, contiguous.
     q: Cow<'a, [f32]>,
     dout: Cow<'a, [f32]>,
-    /// `[B, H, L]`.
-    lse: Vec<f32>,
+    /// `[B, H, L]`: each row's weights are `exp(s − shift) · factor`, the shift
+    /// the forward's log-sum-exp (−∞ for a row that sees no key) and the factor 1,
+    /// but for rows whose log-sum-exp is too coarse ([`coarse::row_shifts`]).
+    shift: Vec<f32>,
+    factor: Vec<f32>,
     dsum: Vec<f32>,
     /// Boolean, additive or key-padding masks present: per-score rules needed.
     elementwise: bool,
@@ -152,6 +157,7 @@ pub(crate) fn run(
             });
     }
     let lse: Vec<f32> = lse.iter().copied().collect();
+    let (shift, factor) = coarse::row_shifts(p, &lse);
     // A NaN in `D_i` covers one in `dO_i` (or a NaN output); `q`, `k` and `v` are
     // checked row by row, once per call and only where pairs can be hidden.
     let hides = p.has_elementwise_masks() || p.is_banded();
@@ -180,7 +186,8 @@ pub(crate) fn run(
         evp,
         q: packed(&p.q, ep),
         dout: packed(&dout, evp),
-        lse,
+        shift,
+        factor,
         dsum,
         elementwise: p.mask.is_some() || p.bias.is_some() || p.key_padding.is_some(),
         finite_rows,
@@ -355,7 +362,7 @@ unsafe fn task<I: Simd>(
                     let mut full = fast && nk == BC;
                     for i in i0..i0 + nr {
                         let (lo, hi) = p.key_range(i);
-                        let live = ctx.lse[bh * d.q_len + i] != f32::NEG_INFINITY;
+                        let live = ctx.shift[bh * d.q_len + i] != f32::NEG_INFINITY;
                         any |= live && lo < k0 + nk && hi > k0;
                         full &= live && lo <= k0 && hi >= k0 + nk;
                     }
@@ -393,7 +400,8 @@ unsafe fn task<I: Simd>(
                     let mut terms = [0.0f32; BC];
                     for r in 0..nr {
                         let i = i0 + r;
-                        let l = ctx.lse[bh * d.q_len + i];
+                        let l = ctx.shift[bh * d.q_len + i];
+                        let factor = ctx.factor[bh * d.q_len + i];
                         let dsum = ctx.dsum[bh * d.q_len + i];
                         let srow = s.as_mut_ptr().add(r * BC);
                         let dprow = dp.as_mut_ptr().add(r * BC);
@@ -409,7 +417,7 @@ unsafe fn task<I: Simd>(
                             let (lo, hi) = p.key_range(i);
                             let (lo, hi) = (lo.clamp(k0, k0 + nk) - k0, hi.clamp(k0, k0 + nk) - k0);
                             let term = &mut terms[..nk];
-                            masks.write_terms(r, 1.0, term);
+                            masks.write_terms(r, term);
                             let srow_n = std::slice::from_raw_parts_mut(srow, nk);
                             for (jj, (x, &t)) in srow_n.iter_mut().zip(term.iter()).enumerate() {
                                 let logit = *x * ctx.scale + t - l;
@@ -421,6 +429,11 @@ unsafe fn task<I: Simd>(
                                 *srow.add(jj) = f32::NEG_INFINITY;
                             }
                             exp_row(isa, srow, 1.0, 0.0);
+                        }
+                        if factor != 1.0 {
+                            std::slice::from_raw_parts_mut(srow, nk)
+                                .iter_mut()
+                                .for_each(|x| *x *= factor);
                         }
                         match ctx.dropout {
                             None => ds_row(isa, srow, dprow, dsum, ctx.scale),
@@ -464,7 +477,7 @@ unsafe fn task<I: Simd>(
                             at: (b, h),
                             rows: (i0, nr),
                             keys: (k0, nk),
-                            lse: &ctx.lse[bh * d.q_len + i0..][..nr],
+                            shift: &ctx.shift[bh * d.q_len + i0..][..nr],
                         };
                         block.products(into_dv, into_dk, into_dq);
                     } else {
@@ -487,8 +500,8 @@ struct SeenBlock<'a, 'p> {
     at: (usize, usize),
     rows: (usize, usize),
     keys: (usize, usize),
-    /// The rows' log-sum-exps (−∞: a row that sees no key).
-    lse: &'a [f32],
+    /// The rows' shifts (−∞: a row that sees no key).
+    shift: &'a [f32],
 }
 
 impl SeenBlock<'_, '_> {
@@ -505,11 +518,11 @@ impl SeenBlock<'_, '_> {
         let masks = self.p.mask_rows(self.at, i0..i0 + nr, k0..k0 + nk);
         let mut term = vec![0.0f32; nk];
         for r in 0..nr {
-            if self.lse[r] == f32::NEG_INFINITY {
+            if self.shift[r] == f32::NEG_INFINITY {
                 continue;
             }
             let (lo, hi) = self.p.key_range(i0 + r);
-            masks.write_terms(r, 1.0, &mut term);
+            masks.write_terms(r, &mut term);
             for (jj, &t) in term.iter().enumerate() {
                 if !(lo..hi).contains(&(k0 + jj)) || t == f32::NEG_INFINITY {
                     continue;
@@ -532,8 +545,9 @@ impl SeenBlock<'_, '_> {
     }
 }
 
-/// `row[j] = exp(row[j] · scale − shift)` over one block row, computed as
-/// `2^(row[j] · scale·log₂e − shift·log₂e)` like the forward kernel.
+/// `row[j] = exp(row[j] · scale − shift)` over one block row, the product exact
+/// inside a fused multiply-add, so that the score and the shift meet in their own
+/// units, however large.
 ///
 /// # Safety
 /// `row` must be valid for reading and writing `BC` floats.
@@ -541,11 +555,10 @@ impl SeenBlock<'_, '_> {
 unsafe fn exp_row<I: Simd>(isa: I, row: *mut f32, scale: f32, shift: f32) {
     // SAFETY: the caller upholds this function's contract (see # Safety).
     unsafe {
-        let log2e = std::f32::consts::LOG2_E;
-        let (sc, sh) = (isa.splat(scale * log2e), isa.splat(shift * log2e));
+        let (sc, sh) = (isa.splat(scale), isa.splat(-shift));
         for v in 0..BC / W {
             let x = isa.load(row.add(v * W));
-            isa.store(row.add(v * W), isa.exp2(isa.sub(isa.mul(x, sc), sh)));
+            isa.store(row.add(v * W), isa.exp(isa.fma(x, sc, sh)));
         }
     }
 }

@@ -7,6 +7,7 @@
 //! `L × S` matrix, parallel over key blocks so that even one head keeps every core
 //! busy, and bit-for-bit deterministic whatever the thread count).
 
+mod coarse;
 pub mod fused;
 pub(crate) mod reference;
 
