@@ -98,6 +98,9 @@ struct Ctx<'a, 'p> {
     /// `[B, Hkv, S, ep]` and `[B, Hkv, S, evp]`.
     dk: Shared,
     dv: Shared,
+    /// `[B, H, L, S]`: the scores' gradient `dS` before the scale, where the
+    /// caller asked for the additive mask's gradient (else null).
+    ds: Shared,
 }
 
 fn round_up(x: usize) -> usize {
@@ -120,15 +123,18 @@ fn packed<'a>(a: &'a ArrayView4<'_, f32>, width: usize) -> Cow<'a, [f32]> {
     Cow::Owned(out)
 }
 
-/// Runs the fused backward on a validated problem.
+/// Runs the fused backward on a validated problem; with `want_ds`, also returns
+/// the scores' gradient `dS` `[B, H, L, S]` (the additive mask's, before its sum
+/// over broadcast axes), 0 at the pairs that do not see each other.
 pub(crate) fn run(
     p: &Problem<'_>,
     out: ArrayView4<'_, f32>,
     lse: ArrayView3<'_, f32>,
     dout: ArrayView4<'_, f32>,
     dropout: Option<&Dropout>,
+    want_ds: bool,
     isa: IsaToken,
-) -> AttentionGrads {
+) -> (AttentionGrads, Option<Array4<f32>>) {
     let d = p.dims();
     let (ep, evp) = (round_up(d.head_dim), round_up(d.value_dim));
     let key_blocks = d.kv_len.div_ceil(BC);
@@ -177,6 +183,7 @@ pub(crate) fn run(
         .collect();
     let mut dk = vec![0.0f32; d.batch * d.kv_heads * d.kv_len * ep];
     let mut dv = vec![0.0f32; d.batch * d.kv_heads * d.kv_len * evp];
+    let mut ds = want_ds.then(|| Array4::<f32>::zeros((d.batch, d.heads, d.q_len, d.kv_len)));
     let ctx = Ctx {
         p,
         d,
@@ -198,6 +205,7 @@ pub(crate) fn run(
         dq: dq_bufs.iter_mut().map(|b| Shared(b.as_mut_ptr())).collect(),
         dk: Shared(dk.as_mut_ptr()),
         dv: Shared(dv.as_mut_ptr()),
+        ds: Shared(ds.as_mut().map_or(std::ptr::null_mut(), |a| a.as_mut_ptr())),
     };
     let tasks: Vec<(usize, usize, usize)> = (0..d.batch)
         .flat_map(|b| (0..d.kv_heads).flat_map(move |h| (0..chunks).map(move |c| (b, h, c))))
@@ -232,11 +240,13 @@ pub(crate) fn run(
             });
     }
     let dq = dq_bufs.swap_remove(0);
-    AttentionGrads {
+    let grads = AttentionGrads {
         dq: unpad([d.batch, d.heads, d.q_len, d.head_dim], ep, dq),
         dk: unpad([d.batch, d.kv_heads, d.kv_len, d.head_dim], ep, dk),
         dv: unpad([d.batch, d.kv_heads, d.kv_len, d.value_dim], evp, dv),
-    }
+        dbias: None,
+    };
+    (grads, ds)
 }
 
 /// Whether each row `a[b, h, t, ..]` is finite, in `[B, H, T]` order.
@@ -434,6 +444,22 @@ unsafe fn task<I: Simd>(
                             std::slice::from_raw_parts_mut(srow, nk)
                                 .iter_mut()
                                 .for_each(|x| *x *= factor);
+                        }
+                        if !ctx.ds.0.is_null() {
+                            // dS = P ∘ (dP − D) before the scale, as below, for the
+                            // additive mask's gradient; 0 where the pair is hidden.
+                            // This task alone writes these keys of the row.
+                            let row = ctx.ds.0.add((bh * d.q_len + i) * d.kv_len + k0);
+                            let (lo, hi) = p.key_range(i);
+                            let drow = ctx.dropout.map(|dr| (dr, dr.row(b, h, i)));
+                            for jj in 0..nk {
+                                let j = k0 + jj;
+                                let seen = full
+                                    || ((lo..hi).contains(&j) && terms[jj] != f32::NEG_INFINITY);
+                                let z = drow.map_or(1.0, |(dr, row)| dr.factor_in_row(row, j));
+                                let g = *srow.add(jj) * (*dprow.add(jj) * z - dsum);
+                                *row.add(jj) = if seen { g } else { 0.0 };
+                            }
                         }
                         match ctx.dropout {
                             None => ds_row(isa, srow, dprow, dsum, ctx.scale),
