@@ -74,11 +74,13 @@ pub const EXP2_TABLE_POLY: [f32; 2] = [0.693_157_3, 0.240_226_9];
 /// (whose error is `|s| · ε/2` in the exponent).
 pub const LOG2_E: f32 = std::f32::consts::LOG2_E;
 
-/// The most negative argument [`Simd::exp`](crate::Simd::exp) reduces:
-/// `−150 · ln 2` to f32's precision, below which `e^x` is less than half the
-/// smallest subnormal (0 on every instruction set); a clamp to it keeps the
-/// reduction's integer in range.
-pub const EXP_MIN_ARG: f32 = -103.972_08;
+/// The most negative argument [`Simd::exp`](crate::Simd::exp) reduces, a little
+/// below `−150 · ln 2 ≈ −103.972`, where `e^x` is less than half the smallest
+/// subnormal: a clamp to it keeps the reduction's integer in range, and its own
+/// `e^x` (`2^−150.04`) rounds to 0, as `e^−∞` must. (At `−150 · ln 2` rounded to
+/// f32 the reduction's fraction is a hair above 0 and the result rounds up to the
+/// smallest subnormal.)
+pub const EXP_MIN_ARG: f32 = -104.0;
 
 /// The scalar `e^x` the portable and AVX2 implementations follow lane by lane:
 /// `x · log₂e = n + f` rounded to the nearest integer `n` inside fused

@@ -165,6 +165,7 @@ fn run(
             threads: Some(threads),
         },
         dropout,
+        bias_grad: false,
     };
     attention_backward_with(
         q.view(),

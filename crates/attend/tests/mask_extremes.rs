@@ -90,8 +90,12 @@ fn check(
                     Want::Row(want) => {
                         let size = want.iter().fold(0.0f64, |m, x| m.max(x.abs()));
                         let tol = (4.0 * f32::EPSILON as f64 + 2.0 * ulp) * size;
-                        let close = row.iter().zip(&want);
-                        let err = close.fold(0.0f64, |m, (&g, &w)| m.max((g as f64 - w).abs()));
+                        // A NaN on our side is an infinite error (`max` would drop it).
+                        let diff = |(&g, &w): (&f32, &f64)| match (g as f64 - w).abs() {
+                            d if d.is_nan() => f64::INFINITY,
+                            d => d,
+                        };
+                        let err = row.iter().zip(&want).map(diff).fold(0.0f64, f64::max);
                         assert!(
                             err <= tol && l.is_finite(),
                             "{what}: error {err:e} > {tol:e}"
@@ -279,10 +283,12 @@ fn the_gradients_of_rows_of_f32_min_are_those_of_equal_weights() {
             ] {
                 let size = w.iter().fold(0.0f32, |m, x| m.max(x.abs())) as f64;
                 let tol = (s_len + 16) as f64 * f32::EPSILON as f64 * size;
-                let err = g
-                    .iter()
-                    .zip(w)
-                    .fold(0.0f64, |m, (&a, &b)| m.max((a as f64 - b as f64).abs()));
+                // A NaN is an infinite error (`max` would drop it).
+                let diff = |(&a, &b): (&f32, &f32)| match (a as f64 - b as f64).abs() {
+                    d if d.is_nan() => f64::INFINITY,
+                    d => d,
+                };
+                let err = g.iter().zip(w).map(diff).fold(0.0f64, f64::max);
                 assert!(
                     err <= tol,
                     "{} L{l} S{s_len} {what}: error {err:e} > {tol:e}",
