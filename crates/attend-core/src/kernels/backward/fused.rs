@@ -452,10 +452,10 @@ unsafe fn task<I: Simd>(
                             let row = ctx.ds.0.add((bh * d.q_len + i) * d.kv_len + k0);
                             let (lo, hi) = p.key_range(i);
                             let drow = ctx.dropout.map(|dr| (dr, dr.row(b, h, i)));
-                            for jj in 0..nk {
+                            for (jj, &t) in terms.iter().enumerate().take(nk) {
                                 let j = k0 + jj;
-                                let seen = full
-                                    || ((lo..hi).contains(&j) && terms[jj] != f32::NEG_INFINITY);
+                                let seen =
+                                    full || ((lo..hi).contains(&j) && t != f32::NEG_INFINITY);
                                 let z = drow.map_or(1.0, |(dr, row)| dr.factor_in_row(row, j));
                                 let g = *srow.add(jj) * (*dprow.add(jj) * z - dsum);
                                 *row.add(jj) = if seen { g } else { 0.0 };
