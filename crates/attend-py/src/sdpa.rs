@@ -219,7 +219,7 @@ impl<'a, T: Clone> Call<'a, T> {
         [q, k, v]: [&[usize]; 3],
         mask: Option<&[usize]>,
         compute: impl FnOnce() -> Result<Grads<F>>,
-    ) -> Result<([ArrayD<F>; 3], Option<ArrayD<F>>)> {
+    ) -> Result<Backward<F>> {
         if self.layout.is_empty() {
             return Ok(([q, k, v].map(ArrayD::zeros), mask.map(ArrayD::zeros)));
         }
@@ -324,8 +324,8 @@ fn forward_f32(
 /// mask's shaped like the call's rank-4 mask, when asked for.
 type Grads<F> = ([ndarray::Array4<F>; 3], Option<ArrayD<F>>);
 
-/// The gradients a backward hands back: `(dq, dk, dv)` and the mask's.
-type Backward<F> = ([ArrayD<F>; 3], Option<ArrayD<F>>);
+/// The gradients a backward hands back: `(dq, dk, dv)` and the mask's (in `M`).
+type Backward<F, M = F> = ([ArrayD<F>; 3], Option<ArrayD<M>>);
 
 /// What the backward reads besides the inputs: the forward's `out` and `lse`, and
 /// the output gradient `dout`.
@@ -419,7 +419,7 @@ fn backward_bf16(
     (out, lse, dout): SavedAndDout<'_, '_, bf16, f32>,
     (options, mask_grad): (&Options, bool),
     threads: usize,
-) -> PyResult<([ArrayD<bf16>; 3], Option<ArrayD<f32>>)> {
+) -> PyResult<Backward<bf16, f32>> {
     no_dropout(options)?;
     let call = Call::new(qkv, mask, options).map_err(to_py)?;
     let scale = options.scale.map(|s| s as f32);
@@ -654,7 +654,7 @@ type GradTensors<'py> = (
 /// The gradients as new tensors.
 fn gradients<T: Element, M: Element>(
     py: Python<'_>,
-    ([dq, dk, dv], dmask): ([ArrayD<T>; 3], Option<ArrayD<M>>),
+    ([dq, dk, dv], dmask): Backward<T, M>,
 ) -> PyResult<GradTensors<'_>> {
     Ok((
         into_tensor(py, dq)?,
