@@ -229,24 +229,33 @@ impl<'a, T: Clone> Call<'a, T> {
         Ok((reshape(out, out_shape)?, reshape(lse, lse_shape)?))
     }
 
-    /// `(dq, dk, dv)` shaped like the caller's `q`, `k`, `v`, from the kernels'
+    /// `(dq, dk, dv)` shaped like the caller's `q`, `k`, `v`, and the additive
+    /// mask's gradient shaped like it (`mask`, when asked for), from the kernels'
     /// rank-4 gradients (an empty output, or one with every weight dropped, gives
     /// zeros without computing anything).
     fn gradients<F: Clone + num_traits::Zero + std::ops::Add<Output = F>>(
         &self,
         [q, k, v]: [&[usize]; 3],
-        compute: impl FnOnce() -> Result<[ndarray::Array4<F>; 3]>,
-    ) -> Result<[ArrayD<F>; 3]> {
+        mask: Option<&[usize]>,
+        compute: impl FnOnce() -> Result<Grads<F>>,
+    ) -> Result<Backward<F>> {
         if self.layout.is_empty() || self.drops_all {
-            return Ok([q, k, v].map(ArrayD::zeros));
+            return Ok(([q, k, v].map(ArrayD::zeros), mask.map(ArrayD::zeros)));
         }
-        let [dq, dk, dv] = compute()?;
+        let ([dq, dk, dv], dmask) = compute()?;
         let l = &self.layout;
-        Ok([
-            l.reduce(dq.view(), Input::Query, q)?,
-            l.reduce(dk.view(), Input::Key, k)?,
-            l.reduce(dv.view(), Input::Value, v)?,
-        ])
+        let dmask = match dmask.zip(mask) {
+            Some((g, shape)) => Some(l.reduce_mask(g, shape)?),
+            None => None,
+        };
+        Ok((
+            [
+                l.reduce(dq.view(), Input::Query, q)?,
+                l.reduce(dk.view(), Input::Key, k)?,
+                l.reduce(dv.view(), Input::Value, v)?,
+            ],
+            dmask,
+        ))
     }
 }
 
@@ -330,6 +339,13 @@ fn forward_f32(
     })
 }
 
+/// The kernels' gradients of a call: `(dq, dk, dv)` rank 4, and the additive
+/// mask's shaped like the call's rank-4 mask, when asked for.
+type Grads<F> = ([ndarray::Array4<F>; 3], Option<ArrayD<F>>);
+
+/// The gradients a backward hands back: `(dq, dk, dv)` and the mask's (in `M`).
+type Backward<F, M = F> = ([ArrayD<F>; 3], Option<ArrayD<M>>);
+
 /// What the backward reads besides the inputs: the forward's `out` and `lse`, and
 /// the output gradient `dout`.
 type SavedAndDout<'a, 'b, T, L> = (
@@ -339,23 +355,25 @@ type SavedAndDout<'a, 'b, T, L> = (
 );
 
 /// float32 attention backward: `(dq, dk, dv)` shaped like `q`, `k`, `v` (summed
-/// over the axes they were broadcast along).
+/// over the axes they were broadcast along), and the additive mask's gradient
+/// where `mask_grad` asks for it.
 fn backward_f32(
     py: Python<'_>,
     qkv: Views<'_, '_, f32>,
     mask: Option<&MaskView<'_>>,
     (out, lse, dout): SavedAndDout<'_, '_, f32, f32>,
-    options: &Options,
+    (options, mask_grad): (&Options, bool),
     threads: usize,
-) -> PyResult<[ArrayD<f32>; 3]> {
+) -> PyResult<Backward<f32>> {
     let call = Call::new(qkv, mask, options).map_err(to_py)?;
     let config = BackwardConfig {
         dropout: options.dropout,
+        bias_grad: mask_grad,
         ..Default::default()
     };
     let scale = options.scale.map(|s| s as f32);
     pool::run(py, threads, || {
-        call.gradients(qkv.map(|a| a.shape()), || {
+        call.gradients(qkv.map(|a| a.shape()), bias_shape(mask, mask_grad), || {
             let l = &call.layout;
             let (out, lse, dout) = (l.output(out)?, l.lse(lse)?, l.output(dout)?);
             let g = attention_backward_with(
@@ -367,9 +385,17 @@ fn backward_f32(
                 &call.options(scale),
                 &config,
             )?;
-            Ok([g.dq, g.dk, g.dv])
+            Ok(([g.dq, g.dk, g.dv], g.dbias))
         })
     })
+}
+
+/// The additive mask's shape, where its gradient is asked for.
+fn bias_shape<'a>(mask: Option<&'a MaskView<'_>>, mask_grad: bool) -> Option<&'a [usize]> {
+    match mask {
+        Some(MaskView::Bias(m)) if mask_grad => Some(m.shape()),
+        _ => None,
+    }
 }
 
 /// The bf16 forms refuse dropout: the library's dropout runs in f32 only.
@@ -410,30 +436,35 @@ fn backward_bf16(
     qkv: Views<'_, '_, bf16>,
     mask: Option<&MaskView<'_>>,
     (out, lse, dout): SavedAndDout<'_, '_, bf16, f32>,
-    options: &Options,
+    (options, mask_grad): (&Options, bool),
     threads: usize,
-) -> PyResult<[ArrayD<bf16>; 3]> {
+) -> PyResult<Backward<bf16, f32>> {
     no_dropout(options)?;
     let call = Call::new(qkv, mask, options).map_err(to_py)?;
     let scale = options.scale.map(|s| s as f32);
+    let config = BackwardConfig {
+        bias_grad: mask_grad,
+        ..Default::default()
+    };
     pool::run(py, threads, || {
-        let grads = call.gradients(qkv.map(|a| a.shape()), || {
-            let l = &call.layout;
-            let (out, lse, dout) = (l.output(out)?, l.lse(lse)?, l.output(dout)?);
-            let widen = |a: &CowArray<'_, bf16, Ix4>| to_f32(a.view());
-            let [q, k, v, out, dout] = [&call.q, &call.k, &call.v, &out, &dout].map(widen);
-            let g = attention_backward_with(
-                q.view(),
-                k.view(),
-                v.view(),
-                Saved::new(out.view(), lse.view()),
-                dout.view(),
-                &call.options(scale),
-                &BackwardConfig::default(),
-            )?;
-            Ok([g.dq, g.dk, g.dv])
-        })?;
-        Ok(grads.map(|g| g.mapv(bf16::from_f32)))
+        let (grads, dmask) =
+            call.gradients(qkv.map(|a| a.shape()), bias_shape(mask, mask_grad), || {
+                let l = &call.layout;
+                let (out, lse, dout) = (l.output(out)?, l.lse(lse)?, l.output(dout)?);
+                let widen = |a: &CowArray<'_, bf16, Ix4>| to_f32(a.view());
+                let [q, k, v, out, dout] = [&call.q, &call.k, &call.v, &out, &dout].map(widen);
+                let g = attention_backward_with(
+                    q.view(),
+                    k.view(),
+                    v.view(),
+                    Saved::new(out.view(), lse.view()),
+                    dout.view(),
+                    &call.options(scale),
+                    &config,
+                )?;
+                Ok(([g.dq, g.dk, g.dv], g.dbias))
+            })?;
+        Ok((grads.map(|g| g.mapv(bf16::from_f32)), dmask))
     })
 }
 
@@ -470,18 +501,18 @@ fn backward_f64(
     qkv: Views<'_, '_, f64>,
     mask: Option<&MaskView<'_>>,
     (out, lse, dout): SavedAndDout<'_, '_, f64, f64>,
-    options: &Options,
+    (options, mask_grad): (&Options, bool),
     threads: usize,
-) -> PyResult<[ArrayD<f64>; 3]> {
+) -> PyResult<Backward<f64>> {
     let call = Call::new(qkv, mask, options).map_err(to_py)?;
     let (dropout, scale) = (options.dropout, f64_scale(&call, options)?);
     pool::run(py, threads, || {
-        call.gradients(qkv.map(|a| a.shape()), || {
+        call.gradients(qkv.map(|a| a.shape()), bias_shape(mask, mask_grad), || {
             let l = &call.layout;
             let (out, lse, dout) = (l.output(out)?, l.lse(lse)?, l.output(dout)?);
             let q = call.q.mapv(|x| x * scale);
             let opts = call.options(Some(1.0));
-            let (dq, dk, dv) = f64::attention_backward(
+            let (dq, dk, dv, dmask) = f64::attention_backward(
                 q.view(),
                 call.k.view(),
                 call.v.view(),
@@ -489,9 +520,10 @@ fn backward_f64(
                 dout.view(),
                 &opts,
                 dropout.as_ref(),
+                mask_grad,
             )?;
             // d(q·s)/dq = s; dk already holds the scale through q·s.
-            Ok([dq * scale, dk, dv])
+            Ok(([dq * scale, dk, dv], dmask))
         })
     })
 }
@@ -629,25 +661,37 @@ pub fn sdpa_forward_tensors<'py>(
     }
 }
 
-/// Three gradients as new tensors.
-fn gradients<T: Element>(
+/// A backward's tensors: `(dq, dk, dv)` and the mask's gradient (`None` unless
+/// asked for).
+type GradTensors<'py> = (
+    Bound<'py, PyAny>,
+    Bound<'py, PyAny>,
+    Bound<'py, PyAny>,
+    Option<Bound<'py, PyAny>>,
+);
+
+/// The gradients as new tensors.
+fn gradients<T: Element, M: Element>(
     py: Python<'_>,
-    [dq, dk, dv]: [ArrayD<T>; 3],
-) -> PyResult<(Bound<'_, PyAny>, Bound<'_, PyAny>, Bound<'_, PyAny>)> {
+    ([dq, dk, dv], dmask): Backward<T, M>,
+) -> PyResult<GradTensors<'_>> {
     Ok((
         into_tensor(py, dq)?,
         into_tensor(py, dk)?,
         into_tensor(py, dv)?,
+        dmask.map(|g| into_tensor(py, g)).transpose()?,
     ))
 }
 
 /// The CPU kernel of `torch.ops.attend.scaled_dot_product_attention_backward`:
 /// `(dq, dk, dv)` as new tensors shaped like `query`, `key` and `value` (summed over
 /// the axes they were broadcast along), from the forward's `out` and `lse` and the
-/// output gradient `grad_out`.
+/// output gradient `grad_out`; with `mask_grad`, the additive mask's gradient
+/// shaped like it (float32, float64 for float64 queries), else `None`.
 #[pyfunction]
 #[pyo3(signature = (
-    grad_out, query, key, value, out, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed, threads
+    grad_out, query, key, value, out, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed, threads,
+    mask_grad=false
 ))]
 #[allow(clippy::too_many_arguments)] // the operator's schema, then the thread count
 pub fn sdpa_backward_tensors<'py>(
@@ -665,7 +709,8 @@ pub fn sdpa_backward_tensors<'py>(
     enable_gqa: bool,
     seed: Option<&Bound<'py, PyAny>>,
     threads: usize,
-) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+    mask_grad: bool,
+) -> PyResult<GradTensors<'py>> {
     let options = op_options(dropout_p, is_causal, scale, enable_gqa, seed)?;
     let qkv = [
         Tensor::new(query, "query")?,
@@ -687,21 +732,42 @@ pub fn sdpa_backward_tensors<'py>(
         let (o, l, d) = (o.view()?, l.view()?, d.view()?);
         gradients(
             py,
-            backward_f32(py, [&q, &k, &v], mask, (&o, &l, &d), &options, threads)?,
+            backward_f32(
+                py,
+                [&q, &k, &v],
+                mask,
+                (&o, &l, &d),
+                (&options, mask_grad),
+                threads,
+            )?,
         )
     } else if dtype == bf16::DTYPE {
         let [q, k, v] = views::<bf16>(&qkv)?;
         let (o, l, d) = (o.view()?, l.view()?, d.view()?);
         gradients(
             py,
-            backward_bf16(py, [&q, &k, &v], mask, (&o, &l, &d), &options, threads)?,
+            backward_bf16(
+                py,
+                [&q, &k, &v],
+                mask,
+                (&o, &l, &d),
+                (&options, mask_grad),
+                threads,
+            )?,
         )
     } else if dtype == f64::DTYPE {
         let [q, k, v] = views::<f64>(&qkv)?;
         let (o, l, d) = (o.view()?, l.view()?, d.view()?);
         gradients(
             py,
-            backward_f64(py, [&q, &k, &v], mask, (&o, &l, &d), &options, threads)?,
+            backward_f64(
+                py,
+                [&q, &k, &v],
+                mask,
+                (&o, &l, &d),
+                (&options, mask_grad),
+                threads,
+            )?,
         )
     } else if dtype == F16 {
         let [g, q, k, v, o] = widened([
@@ -711,11 +777,11 @@ pub fn sdpa_backward_tensors<'py>(
             (value, &qkv[2]),
             (out, o),
         ])?;
-        let (dq, dk, dv) = sdpa_backward_tensors(
+        let (dq, dk, dv, dmask) = sdpa_backward_tensors(
             py, &g, &q, &k, &v, &o, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed,
-            threads,
+            threads, mask_grad,
         )?;
-        Ok((narrowed(dq)?, narrowed(dk)?, narrowed(dv)?))
+        Ok((narrowed(dq)?, narrowed(dk)?, narrowed(dv)?, dmask))
     } else {
         Err(unsupported(&qkv[0]))
     }

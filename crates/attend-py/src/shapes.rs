@@ -379,19 +379,43 @@ impl Layout {
             .sum_axis(Axis(2));
         let mut unfolded = self.batch.clone();
         unfolded.extend([own, rows, width]);
-        let mut g = g
+        let g = g
             .into_shape_with_order(unfolded)
             .map_err(|e| Error::shape(format!("gradient batch axes: {e}")))?;
-        while g.ndim() > shape.len() {
-            g = g.sum_axis(Axis(0));
-        }
-        for (axis, &n) in shape.iter().enumerate() {
-            if n == 1 && g.shape()[axis] != 1 {
-                g = g.sum_axis(Axis(axis)).insert_axis(Axis(axis));
-            }
-        }
-        Ok(g)
+        Ok(sum_to(g, shape))
     }
+
+    /// The additive mask's gradient in the caller's mask `shape` from the
+    /// library's, shaped like the rank-4 mask [`Layout::mask`] made (its batch
+    /// axes folded into one): unfolded, then summed as [`Layout::reduce`] sums.
+    pub fn reduce_mask<F>(&self, g: ArrayD<F>, shape: &[usize]) -> Result<ArrayD<F>>
+    where
+        F: Clone + Zero + std::ops::Add<Output = F>,
+    {
+        let mut unfolded = self.batch.clone();
+        unfolded.extend_from_slice(&g.shape()[1..]);
+        let g = g
+            .into_shape_with_order(unfolded)
+            .map_err(|e| Error::shape(format!("mask gradient batch axes: {e}")))?;
+        Ok(sum_to(g, shape))
+    }
+}
+
+/// `g` summed over the leading axes `shape` lacks and the axes where `shape` has 1
+/// (those it was broadcast along), so that it has `shape`.
+fn sum_to<F: Clone + Zero + std::ops::Add<Output = F>>(
+    mut g: ArrayD<F>,
+    shape: &[usize],
+) -> ArrayD<F> {
+    while g.ndim() > shape.len() {
+        g = g.sum_axis(Axis(0));
+    }
+    for (axis, &n) in shape.iter().enumerate() {
+        if n == 1 && g.shape()[axis] != 1 {
+            g = g.sum_axis(Axis(axis)).insert_axis(Axis(axis));
+        }
+    }
+    g
 }
 
 /// A folded array's rank-4 form.

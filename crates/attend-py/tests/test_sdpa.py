@@ -298,13 +298,6 @@ def test_bad_input_raises_one_clear_line(name, make, exc, text):
     assert isinstance(info.value, attend.AttendValueError if exc is ValueError else attend.AttendTypeError)
 
 
-def test_learned_mask_gradient_is_refused():
-    q = randn(1, 1, 4, 8, seed=40).requires_grad_()
-    bias = randn(4, 4, seed=41).requires_grad_()
-    with pytest.raises(ValueError, match="no gradient for attn_mask"):
-        attend.scaled_dot_product_attention(q, q, q, attn_mask=bias)
-
-
 def test_the_gil_is_released_while_the_kernels_run():
     """While one thread is inside a long attention call, another runs Python code:
     the longest pause of a loop in the main thread stays far below the call's time

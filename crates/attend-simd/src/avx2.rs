@@ -2,7 +2,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{Simd, EXP2_POLY, LANES};
+use super::{Simd, EXP2_POLY, LANES, LOG2_E};
 
 /// Proof that the CPU has AVX2 and FMA: only [`Avx2::new`] makes one.
 #[derive(Clone, Copy, Debug)]
@@ -69,7 +69,7 @@ unsafe fn load_bf16_half(p: *const u16) -> __m256 {
     }
 }
 
-/// `2^x` of one half (see [`Simd::exp2`]), flushed to 0 below `2^−126`: one
+/// `e^x` of one half (see [`Simd::exp`]), flushed to 0 below `2^−126`: one
 /// scaling by `2^n` built from its bits, where a result that may be subnormal
 /// needs two (and AVX2 has no `vscalefps`). A softmax weight that small changes
 /// no sum it joins (the largest weight of a row is 1).
@@ -77,13 +77,18 @@ unsafe fn load_bf16_half(p: *const u16) -> __m256 {
 /// # Safety
 /// The CPU must have AVX2 and FMA.
 #[inline(always)]
-unsafe fn exp2_half(x: __m256) -> __m256 {
+unsafe fn exp_half(x: __m256) -> __m256 {
     // SAFETY: the caller guarantees AVX2 and FMA; no memory is touched.
     unsafe {
-        // max(-127, x) keeps a NaN x (second operand).
-        let x = _mm256_max_ps(_mm256_set1_ps(-127.0), x);
-        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
-        let f = _mm256_sub_ps(x, n);
+        // max(−127 ln 2, x) keeps a NaN x (second operand); below it n = −127.
+        let x = _mm256_max_ps(_mm256_set1_ps(EXP_FLUSH_ARG), x);
+        // x · log₂e = n + f, the product exact inside the fused multiply-adds
+        // ([`exp_scalar`](crate::exp_scalar)'s reduction).
+        const MAGIC: f32 = 12_582_912.0;
+        let log2e = _mm256_set1_ps(LOG2_E);
+        let t = _mm256_fmadd_ps(x, log2e, _mm256_set1_ps(MAGIC));
+        let n = _mm256_sub_ps(t, _mm256_set1_ps(MAGIC));
+        let f = _mm256_fmsub_ps(x, log2e, n);
         let c = EXP2_POLY;
         let (&last, lower) = c.split_last().expect("a polynomial has a coefficient");
         let mut p = _mm256_set1_ps(last);
@@ -97,6 +102,10 @@ unsafe fn exp2_half(x: __m256) -> __m256 {
         _mm256_mul_ps(p, _mm256_castsi256_ps(scale))
     }
 }
+
+/// `−127 · ln 2`, the argument below which AVX2's `e^x` is 0 (its reduction's
+/// integer stays at −127, whose scale has a zero exponent field).
+const EXP_FLUSH_ARG: f32 = -88.029_69;
 
 /// Lanes `< n` of the half whose first lane is `first`, as a load/store mask.
 ///
@@ -258,9 +267,9 @@ unsafe impl Simd for Avx2 {
         }
     }
     #[inline(always)]
-    fn exp2(self, x: V2) -> V2 {
+    fn exp(self, x: V2) -> V2 {
         // SAFETY: the token proves AVX2 and FMA.
-        unsafe { V2(exp2_half(x.0), exp2_half(x.1)) }
+        unsafe { V2(exp_half(x.0), exp_half(x.1)) }
     }
     #[inline(always)]
     fn sum(self, a: V2) -> f32 {

@@ -3,7 +3,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{Simd, EXP2_TABLE, EXP2_TABLE_POLY, LANES};
+use super::{Simd, EXP2_TABLE, EXP2_TABLE_POLY, EXP_MIN_ARG, LANES, LOG2_E};
 
 /// Proof that the CPU has AVX-512 F, VL, BW and DQ (and AVX2 with FMA), and with
 /// `BF16` also AVX512-BF16: only [`Avx512::new`] and [`Avx512Bf16::new`] make one.
@@ -127,21 +127,24 @@ unsafe impl<const BF16: bool> Simd for Avx512Of<BF16> {
         }
     }
     #[inline(always)]
-    fn exp2(self, x: __m512) -> __m512 {
+    fn exp(self, x: __m512) -> __m512 {
         // SAFETY: the token proves AVX-512F.
         unsafe {
-            // max(-150, x) keeps a NaN x (second operand).
-            let x = _mm512_max_ps(_mm512_set1_ps(-150.0), x);
-            // x = n/32 + f, |f| ≤ 1/64: adding 1.5·2^18 rounds x to a multiple of
-            // 1/32 (exact for |x| < 2^17) and leaves n in the sum's low mantissa bits;
-            // the permute reads their low five, n mod 32, as the table's index. These
-            // are additions and a shuffle, not the multiply pipes' work that the
-            // products of a softmax's tile wait on: 2^(n/32) from the table, then a
-            // polynomial of degree 2 on the small f instead of 6 on [−½, ½].
+            // max(−150 ln 2, x) keeps a NaN x (second operand).
+            let x = _mm512_max_ps(_mm512_set1_ps(EXP_MIN_ARG), x);
+            // x · log₂e = n/32 + f, |f| ≤ 1/64, the product exact inside the fused
+            // multiply-adds: adding 1.5·2^18 rounds it to a multiple of 1/32 (exact
+            // for |x · log₂e| < 2^17) and leaves n in the sum's low mantissa bits;
+            // the permute reads their low five, n mod 32, as the table's index. A
+            // shuffle and no more multiply-adds than `2^x` would take, not the
+            // multiply pipes' work that the products of a softmax's tile wait on:
+            // 2^(n/32) from the table, then a polynomial of degree 2 on the small f
+            // instead of 6 on [−½, ½].
             const MAGIC: f32 = 393_216.0;
-            let t = _mm512_add_ps(x, _mm512_set1_ps(MAGIC));
+            let log2e = _mm512_set1_ps(LOG2_E);
+            let t = _mm512_fmadd_ps(x, log2e, _mm512_set1_ps(MAGIC));
             let k = _mm512_sub_ps(t, _mm512_set1_ps(MAGIC));
-            let f = _mm512_sub_ps(x, k);
+            let f = _mm512_fmsub_ps(x, log2e, k);
             let lo = _mm512_loadu_ps(EXP2_TABLE.as_ptr());
             let hi = _mm512_loadu_ps(EXP2_TABLE.as_ptr().add(LANES));
             let table = _mm512_permutex2var_ps(lo, _mm512_castps_si512(t), hi);

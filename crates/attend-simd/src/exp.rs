@@ -1,6 +1,6 @@
-//! `2^x` and `e^x` in scalar f32 code without branches or calls into libm: the
-//! polynomial and reduction the portable and AVX2 [`Simd::exp2`](crate::Simd::exp2)
-//! follow lane by lane, the table and short polynomial of the AVX-512 one, and an
+//! `e^x` in scalar f32 code without branches or calls into libm: the polynomial
+//! and reduction the portable and AVX2 [`Simd::exp`](crate::Simd::exp) follow lane
+//! by lane, the table and short polynomial of the AVX-512 one, and an
 //! `e^x` for loops that [`multiversion!`](crate::multiversion) compiles for each
 //! instruction set.
 
@@ -20,7 +20,7 @@ pub const EXP2_POLY: [f32; 7] = [
 ];
 
 /// `2^(j/32)` for `j = 0..32`, each rounded to nearest f32 (a test checks every
-/// entry against f64): the table of the AVX-512 [`Simd::exp2`](crate::Simd::exp2),
+/// entry against f64): the table of the AVX-512 [`Simd::exp`](crate::Simd::exp),
 /// which looks up `2^x`'s nearest 32nd with one two-register permute and leaves only
 /// `|f| ≤ 1/64` to a polynomial.
 pub const EXP2_TABLE: [f32; 32] = [
@@ -64,16 +64,36 @@ pub const EXP2_TABLE: [f32; 32] = [
 /// would give 1.8 ulp).
 pub const EXP2_TABLE_POLY: [f32; 2] = [0.693_157_3, 0.240_226_9];
 
-/// The scalar `2^x` the portable and AVX2 implementations follow lane by lane: the
-/// same reduction `x = n + f`, the same polynomial, then an exact scaling by `2^n`.
+/// `log₂e` rounded to f32 (1.9·10⁻⁸ below the true value): the factor by which
+/// [`Simd::exp`](crate::Simd::exp) turns its argument into a power of two.
+///
+/// Inside a fused multiply-add the product `x · log₂e` is exact, so the reduction
+/// `x · log₂e = n + f` loses nothing to a product rounded first; the constant's own
+/// rounding moves the result by a relative `|x| · 1.3·10⁻⁸` (ln 2 times its error),
+/// below one ulp for `|x| < 9` and within the softmax's own rounding of its scores
+/// (whose error is `|s| · ε/2` in the exponent).
+pub const LOG2_E: f32 = std::f32::consts::LOG2_E;
+
+/// The most negative argument [`Simd::exp`](crate::Simd::exp) reduces, a little
+/// below `−150 · ln 2 ≈ −103.972`, where `e^x` is less than half the smallest
+/// subnormal: a clamp to it keeps the reduction's integer in range, and its own
+/// `e^x` (`2^−150.04`) rounds to 0, as `e^−∞` must. (At `−150 · ln 2` rounded to
+/// f32 the reduction's fraction is a hair above 0 and the result rounds up to the
+/// smallest subnormal.)
+pub const EXP_MIN_ARG: f32 = -104.0;
+
+/// The scalar `e^x` the portable and AVX2 implementations follow lane by lane:
+/// `x · log₂e = n + f` rounded to the nearest integer `n` inside fused
+/// multiply-adds ([`LOG2_E`]), the same polynomial for `2^f`, then an exact
+/// scaling by `2^n`.
 #[inline(always)]
-pub fn exp2_scalar(x: f32) -> f32 {
-    // NaN fails the comparison and stays NaN; −∞ and tiny values clamp to −150.
-    let x = if x < -150.0 { -150.0 } else { x };
-    // Round to nearest with the 1.5·2^23 trick (exact for |x| < 2^22).
+pub fn exp_scalar(x: f32) -> f32 {
+    // NaN fails the comparison and stays NaN; −∞ and tiny values clamp.
+    let x = if x < EXP_MIN_ARG { EXP_MIN_ARG } else { x };
+    // Round to nearest with the 1.5·2^23 trick (exact for |x · log₂e| < 2^22).
     const MAGIC: f32 = 12_582_912.0;
-    let n = (x + MAGIC) - MAGIC;
-    let f = x - n;
+    let n = x.mul_add(LOG2_E, MAGIC) - MAGIC;
+    let f = x.mul_add(LOG2_E, -n);
     let c = EXP2_POLY;
     let mut p = c[6];
     p = p.mul_add(f, c[5]);

@@ -56,7 +56,7 @@ pub mod transpose;
 
 pub use bf16::{bf16_bits, bf16_to_f32};
 pub use erf::erf;
-pub use exp::{exp, exp2_scalar, EXP2_POLY, EXP2_TABLE, EXP2_TABLE_POLY};
+pub use exp::{exp, exp_scalar, EXP2_POLY, EXP2_TABLE, EXP2_TABLE_POLY, EXP_MIN_ARG, LOG2_E};
 
 #[cfg(target_arch = "x86_64")]
 pub use avx2::Avx2;
@@ -405,11 +405,15 @@ pub unsafe trait Simd: Copy + Send + Sync {
     /// even when it is NaN (NaN + −∞ is NaN), so a NaN never reaches a row that
     /// cannot see it.
     fn masked(self, y: Self::V, mask: Self::V) -> Self::V;
-    /// `2^x` for `x ≤ 0` (also correct, but not fast-path, for positive `x` up to
-    /// 127): about 1 ulp where the result is normal (`x ≥ −126`), NaN for NaN, 0 for
-    /// −∞. Subnormal results are 0 on AVX2 (one scaling instead of two) and exact
-    /// down to `2^−150` elsewhere: a softmax weight that small changes no sum.
-    fn exp2(self, x: Self::V) -> Self::V;
+    /// `e^x` for `x ≤ 0` (also correct, but not fast-path, for positive `x` up to
+    /// 88), computed as `2^(x · log₂e)` with the product inside the reduction's
+    /// fused multiply-adds, so that a softmax keeps its scores in their own units
+    /// (a factor of `log₂e` applied to the scores would overflow those beyond
+    /// `f32::MAX / log₂e`): within about 1 ulp plus `|x| · 1.3·10⁻⁸` relative
+    /// ([`LOG2_E`]) where the result is normal, NaN for NaN, 0 for −∞. Subnormal
+    /// results are 0 on AVX2 (one scaling instead of two) and exact to within
+    /// their spacing elsewhere: a softmax weight that small changes no sum.
+    fn exp(self, x: Self::V) -> Self::V;
     /// Sum of the lanes, as a pairwise tree.
     fn sum(self, a: Self::V) -> f32;
     /// Lane `j` of the result is the sum of the lanes of `a[j]` (sixteen horizontal
@@ -462,56 +466,66 @@ pub unsafe trait Simd: Copy + Send + Sync {
 mod tests {
     use super::*;
 
+    /// The relative error [`Simd::exp`] may have at `x`: 3 ε for the
+    /// polynomial and the scaling, plus what `log₂e`'s rounding to f32 moves
+    /// (`|x| · 1.34·10⁻⁸`, [`LOG2_E`]).
+    fn exp_bound(x: f32) -> f64 {
+        3.0 * f32::EPSILON as f64 + x.abs() as f64 * 1.34e-8
+    }
+
     #[test]
-    fn exp2_is_accurate() {
+    fn exp_is_accurate() {
         let mut worst = 0.0f64;
-        let mut x = -149.0f32;
+        let mut x = -103.0f32;
         while x <= 0.0 {
-            let want = (x as f64).exp2();
-            let got = exp2_scalar(x) as f64;
+            let want = (x as f64).exp();
+            let got = exp_scalar(x) as f64;
             if want > 1e-30 {
-                worst = worst.max(((got - want) / want).abs());
+                worst = worst.max(((got - want) / want).abs() / exp_bound(x));
             }
-            x += 0.0137;
+            x += 0.0093;
         }
-        assert!(
-            worst < 3.0 * f32::EPSILON as f64,
-            "worst relative error {worst}"
-        );
-        assert_eq!(exp2_scalar(0.0), 1.0);
-        assert_eq!(exp2_scalar(f32::NEG_INFINITY), 0.0);
-        assert!(exp2_scalar(f32::NAN).is_nan());
+        assert!(worst < 1.0, "worst error {worst} of the bound");
+        assert_eq!(exp_scalar(0.0), 1.0);
+        assert_eq!(exp_scalar(f32::NEG_INFINITY), 0.0);
+        assert!(exp_scalar(f32::NAN).is_nan());
         for isa in Isa::available() {
             let token = isa.token().expect("available");
-            // Every 1/128 from −126 to 0 (each table entry, both sides of each
-            // rounding boundary between them) and 16 points spread wider.
-            let grid = (0..126 * 128).map(|i| -(i as f32) / 128.0 - 1.0 / 256.0);
-            let spread = (0..16).map(|i| -(i as f32) * 7.3 - 0.37);
+            // Every 1/128 of a power of two from 2^−126 to 1 (each table entry,
+            // both sides of each rounding boundary between them), in natural
+            // units, and 16 points spread wider.
+            let ln2 = std::f64::consts::LN_2;
+            let grid = (0..126 * 128).map(|i| ((-(i as f64) / 128.0 - 1.0 / 256.0) * ln2) as f32);
+            let spread = (0..16).map(|i| -(i as f32) * 5.1 - 0.37);
             let xs: Vec<f32> = grid.chain(spread).collect();
             for chunk in xs.chunks_exact(16) {
                 let chunk: [f32; 16] = chunk.try_into().expect("16 lanes");
-                for (x, g) in chunk.iter().zip(dispatch(token, Exp2Lanes(chunk))) {
-                    let want = (*x as f64).exp2();
+                for (x, g) in chunk.iter().zip(dispatch(token, ExpLanes(chunk))) {
+                    let want = (*x as f64).exp();
                     let err = ((g as f64 - want) / want).abs();
-                    assert!(err < 3.0 * f32::EPSILON as f64, "{isa:?}: 2^{x} gave {g}");
+                    assert!(err < exp_bound(*x), "{isa:?}: e^{x} gave {g}");
                 }
             }
-            // Subnormal results: exact or flushed to 0, never above 2^−126.
-            let tiny: [f32; 16] = std::array::from_fn(|i| -126.05 - i as f32 * 1.9);
-            for (x, g) in tiny.iter().zip(dispatch(token, Exp2Lanes(tiny))) {
-                let want = (*x as f64).exp2();
-                let exact = (g as f64 - want).abs() <= f32::from_bits(1) as f64;
-                assert!(exact || g == 0.0, "{isa:?}: 2^{x} gave {g}");
+            // Subnormal results: within their spacing (plus the relative bound) or
+            // flushed to 0, never above 2^−126.
+            let tiny: [f32; 16] = std::array::from_fn(|i| -87.4 - i as f32 * 1.1);
+            for (x, g) in tiny.iter().zip(dispatch(token, ExpLanes(tiny))) {
+                let want = (*x as f64).exp();
+                let bound = f32::from_bits(1) as f64 + want * exp_bound(*x);
+                let close = (g as f64 - want).abs() <= bound;
+                assert!(close || g == 0.0, "{isa:?}: e^{x} gave {g}");
             }
             let mut special = [0.0f32; 16];
             special[1] = f32::NEG_INFINITY;
             special[2] = f32::NAN;
             special[3] = -1000.0;
-            let got = dispatch(token, Exp2Lanes(special));
+            special[4] = f32::MIN;
+            let got = dispatch(token, ExpLanes(special));
             assert_eq!(got[0], 1.0, "{isa:?}");
             assert_eq!(got[1], 0.0, "{isa:?}");
             assert!(got[2].is_nan(), "{isa:?}");
             assert_eq!(got[3], 0.0, "{isa:?}");
+            assert_eq!(got[4], 0.0, "{isa:?}");
         }
     }
 
@@ -529,16 +543,16 @@ mod tests {
         }
     }
 
-    /// `2^x` of sixteen floats.
-    struct Exp2Lanes([f32; 16]);
+    /// `e^x` of sixteen floats.
+    struct ExpLanes([f32; 16]);
 
-    impl SimdJob for Exp2Lanes {
+    impl SimdJob for ExpLanes {
         type Output = [f32; 16];
         #[inline(always)]
         fn run<I: Simd>(self, isa: I) -> [f32; 16] {
             let mut out = [0.0f32; 16];
             // SAFETY: both arrays hold 16 floats.
-            unsafe { isa.store(out.as_mut_ptr(), isa.exp2(isa.load(self.0.as_ptr()))) };
+            unsafe { isa.store(out.as_mut_ptr(), isa.exp(isa.load(self.0.as_ptr()))) };
             out
         }
     }

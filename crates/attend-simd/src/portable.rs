@@ -1,7 +1,7 @@
 //! The portable [`Simd`]: plain arrays that the compiler vectorises for the build
 //! target. Slower than the intrinsics, but it runs everywhere and passes every test.
 
-use super::{bf16_bits, bf16_to_f32, exp2_scalar, Simd, LANES};
+use super::{bf16_bits, bf16_to_f32, exp_scalar, Simd, LANES};
 
 /// Sixteen f32 lanes as a plain array; needs no CPU feature.
 #[derive(Clone, Copy, Debug)]
@@ -84,8 +84,8 @@ unsafe impl Simd for Portable {
         map2(y, mask, |y, m| if m == f32::NEG_INFINITY { m } else { y })
     }
     #[inline(always)]
-    fn exp2(self, x: V) -> V {
-        x.map(exp2_scalar)
+    fn exp(self, x: V) -> V {
+        x.map(exp_scalar)
     }
     #[inline(always)]
     fn sum(self, a: V) -> f32 {

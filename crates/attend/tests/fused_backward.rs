@@ -32,6 +32,7 @@ fn naive_f32(p: &Problem<'_>, dout: &Array4<f32>, dropout: Option<&Dropout>) -> 
         dq: Array4::zeros(p.q.raw_dim()),
         dk: Array4::zeros(p.k.raw_dim()),
         dv: Array4::zeros(p.v.raw_dim()),
+        dbias: None,
     };
     for b in 0..d.batch {
         for h in 0..d.heads {
@@ -164,6 +165,7 @@ fn run(
             threads: Some(threads),
         },
         dropout,
+        bias_grad: false,
     };
     attention_backward_with(
         q.view(),

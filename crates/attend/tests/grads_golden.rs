@@ -213,6 +213,7 @@ fn sdpa_case(id: &str, causal: Option<Causal>) {
                     threads: Some(threads),
                 },
                 dropout: None,
+                bias_grad: false,
             };
             let g = attention_backward_with(
                 q.view(),

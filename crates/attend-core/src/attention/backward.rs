@@ -24,7 +24,7 @@ use ndarray::{Array3, Array4, ArrayView3, ArrayView4};
 
 use crate::config::Exec;
 use crate::kernels::backward::{fused, reference, AttentionGrads};
-use crate::problem::{AttentionOptions, Dropout, Problem};
+use crate::problem::{sum_to_mask_shape, AttentionOptions, Dropout, Problem};
 use crate::{Error, Result};
 
 /// Which kernel computes a backward pass.
@@ -50,6 +50,9 @@ pub struct BackwardConfig {
     /// Instruction set and threads (the result has the same bits whatever the
     /// threads).
     pub exec: Exec,
+    /// Whether to return the additive mask's gradient ([`AttentionGrads::dbias`]),
+    /// for a learned mask: a `[B, Hq, L, S]` buffer the kernels fill only then.
+    pub bias_grad: bool,
 }
 
 /// What a forward pass saves for its backward: the output `out [B, Hq, L, Ev]` and
@@ -143,9 +146,21 @@ pub fn attention_backward_with(
             })
         }
     };
+    // The mask's gradient, when asked for, summed back to the mask's own shape.
+    let bias_shape = opts
+        .bias
+        .as_ref()
+        .filter(|_| config.bias_grad)
+        .map(|b| b.shape());
     if use_fused {
-        let run = || fused::run(&p, out, lse, dout, config.dropout.as_ref(), isa);
-        return config.exec.install(run);
+        let dropout = config.dropout.as_ref();
+        let run = || fused::run(&p, out, lse, dout, dropout, bias_shape.is_some(), isa);
+        let (mut g, ds) = config.exec.install(run)?;
+        let sum = |(ds, shape): (Array4<f32>, &[usize])| {
+            sum_to_mask_shape(ds.mapv(f64::from), shape).mapv(|x| x as f32)
+        };
+        g.dbias = ds.zip(bias_shape).map(sum);
+        return Ok(g);
     }
     let (q, k, v) = (q.mapv(f64::from), k.mapv(f64::from), v.mapv(f64::from));
     let exact = Problem::new(q.view(), k.view(), v.view(), opts)?;
@@ -156,6 +171,7 @@ pub fn attention_backward_with(
         dq: g.dq.mapv(|x| x as f32),
         dk: g.dk.mapv(|x| x as f32),
         dv: g.dv.mapv(|x| x as f32),
+        dbias: bias_shape.map(|shape| sum_to_mask_shape(g.ds, shape).mapv(|x| x as f32)),
     })
 }
 

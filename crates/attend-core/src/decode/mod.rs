@@ -187,7 +187,8 @@ pub fn merge_partials(parts: &[Partial]) -> Result<Partial> {
     let mut acc = vec![0.0f64; ev];
     for ((bi, hi, i), out_lse) in lse.indexed_iter_mut() {
         let row = parts.iter().map(|p| SoftmaxPart {
-            lse: p.lse[[bi, hi, i]] as f64,
+            top: p.lse[[bi, hi, i]] as f64,
+            log_sum: 0.0,
             scale: 1.0,
             output: p.output.slice(ndarray::s![bi, hi, i, ..]),
         });

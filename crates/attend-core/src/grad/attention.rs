@@ -187,7 +187,7 @@ pub(crate) fn backward<T: Scalar>(
     let width = dctx.ncols();
     let dctx = dctx.into_shape_with_order((b, t, width)).expect("rows");
     let dout = split_heads(dctx.view(), w.heads);
-    let (dq, dk, dv) = T::attention_backward(
+    let (dq, dk, dv, _) = T::attention_backward(
         cache.q.view(),
         cache.k.view(),
         cache.v.view(),
@@ -195,6 +195,7 @@ pub(crate) fn backward<T: Scalar>(
         dout.view(),
         &cache.opts,
         cache.dropout.as_ref(),
+        false,
     )?;
     let rows = |a: Array4<T>| {
         let m = merge_heads(a.view());

@@ -47,14 +47,19 @@ pub use attention::{MultiHeadAttentionCache, MultiHeadAttentionGrads};
 pub use embedding::{EmbeddingCache, EmbeddingGrads};
 pub use linear::{LinearCache, LinearGrads};
 
-use ndarray::{Array3, Array4, ArrayView4, NdFloat};
+use ndarray::{Array3, Array4, ArrayD, ArrayView4, NdFloat};
 
 use crate::attention::{
     attention_backward_with, attention_train, AttentionOptions, BackwardConfig, Dropout, Problem,
     Saved,
 };
 use crate::kernels::backward::reference;
+use crate::problem::sum_to_mask_shape;
 use crate::Result;
+
+/// The gradients of an attention call in `T`: `(dq, dk, dv)` and the additive
+/// mask's, when asked for ([`Scalar::attention_backward`]).
+pub type Grads<T> = (Array4<T>, Array4<T>, Array4<T>, Option<ArrayD<T>>);
 
 /// A float type the module gradients are computed in: f32 for training (fast
 /// kernels), f64 for the gradient checks (reference kernel).
@@ -68,7 +73,9 @@ pub trait Scalar: NdFloat + num_traits::FromPrimitive {
         dropout: Option<&Dropout>,
     ) -> Result<(Array4<Self>, Array3<Self>)>;
 
-    /// Attention backward: `(dq, dk, dv)`.
+    /// Attention backward: `(dq, dk, dv)` and, with `bias_grad` and an additive
+    /// mask, the mask's gradient shaped like it (summed over its broadcast axes).
+    #[allow(clippy::too_many_arguments)]
     fn attention_backward(
         q: ArrayView4<'_, Self>,
         k: ArrayView4<'_, Self>,
@@ -77,7 +84,8 @@ pub trait Scalar: NdFloat + num_traits::FromPrimitive {
         dout: ArrayView4<'_, Self>,
         opts: &AttentionOptions<'_>,
         dropout: Option<&Dropout>,
-    ) -> Result<(Array4<Self>, Array4<Self>, Array4<Self>)>;
+        bias_grad: bool,
+    ) -> Result<Grads<Self>>;
 }
 
 impl Scalar for f32 {
@@ -99,13 +107,15 @@ impl Scalar for f32 {
         dout: ArrayView4<'_, f32>,
         opts: &AttentionOptions<'_>,
         dropout: Option<&Dropout>,
-    ) -> Result<(Array4<f32>, Array4<f32>, Array4<f32>)> {
+        bias_grad: bool,
+    ) -> Result<Grads<f32>> {
         let config = BackwardConfig {
             dropout: dropout.copied(),
+            bias_grad,
             ..Default::default()
         };
         let g = attention_backward_with(q, k, v, saved, dout, opts, &config)?;
-        Ok((g.dq, g.dk, g.dv))
+        Ok((g.dq, g.dk, g.dv, g.dbias))
     }
 }
 
@@ -130,10 +140,13 @@ impl Scalar for f64 {
         dout: ArrayView4<'_, f64>,
         opts: &AttentionOptions<'_>,
         dropout: Option<&Dropout>,
-    ) -> Result<(Array4<f64>, Array4<f64>, Array4<f64>)> {
+        bias_grad: bool,
+    ) -> Result<Grads<f64>> {
         let p = Problem::new(q, k, v, opts)?;
         let g = reference::backward(&p, dout, dropout);
-        Ok((g.dq, g.dk, g.dv))
+        let shape = opts.bias.as_ref().filter(|_| bias_grad).map(|b| b.shape());
+        let dbias = shape.map(|shape| sum_to_mask_shape(g.ds, shape));
+        Ok((g.dq, g.dk, g.dv, dbias))
     }
 }
 

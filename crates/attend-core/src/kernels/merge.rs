@@ -3,11 +3,16 @@
 
 use ndarray::ArrayView1;
 
-/// One part of a query's softmax over some of its keys.
+/// One part of a query's softmax over some of its keys. Its log-sum-exp is
+/// `top + log_sum`, kept in two terms: where the scores are as large as `f32::MIN`
+/// (a padding mask's), their sum is lost in `top`'s rounding, in f32 and f64 alike.
 #[derive(Clone, Copy)]
 pub(crate) struct SoftmaxPart<'a> {
-    /// The natural log-sum-exp of the part's scores; −∞ when it saw no key.
-    pub lse: f64,
+    /// The part's largest score (or its log-sum-exp, with `log_sum` 0); −∞ when it
+    /// saw no key.
+    pub top: f64,
+    /// The log of the part's sum of `exp(score − top)`.
+    pub log_sum: f64,
     /// What `output` is multiplied by to be the part's normalised output (1 when it
     /// is normalised already; `1 / sum` for a sum of unnormalised weights).
     pub scale: f64,
@@ -17,9 +22,10 @@ pub(crate) struct SoftmaxPart<'a> {
 
 /// Merges `parts` in their order into the softmax over all their keys: writes
 /// `Σ exp(lse_i − lse) · scale_i · output_i` into `out` and returns
-/// `lse = log Σ exp(lse_i)`, summing in f64 in `acc` (`out.len()` long). Parts that
-/// saw no key weigh nothing; when none saw one, `out` is left as it is and the lse is
-/// −∞. A NaN lse makes the result NaN.
+/// `lse = log Σ exp(lse_i)`, summing in f64 in `acc` (`out.len()` long), with each
+/// `lse_i − lse` taken as `(top_i − max top) + log_sum_i − log Σ …` so that the tops'
+/// difference is exact. Parts that saw no key weigh nothing; when none saw one,
+/// `out` is left as it is and the lse is −∞. A NaN lse makes the result NaN.
 pub(crate) fn merge_softmax_parts<'a, 'o>(
     parts: impl Iterator<Item = SoftmaxPart<'a>> + Clone,
     acc: &mut [f64],
@@ -27,15 +33,15 @@ pub(crate) fn merge_softmax_parts<'a, 'o>(
 ) -> f64 {
     let m = parts
         .clone()
-        .map(|p| p.lse)
+        .map(|p| p.top)
         .fold(f64::NEG_INFINITY, super::nan_max);
     if m == f64::NEG_INFINITY {
         return m;
     }
     acc.fill(0.0);
     let mut sum = 0.0f64;
-    for p in parts.filter(|p| p.lse != f64::NEG_INFINITY) {
-        let w = (p.lse - m).exp();
+    for p in parts.filter(|p| p.top != f64::NEG_INFINITY) {
+        let w = ((p.top - m) + p.log_sum).exp();
         sum += w;
         let w = w * p.scale;
         for (a, &x) in acc.iter_mut().zip(p.output) {
@@ -77,12 +83,14 @@ mod tests {
         let o1_raw = o1.mapv(|x| (x as f64 * sum1) as f32);
         let parts = [
             SoftmaxPart {
-                lse: l0,
+                top: l0,
+                log_sum: 0.0,
                 scale: 1.0,
                 output: o0.view(),
             },
             SoftmaxPart {
-                lse: l1,
+                top: 2.0,
+                log_sum: l1 - 2.0,
                 scale: 1.0 / sum1,
                 output: o1_raw.view(),
             },
@@ -101,7 +109,8 @@ mod tests {
     fn parts_without_keys_weigh_nothing() {
         let o = arr1(&[5.0f32]);
         let none = SoftmaxPart {
-            lse: f64::NEG_INFINITY,
+            top: f64::NEG_INFINITY,
+            log_sum: 0.0,
             scale: 1.0,
             output: o.view(),
         };
@@ -109,11 +118,38 @@ mod tests {
         let lse = merge_softmax_parts([none, none].into_iter(), &mut [0.0], out.iter_mut());
         assert_eq!((lse, out[0]), (f64::NEG_INFINITY, 7.0));
         let some = SoftmaxPart {
-            lse: 0.5,
+            top: 0.5,
+            log_sum: 0.0,
             scale: 1.0,
             output: o.view(),
         };
         let lse = merge_softmax_parts([none, some].into_iter(), &mut [0.0], out.iter_mut());
         assert_eq!((lse, out[0]), (0.5, 5.0));
+    }
+
+    /// Parts whose scores all round to `f32::MIN` (a padding mask's rows): the
+    /// tops are equal and the parts weigh as their sums say, 3 keys against 1,
+    /// where log-sum-exps rounded into one number would weigh them alike.
+    #[test]
+    fn parts_of_equal_huge_scores_weigh_by_their_sums() {
+        let (a, b) = (arr1(&[3.0f32]), arr1(&[7.0f32]));
+        let top = f32::MIN as f64;
+        let parts = [
+            SoftmaxPart {
+                top,
+                log_sum: 3f64.ln(),
+                scale: 1.0,
+                output: a.view(),
+            },
+            SoftmaxPart {
+                top,
+                log_sum: 0.0,
+                scale: 1.0,
+                output: b.view(),
+            },
+        ];
+        let mut out = [0.0f32];
+        merge_softmax_parts(parts.into_iter(), &mut [0.0], out.iter_mut());
+        assert_eq!(out[0], 4.0);
     }
 }

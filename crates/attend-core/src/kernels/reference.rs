@@ -47,7 +47,8 @@ pub fn run(p: &Problem<'_>) -> AttentionTrace {
                         .sum();
                     trace.scores[[b, h, i, j]] = dot as f32;
                     if sees[[i, j]] {
-                        scaled[[i, j]] = dot * p.scale as f64 + p.bias_at(b, h, i, j) as f64;
+                        let product = in_f32_range(dot * p.scale as f64);
+                        scaled[[i, j]] = in_f32_range(product + p.bias_at(b, h, i, j) as f64);
                     }
                 }
                 trace.lse[[b, h, i]] = log_sum_exp(scaled.row(i).iter().copied()) as f32;
@@ -72,6 +73,18 @@ pub fn run(p: &Problem<'_>) -> AttentionTrace {
         }
     }
     trace
+}
+
+/// `x`, or ±∞ where it is beyond f32's range: a score of f32 tensors overflows
+/// where PyTorch's math would overflow it, at the scaled product `scale · q·k` and
+/// at its sum with the additive mask (docs/design.md, "Masks"); the rest of the
+/// arithmetic stays in f64.
+fn in_f32_range(x: f64) -> f64 {
+    if (x as f32).is_infinite() {
+        x.signum() * f64::INFINITY
+    } else {
+        x
+    }
 }
 
 /// `log Σ exp(x)`, −∞ for an empty or all −∞ sequence.

@@ -2,10 +2,12 @@
 //! kernel: the fused forward's [`MaskTiles`](super::MaskTiles), the decode kernel
 //! and the fused backward all write or add it through [`MaskRows`].
 //!
-//! A score's term is the additive mask's value times a factor (1, or `log₂e` for
-//! the kernels that keep their scores in base 2), or 0 without an additive mask,
-//! and −∞ where the boolean mask or key padding drops the key, even where the
-//! additive mask's value is NaN: a dropped key is never a weight. Causality and
+//! A score's term is the additive mask's value as it is, or 0 without an additive
+//! mask, and −∞ where the boolean mask or key padding drops the key, even where the
+//! additive mask's value is NaN: a dropped key is never a weight. Only −∞ hides a
+//! key: a finite value, however large (`f32::MIN` included), is added to the score
+//! in the score's own units, as PyTorch's math does, never scaled into other units
+//! where it could overflow (docs/design.md, "Masks"). Causality and
 //! the window are not part of it; each kernel cuts its band its own way (whole
 //! tiles skipped, ranges of keys).
 
@@ -54,28 +56,23 @@ impl<'a> MaskRows<'a> {
     }
 
     /// Writes the terms of row `r`'s scores into `out` (one per key of the block):
-    /// the additive mask's value times `factor` (0 without one), −∞ where a mask
-    /// drops the key.
-    pub(crate) fn write_terms(&self, r: usize, factor: f32, out: &mut [f32]) {
+    /// the additive mask's value (0 without one), −∞ where a mask drops the key.
+    pub(crate) fn write_terms(&self, r: usize, out: &mut [f32]) {
         match self.row(r).1 {
-            Some(bias) => along(out, bias, |t, x| *t = x * factor),
+            Some(bias) => along(out, bias, |t, x| *t = x),
             None => out.fill(0.0),
         }
         self.cut(r, out);
     }
 
     /// Adds the terms of row `r`'s scores to the scores in `out`: each kept score
-    /// plus the additive mask's value times `factor` (left as it is without one),
-    /// −∞ for a dropped key or an additive −∞ whatever the score (a NaN score
-    /// included: NaN + −∞ is NaN).
-    pub(crate) fn add_terms(&self, r: usize, factor: f32, out: &mut [f32]) {
+    /// plus the additive mask's value (left as it is without one), −∞ for a
+    /// dropped key or an additive −∞ whatever the score (a NaN score included:
+    /// NaN + −∞ is NaN).
+    pub(crate) fn add_terms(&self, r: usize, out: &mut [f32]) {
         if let Some(bias) = self.row(r).1 {
             along(out, bias, |t, x| {
-                *t = if x == f32::NEG_INFINITY {
-                    x
-                } else {
-                    *t + x * factor
-                }
+                *t = if x == f32::NEG_INFINITY { x } else { *t + x }
             });
         }
         self.cut(r, out);
@@ -148,18 +145,17 @@ mod tests {
             ..Default::default()
         };
         let p = Problem::new(q.view(), kv.view(), kv.view(), &opts).expect("valid");
-        let factor = std::f32::consts::LOG2_E;
         let (rows, keys) = (1..4, 2..8);
         for (bi, hi) in [(0, 0), (1, 2)] {
             let block = p.mask_rows((bi, hi), rows.clone(), keys.clone());
             for (r, i) in rows.clone().enumerate() {
                 let mut written = vec![f32::NAN; keys.len()];
-                block.write_terms(r, factor, &mut written);
+                block.write_terms(r, &mut written);
                 let mut added: Vec<f32> = keys.clone().map(|j| j as f32).collect();
-                block.add_terms(r, factor, &mut added);
+                block.add_terms(r, &mut added);
                 for (jj, j) in keys.clone().enumerate() {
                     let (want_w, want_a) = if p.keeps(bi, hi, i, j) {
-                        let t = p.bias_at(bi, hi, i, j) * factor;
+                        let t = p.bias_at(bi, hi, i, j);
                         (t, j as f32 + t)
                     } else {
                         (f32::NEG_INFINITY, f32::NEG_INFINITY)
@@ -169,13 +165,13 @@ mod tests {
                     assert_eq!(added[jj].to_bits(), want_a.to_bits(), "added {at}");
                 }
                 let mut shared = vec![f32::NAN; keys.len()];
-                block.without_padding().write_terms(r, factor, &mut shared);
+                block.without_padding().write_terms(r, &mut shared);
                 for (jj, j) in keys.clone().enumerate() {
                     let dropped = !mask[[bi, 0, i, j]];
                     let want = if dropped {
                         f32::NEG_INFINITY
                     } else {
-                        bias[[0, hi, i, j]] * factor
+                        bias[[0, hi, i, j]]
                     };
                     assert_eq!(shared[jj].to_bits(), want.to_bits(), "shared ({i}, {j})");
                 }

@@ -29,9 +29,8 @@ const QUERY_BLOCK: usize = 64;
 const TRANSPOSE_ROWS: usize = 16;
 
 /// The additive term of every score from the boolean and additive masks, transposed:
-/// `−∞` where the boolean mask drops the score, the additive mask's value times a
-/// factor chosen per call (or 0) where it is kept. The fused forwards keep their
-/// scores in base 2 and ask for `log₂e`, so that a tile adds its term as it is.
+/// `−∞` where the boolean mask drops the score, the additive mask's value (or 0)
+/// where it is kept, so that a tile adds its term as it is.
 ///
 /// Stored as `[Bm, Hm, ⌈L/64⌉, S, 64]`: for each block of 64 queries, one row of 64
 /// per key, so that a unit of the fused kernel reads its tiles' mask rows in memory
@@ -56,10 +55,10 @@ pub struct MaskTiles {
 }
 
 impl<T: Sync> Problem<'_, T> {
-    /// The combined, transposed boolean and additive masks, the additive mask's
-    /// values multiplied by `factor` (key padding, causality and windows are applied
-    /// tile by tile: see [`MaskTiles::tile`]), transposed with `isa`'s vectors.
-    pub(crate) fn mask_tiles(&self, factor: f32, isa: IsaToken) -> MaskTiles {
+    /// The combined, transposed boolean and additive masks (key padding, causality
+    /// and windows are applied tile by tile: see [`MaskTiles::tile`]), transposed
+    /// with `isa`'s vectors.
+    pub(crate) fn mask_tiles(&self, isa: IsaToken) -> MaskTiles {
         let d = self.dims();
         let (l, s) = (d.q_len, d.kv_len);
         if self.mask.is_none() && self.bias.is_none() {
@@ -104,7 +103,6 @@ impl<T: Sync> Problem<'_, T> {
                     q0: qb * QUERY_BLOCK,
                     keys,
                     out,
-                    factor,
                 };
                 dispatch(isa, job);
             });
@@ -120,8 +118,8 @@ impl<T: Sync> Problem<'_, T> {
     }
 
     /// Writes keys `j0..j0 + nj` (at most [`TRANSPOSE_BLOCK`]) of the query block
-    /// from `q0` of `(b, h)` into `out[jj * 64 + i]`, the additive mask's values
-    /// times `factor`: [`TRANSPOSE_ROWS`] queries' terms at a time are written
+    /// from `q0` of `(b, h)` into `out[jj * 64 + i]`, the additive mask's values:
+    /// [`TRANSPOSE_ROWS`] queries' terms at a time are written
     /// along the keys in a small buffer ([`MaskRows::write_terms`](super::mask_term::MaskRows::write_terms)), then
     /// transposed into place with `isa`'s vectors.
     #[inline(always)]
@@ -132,7 +130,6 @@ impl<T: Sync> Problem<'_, T> {
         q0: usize,
         (j0, nj): (usize, usize),
         out: &mut [f32],
-        factor: f32,
     ) {
         let l = self.dims().q_len.min(q0 + QUERY_BLOCK);
         // Key padding is per batch row, and these rows may serve every batch row:
@@ -142,7 +139,7 @@ impl<T: Sync> Problem<'_, T> {
         for i0 in (q0..l).step_by(TRANSPOSE_ROWS) {
             let ni = TRANSPOSE_ROWS.min(l - i0);
             for (r, line) in buf.chunks_exact_mut(TRANSPOSE_BLOCK).take(ni).enumerate() {
-                masks.write_terms(i0 - q0 + r, factor, &mut line[..nj]);
+                masks.write_terms(i0 - q0 + r, &mut line[..nj]);
             }
             let src = ArrayView2::from_shape((ni, nj).strides((TRANSPOSE_BLOCK, 1)), &buf)
                 .expect("the buffer holds ni rows of nj");
@@ -164,7 +161,6 @@ struct BlockJob<'a, 'p, 'o, T> {
     /// `(j0, nj)`.
     keys: (usize, usize),
     out: &'o mut [f32],
-    factor: f32,
 }
 
 impl<T: Sync> SimdJob for BlockJob<'_, '_, '_, T> {
@@ -172,8 +168,7 @@ impl<T: Sync> SimdJob for BlockJob<'_, '_, '_, T> {
     #[inline(always)]
     fn run<I: Simd>(self, isa: I) {
         let (at, q0, keys) = (self.at, self.q0, self.keys);
-        self.p
-            .transpose_block(isa, at, q0, keys, self.out, self.factor);
+        self.p.transpose_block(isa, at, q0, keys, self.out);
     }
 }
 
@@ -239,8 +234,7 @@ impl MaskTiles {
 
     /// Writes, for queries `i0..i0 + ni` and keys `j0..j0 + nj` of batch `b` and
     /// query head `h`, the additive term of each score, transposed:
-    /// `out[jj * stride + ii]` is the additive mask's value times the factor of
-    /// [`Problem::mask_tiles`] (or 0) when every mask,
+    /// `out[jj * stride + ii]` is the additive mask's value (or 0) when every mask,
     /// key padding, causality and the window keep score `(i0 + ii, j0 + jj)`, and
     /// −∞ when one drops it. Returns whether any score is kept.
     #[allow(clippy::too_many_arguments)]
@@ -399,7 +393,7 @@ mod tests {
     fn band_tiles_hide_exactly_the_scores_outside_each_querys_keys() {
         for_each_band(|p, band| {
             let Dims { q_len, kv_len, .. } = p.dims();
-            let tiles = p.mask_tiles(1.0, IsaToken::best());
+            let tiles = p.mask_tiles(IsaToken::best());
             for (i0, ni) in [(0, 16), (5, 13), (q_len - 9, 9)] {
                 for (j0, nj) in [(0, kv_len), (3, 17), (kv_len - 11, 11)] {
                     let stride = ni + 3;

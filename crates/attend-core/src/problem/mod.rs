@@ -16,7 +16,7 @@ pub use dropout::Dropout;
 pub(crate) use mask_term::along;
 pub(crate) use mask_tiles::{band_row, MaskTiles};
 
-use ndarray::{ArrayView2, ArrayView4, ArrayViewD, IxDyn};
+use ndarray::{Array4, ArrayD, ArrayView2, ArrayView4, ArrayViewD, Axis, IxDyn};
 use num_traits::AsPrimitive;
 
 use crate::{Error, Result};
@@ -441,6 +441,27 @@ fn mask_error(name: &str, shape: &[usize], full: [usize; 4]) -> Error {
     Error::shape(format!(
         "{name} of shape {shape:?} does not broadcast to [B, Hq, L, S] = {full:?}"
     ))
+}
+
+/// A gradient of the broadcast scores `[B, Hq, L, S]` summed back to `shape`, an
+/// additive mask's shape as the caller gave it: over the leading axes it lacks
+/// and the axes where it has 1 (the reverse of [`broadcast`]). Sums in the
+/// gradient's own type, in index order.
+pub fn sum_to_mask_shape<T: Clone + num_traits::Zero>(
+    full: Array4<T>,
+    shape: &[usize],
+) -> ArrayD<T> {
+    let mut g = full.into_dyn();
+    let lead = g.ndim() - shape.len();
+    for _ in 0..lead {
+        g = g.sum_axis(Axis(0));
+    }
+    for (axis, &n) in shape.iter().enumerate() {
+        if n == 1 && g.shape()[axis] != 1 {
+            g = g.sum_axis(Axis(axis)).insert_axis(Axis(axis));
+        }
+    }
+    g
 }
 
 fn broadcast<'a, T>(name: &str, m: &'a ArrayViewD<'_, T>, d: &Dims) -> Result<ArrayView4<'a, T>> {

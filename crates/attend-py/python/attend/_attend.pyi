@@ -74,9 +74,11 @@ def sdpa_backward_tensors(
     enable_gqa: bool,
     seed: Optional[Any],
     threads: int,
-) -> Tuple[Any, Any, Any]:
+    mask_grad: bool = False,
+) -> Tuple[Any, Any, Any, Optional[Any]]:
     """The CPU kernel of ``torch.ops.attend.scaled_dot_product_attention_backward``:
-    ``(dq, dk, dv)`` as new tensors shaped like ``query``, ``key`` and ``value``."""
+    ``(dq, dk, dv)`` as new tensors shaped like ``query``, ``key`` and ``value``, and
+    with ``mask_grad`` the additive mask's gradient shaped like it (else ``None``)."""
 
 @final
 class ForwardShortcut:

@@ -86,7 +86,7 @@ _ARGS = "Tensor? attn_mask, float dropout_p, bool is_causal, float? scale, bool 
 _LIB.define(f"scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, {_ARGS}) -> (Tensor, Tensor)")
 _LIB.define(
     "scaled_dot_product_attention_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, "
-    f"Tensor out, Tensor lse, {_ARGS}) -> (Tensor, Tensor, Tensor)"
+    f"Tensor out, Tensor lse, {_ARGS}, bool mask_grad=False) -> (Tensor, Tensor, Tensor, Tensor)"
 )
 
 sdpa = torch.ops.attend.scaled_dot_product_attention.default
@@ -98,8 +98,10 @@ the dropout pattern."""
 
 sdpa_backward = torch.ops.attend.scaled_dot_product_attention_backward.default
 """Attention backward: ``(grad_out, query, key, value, out, lse, attn_mask, dropout_p,
-is_causal, scale, enable_gqa, seed) → (dq, dk, dv)`` shaped like ``query``, ``key``
-and ``value`` (summed over the axes they were broadcast along)."""
+is_causal, scale, enable_gqa, seed, mask_grad=False) → (dq, dk, dv, dmask)`` shaped
+like ``query``, ``key`` and ``value`` (summed over the axes they were broadcast
+along), and with ``mask_grad`` the gradient of a float ``attn_mask`` shaped and typed
+like it (its scores' gradient ``dS``), else an empty tensor."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -116,12 +118,16 @@ def _forward_cpu(query, key, value, attn_mask, dropout_p, is_causal, scale, enab
     )
 
 
-def _backward_cpu(grad_out, query, key, value, out, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
-    if attn_mask is not None:
-        attn_mask = _kernel_mask(attn_mask)
-    return _attend.sdpa_backward_tensors(
-        grad_out, query, key, value, out, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed, get_num_threads()
+def _backward_cpu(
+    grad_out, query, key, value, out, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed, mask_grad=False
+):
+    kernel_mask = None if attn_mask is None else _kernel_mask(attn_mask)
+    mask_grad = mask_grad and attn_mask is not None and attn_mask.is_floating_point()
+    *grads, dmask = _attend.sdpa_backward_tensors(
+        grad_out, query, key, value, out, lse, kernel_mask, dropout_p, is_causal, scale, enable_gqa, seed,
+        get_num_threads(), mask_grad,
     )
+    return (*grads, query.new_empty(0) if dmask is None else dmask.to(attn_mask.dtype))
 
 
 def _shapes(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
@@ -173,9 +179,13 @@ def _forward_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, ena
     return query.new_empty(out_shape), query.new_empty(lse_shape, dtype=_lse_dtype(query.dtype))
 
 
-def _backward_fake(grad_out, query, key, value, out, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
+def _backward_fake(
+    grad_out, query, key, value, out, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed, mask_grad=False
+):
     _shapes(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
+    mask_grad = mask_grad and attn_mask is not None and attn_mask.is_floating_point()
+    dmask = attn_mask.new_empty(attn_mask.shape) if mask_grad else query.new_empty(0)
+    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape), dmask
 
 
 _LIB.impl("scaled_dot_product_attention", _forward_cpu, "CPU")
@@ -196,9 +206,12 @@ def _save(ctx, inputs, output) -> None:
 def _gradients(ctx, grad_out):
     query, key, value, attn_mask, out, lse, seed = ctx.saved_tensors
     dropout_p, is_causal, scale, enable_gqa = ctx.options
-    grads = sdpa_backward(grad_out, query, key, value, out, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed)
-    dq, dk, dv = (g if needed else None for g, needed in zip(grads, ctx.needs_input_grad[:3]))
-    return dq, dk, dv, None, None, None, None, None, None, None
+    mask_grad = ctx.needs_input_grad[3]
+    grads = sdpa_backward(
+        grad_out, query, key, value, out, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed, mask_grad
+    )
+    dq, dk, dv, dmask = (g if needed else None for g, needed in zip(grads, ctx.needs_input_grad[:4]))
+    return dq, dk, dv, dmask, None, None, None, None, None, None
 
 
 _CPU_KEYS = (
@@ -394,7 +407,8 @@ def _forward_vmap(info, in_dims, query, key, value, attn_mask, dropout_p, is_cau
 
 
 def _backward_vmap(
-    info, in_dims, grad_out, query, key, value, out, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed
+    info, in_dims, grad_out, query, key, value, out, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed,
+    mask_grad=False,
 ):
     rank = _logical_rank((query, key, value), in_dims[1:4])
     tensors = (grad_out, query, key, value, out, lse, attn_mask)
@@ -402,7 +416,9 @@ def _backward_vmap(
     # Every input repeated to the batch, so that each sample gets its own gradient.
     g, q, k, v, o, l, m = (_lift(t, d, r, info.batch_size, True) for t, d, r in zip(tensors, in_dims, ranks))
     seed = _seed_for_vmap(info, seed, in_dims[11], dropout_p)
-    return sdpa_backward(g, q, k, v, o, l, m, dropout_p, is_causal, scale, enable_gqa, seed), (0, 0, 0)
+    grads = sdpa_backward(g, q, k, v, o, l, m, dropout_p, is_causal, scale, enable_gqa, seed, mask_grad)
+    # The mask's gradient is batched like the mask was lifted; the empty one is not.
+    return grads, (0, 0, 0, 0 if grads[3].numel() else None)
 
 
 torch.library.register_vmap("attend::scaled_dot_product_attention", _forward_vmap, lib=_LIB)
@@ -434,11 +450,6 @@ def _check_mask(mask: Any, dtype: torch.dtype) -> None:
         raise AttendTypeError(
             "Expected attn_mask dtype to be bool or float or to match query dtype, but got "
             f"attn_mask.dtype: {mask.dtype} and query.dtype: {dtype} (attn_mask must be {names})"
-        )
-    if mask.requires_grad and torch.is_grad_enabled():
-        raise AttendValueError(
-            "attend computes no gradient for attn_mask: pass attn_mask.detach() "
-            "(or use torch's scaled_dot_product_attention for a learned mask)"
         )
 
 

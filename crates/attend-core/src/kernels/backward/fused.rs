@@ -2,7 +2,9 @@
 //!
 //! Nothing `L × S` is ever held: for each pair of a key block (64 keys) and a query
 //! block (64 queries) the kernel recomputes the scores, turns them into
-//! probabilities with the saved log-sum-exp (`P = exp(scale·qkᵀ + bias − lse)`), and
+//! probabilities with the saved log-sum-exp (`P = exp(scale·qkᵀ + bias − lse)`, or
+//! from statistics recomputed once for rows whose log-sum-exp is too large to
+//! carry them, `coarse`), and
 //! runs the five small matrix products of the backward pass:
 //!
 //! ```text
@@ -31,7 +33,7 @@ use std::borrow::Cow;
 use ndarray::{Array4, ArrayView3, ArrayView4, Zip};
 use rayon::prelude::*;
 
-use super::AttentionGrads;
+use super::{coarse, AttentionGrads};
 use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
 use crate::kernels::scratch::{carve, with_scratch};
 use crate::kernels::tile::{Init, Tile, MR, NR, SUM_BLOCK, WIDE};
@@ -74,8 +76,11 @@ struct Ctx<'a, 'p> {
     /// `[B, H, L, ep]` and `[B, H, L, evp]`, contiguous.
     q: Cow<'a, [f32]>,
     dout: Cow<'a, [f32]>,
-    /// `[B, H, L]`.
-    lse: Vec<f32>,
+    /// `[B, H, L]`: each row's weights are `exp(s − shift) · factor`, the shift
+    /// the forward's log-sum-exp (−∞ for a row that sees no key) and the factor 1,
+    /// but for rows whose log-sum-exp is too coarse ([`coarse::row_shifts`]).
+    shift: Vec<f32>,
+    factor: Vec<f32>,
     dsum: Vec<f32>,
     /// Boolean, additive or key-padding masks present: per-score rules needed.
     elementwise: bool,
@@ -93,6 +98,9 @@ struct Ctx<'a, 'p> {
     /// `[B, Hkv, S, ep]` and `[B, Hkv, S, evp]`.
     dk: Shared,
     dv: Shared,
+    /// `[B, H, L, S]`: the scores' gradient `dS` before the scale, where the
+    /// caller asked for the additive mask's gradient (else null).
+    ds: Shared,
 }
 
 fn round_up(x: usize) -> usize {
@@ -115,15 +123,18 @@ fn packed<'a>(a: &'a ArrayView4<'_, f32>, width: usize) -> Cow<'a, [f32]> {
     Cow::Owned(out)
 }
 
-/// Runs the fused backward on a validated problem.
+/// Runs the fused backward on a validated problem; with `want_ds`, also returns
+/// the scores' gradient `dS` `[B, H, L, S]` (the additive mask's, before its sum
+/// over broadcast axes), 0 at the pairs that do not see each other.
 pub(crate) fn run(
     p: &Problem<'_>,
     out: ArrayView4<'_, f32>,
     lse: ArrayView3<'_, f32>,
     dout: ArrayView4<'_, f32>,
     dropout: Option<&Dropout>,
+    want_ds: bool,
     isa: IsaToken,
-) -> AttentionGrads {
+) -> (AttentionGrads, Option<Array4<f32>>) {
     let d = p.dims();
     let (ep, evp) = (round_up(d.head_dim), round_up(d.value_dim));
     let key_blocks = d.kv_len.div_ceil(BC);
@@ -152,6 +163,7 @@ pub(crate) fn run(
             });
     }
     let lse: Vec<f32> = lse.iter().copied().collect();
+    let (shift, factor) = coarse::row_shifts(p, &lse);
     // A NaN in `D_i` covers one in `dO_i` (or a NaN output); `q`, `k` and `v` are
     // checked row by row, once per call and only where pairs can be hidden.
     let hides = p.has_elementwise_masks() || p.is_banded();
@@ -171,6 +183,7 @@ pub(crate) fn run(
         .collect();
     let mut dk = vec![0.0f32; d.batch * d.kv_heads * d.kv_len * ep];
     let mut dv = vec![0.0f32; d.batch * d.kv_heads * d.kv_len * evp];
+    let mut ds = want_ds.then(|| Array4::<f32>::zeros((d.batch, d.heads, d.q_len, d.kv_len)));
     let ctx = Ctx {
         p,
         d,
@@ -180,7 +193,8 @@ pub(crate) fn run(
         evp,
         q: packed(&p.q, ep),
         dout: packed(&dout, evp),
-        lse,
+        shift,
+        factor,
         dsum,
         elementwise: p.mask.is_some() || p.bias.is_some() || p.key_padding.is_some(),
         finite_rows,
@@ -191,6 +205,7 @@ pub(crate) fn run(
         dq: dq_bufs.iter_mut().map(|b| Shared(b.as_mut_ptr())).collect(),
         dk: Shared(dk.as_mut_ptr()),
         dv: Shared(dv.as_mut_ptr()),
+        ds: Shared(ds.as_mut().map_or(std::ptr::null_mut(), |a| a.as_mut_ptr())),
     };
     let tasks: Vec<(usize, usize, usize)> = (0..d.batch)
         .flat_map(|b| (0..d.kv_heads).flat_map(move |h| (0..chunks).map(move |c| (b, h, c))))
@@ -225,11 +240,13 @@ pub(crate) fn run(
             });
     }
     let dq = dq_bufs.swap_remove(0);
-    AttentionGrads {
+    let grads = AttentionGrads {
         dq: unpad([d.batch, d.heads, d.q_len, d.head_dim], ep, dq),
         dk: unpad([d.batch, d.kv_heads, d.kv_len, d.head_dim], ep, dk),
         dv: unpad([d.batch, d.kv_heads, d.kv_len, d.value_dim], evp, dv),
-    }
+        dbias: None,
+    };
+    (grads, ds)
 }
 
 /// Whether each row `a[b, h, t, ..]` is finite, in `[B, H, T]` order.
@@ -355,7 +372,7 @@ unsafe fn task<I: Simd>(
                     let mut full = fast && nk == BC;
                     for i in i0..i0 + nr {
                         let (lo, hi) = p.key_range(i);
-                        let live = ctx.lse[bh * d.q_len + i] != f32::NEG_INFINITY;
+                        let live = ctx.shift[bh * d.q_len + i] != f32::NEG_INFINITY;
                         any |= live && lo < k0 + nk && hi > k0;
                         full &= live && lo <= k0 && hi >= k0 + nk;
                     }
@@ -393,7 +410,8 @@ unsafe fn task<I: Simd>(
                     let mut terms = [0.0f32; BC];
                     for r in 0..nr {
                         let i = i0 + r;
-                        let l = ctx.lse[bh * d.q_len + i];
+                        let l = ctx.shift[bh * d.q_len + i];
+                        let factor = ctx.factor[bh * d.q_len + i];
                         let dsum = ctx.dsum[bh * d.q_len + i];
                         let srow = s.as_mut_ptr().add(r * BC);
                         let dprow = dp.as_mut_ptr().add(r * BC);
@@ -409,7 +427,7 @@ unsafe fn task<I: Simd>(
                             let (lo, hi) = p.key_range(i);
                             let (lo, hi) = (lo.clamp(k0, k0 + nk) - k0, hi.clamp(k0, k0 + nk) - k0);
                             let term = &mut terms[..nk];
-                            masks.write_terms(r, 1.0, term);
+                            masks.write_terms(r, term);
                             let srow_n = std::slice::from_raw_parts_mut(srow, nk);
                             for (jj, (x, &t)) in srow_n.iter_mut().zip(term.iter()).enumerate() {
                                 let logit = *x * ctx.scale + t - l;
@@ -421,6 +439,27 @@ unsafe fn task<I: Simd>(
                                 *srow.add(jj) = f32::NEG_INFINITY;
                             }
                             exp_row(isa, srow, 1.0, 0.0);
+                        }
+                        if factor != 1.0 {
+                            std::slice::from_raw_parts_mut(srow, nk)
+                                .iter_mut()
+                                .for_each(|x| *x *= factor);
+                        }
+                        if !ctx.ds.0.is_null() {
+                            // dS = P ∘ (dP − D) before the scale, as below, for the
+                            // additive mask's gradient; 0 where the pair is hidden.
+                            // This task alone writes these keys of the row.
+                            let row = ctx.ds.0.add((bh * d.q_len + i) * d.kv_len + k0);
+                            let (lo, hi) = p.key_range(i);
+                            let drow = ctx.dropout.map(|dr| (dr, dr.row(b, h, i)));
+                            for (jj, &t) in terms.iter().enumerate().take(nk) {
+                                let j = k0 + jj;
+                                let seen =
+                                    full || ((lo..hi).contains(&j) && t != f32::NEG_INFINITY);
+                                let z = drow.map_or(1.0, |(dr, row)| dr.factor_in_row(row, j));
+                                let g = *srow.add(jj) * (*dprow.add(jj) * z - dsum);
+                                *row.add(jj) = if seen { g } else { 0.0 };
+                            }
                         }
                         match ctx.dropout {
                             None => ds_row(isa, srow, dprow, dsum, ctx.scale),
@@ -464,7 +503,7 @@ unsafe fn task<I: Simd>(
                             at: (b, h),
                             rows: (i0, nr),
                             keys: (k0, nk),
-                            lse: &ctx.lse[bh * d.q_len + i0..][..nr],
+                            shift: &ctx.shift[bh * d.q_len + i0..][..nr],
                         };
                         block.products(into_dv, into_dk, into_dq);
                     } else {
@@ -487,8 +526,8 @@ struct SeenBlock<'a, 'p> {
     at: (usize, usize),
     rows: (usize, usize),
     keys: (usize, usize),
-    /// The rows' log-sum-exps (−∞: a row that sees no key).
-    lse: &'a [f32],
+    /// The rows' shifts (−∞: a row that sees no key).
+    shift: &'a [f32],
 }
 
 impl SeenBlock<'_, '_> {
@@ -505,11 +544,11 @@ impl SeenBlock<'_, '_> {
         let masks = self.p.mask_rows(self.at, i0..i0 + nr, k0..k0 + nk);
         let mut term = vec![0.0f32; nk];
         for r in 0..nr {
-            if self.lse[r] == f32::NEG_INFINITY {
+            if self.shift[r] == f32::NEG_INFINITY {
                 continue;
             }
             let (lo, hi) = self.p.key_range(i0 + r);
-            masks.write_terms(r, 1.0, &mut term);
+            masks.write_terms(r, &mut term);
             for (jj, &t) in term.iter().enumerate() {
                 if !(lo..hi).contains(&(k0 + jj)) || t == f32::NEG_INFINITY {
                     continue;
@@ -532,8 +571,9 @@ impl SeenBlock<'_, '_> {
     }
 }
 
-/// `row[j] = exp(row[j] · scale − shift)` over one block row, computed as
-/// `2^(row[j] · scale·log₂e − shift·log₂e)` like the forward kernel.
+/// `row[j] = exp(row[j] · scale − shift)` over one block row, the product exact
+/// inside a fused multiply-add, so that the score and the shift meet in their own
+/// units, however large.
 ///
 /// # Safety
 /// `row` must be valid for reading and writing `BC` floats.
@@ -541,11 +581,10 @@ impl SeenBlock<'_, '_> {
 unsafe fn exp_row<I: Simd>(isa: I, row: *mut f32, scale: f32, shift: f32) {
     // SAFETY: the caller upholds this function's contract (see # Safety).
     unsafe {
-        let log2e = std::f32::consts::LOG2_E;
-        let (sc, sh) = (isa.splat(scale * log2e), isa.splat(shift * log2e));
+        let (sc, sh) = (isa.splat(scale), isa.splat(-shift));
         for v in 0..BC / W {
             let x = isa.load(row.add(v * W));
-            isa.store(row.add(v * W), isa.exp2(isa.sub(isa.mul(x, sc), sh)));
+            isa.store(row.add(v * W), isa.exp(isa.fma(x, sc, sh)));
         }
     }
 }

@@ -7,10 +7,11 @@
 //! `L × S` matrix, parallel over key blocks so that even one head keeps every core
 //! busy, and bit-for-bit deterministic whatever the thread count).
 
+mod coarse;
 pub mod fused;
 pub(crate) mod reference;
 
-use ndarray::Array4;
+use ndarray::{Array4, ArrayD};
 
 /// The gradients of an attention call with respect to its three inputs.
 #[derive(Clone, Debug, PartialEq)]
@@ -21,4 +22,9 @@ pub struct AttentionGrads {
     pub dk: Array4<f32>,
     /// `∂loss/∂v`, shaped like `v` (grouped heads summed).
     pub dv: Array4<f32>,
+    /// `∂loss/∂bias`, shaped like the additive mask as the caller gave it (summed
+    /// over the axes it was broadcast along): the scores' gradient `dS`, 0 where a
+    /// key is hidden. Only when asked for (`BackwardConfig::bias_grad`) and there
+    /// is an additive mask.
+    pub dbias: Option<ArrayD<f32>>,
 }

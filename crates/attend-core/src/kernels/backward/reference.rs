@@ -32,6 +32,9 @@ pub(crate) struct Backward {
     pub dq: Array4<f64>,
     pub dk: Array4<f64>,
     pub dv: Array4<f64>,
+    /// The scores' gradient `dS` `[B, Hq, L, S]`, the additive mask's before the
+    /// sum over its broadcast axes (0 at the pairs that do not see each other).
+    pub ds: Array4<f64>,
 }
 
 /// The probabilities of head `(b, h)`, `[L, S]`, the row log-sum-exps, and which
@@ -114,6 +117,7 @@ pub(crate) fn backward(
     let mut dq = Array4::zeros(q.raw_dim());
     let mut dk = Array4::zeros(k.raw_dim());
     let mut dv = Array4::zeros(v.raw_dim());
+    let mut ds_all = Array4::zeros((d.batch, d.heads, d.q_len, d.kv_len));
     for b in 0..d.batch {
         for h in 0..d.heads {
             let kvh = h / group;
@@ -154,6 +158,7 @@ pub(crate) fn backward(
                     }
                 }
             }
+            ds_all.slice_mut(ndarray::s![b, h, .., ..]).assign(&ds);
             for i in 0..d.q_len {
                 for j in 0..d.kv_len {
                     if !sees[[i, j]] {
@@ -168,5 +173,10 @@ pub(crate) fn backward(
             }
         }
     }
-    Backward { dq, dk, dv }
+    Backward {
+        dq,
+        dk,
+        dv,
+        ds: ds_all,
+    }
 }

@@ -9,8 +9,8 @@
 //! merged by log-sum-exp, chunk by chunk in key order, so the result has the same
 //! bits whatever the number of threads.
 //!
-//! Scores are computed in base 2: queries are pre-multiplied by `scale · log2 e`,
-//! so the softmax needs only `2^x`.
+//! Queries are pre-multiplied by `scale`; scores stay in their own units, however
+//! large (docs/design.md, "Masks"), and the softmax's `e^x` is `Simd::exp`.
 //!
 //! The kernel is generic over the element type of `k` and `v` (`f32` or bf16), and
 //! over that of `q` apart from it (the problem's `Q` and `KV`): a bf16 row is
@@ -132,9 +132,9 @@ pub(crate) fn run<Q: Element, T: Element>(
         v_own.view()
     };
 
-    // Queries grouped by K/V head, pre-scaled into base 2, rows padded to whole vectors.
+    // Queries grouped by K/V head, pre-scaled, rows padded to whole vectors.
     let ep = e.div_ceil(LANES) * LANES;
-    let qscale = p.scale * std::f32::consts::LOG2_E;
+    let qscale = p.scale;
     let mut qs = vec![0.0f32; d.batch * d.kv_heads * rows * ep];
     for b in 0..d.batch {
         for h in 0..d.heads {
@@ -203,10 +203,9 @@ pub(crate) fn run<Q: Element, T: Element>(
             });
         });
 
-    // Merge the chunks of each row in key order. A chunk holds its base-2 running
-    // max `m`, its sum `s` of `2^(score − m)` and its unnormalised output: its
-    // natural log-sum-exp is `(m + log₂ s) · ln 2`, and `1 / s` normalises it.
-    let ln2 = std::f64::consts::LN_2;
+    // Merge the chunks of each row in key order. A chunk holds its running max
+    // `m`, its sum `s` of `e^(score − m)` and its unnormalised output: its
+    // log-sum-exp is `m + ln s`, and `1 / s` normalises it.
     let mut acc = vec![0.0f64; ev];
     for b in 0..d.batch {
         for kvh in 0..d.kv_heads {
@@ -218,8 +217,9 @@ pub(crate) fn run<Q: Element, T: Element>(
                     let pt = &partials[(base + c) * stride..][..stride];
                     let (m, s) = (pt[r] as f64, pt[rows + r] as f64);
                     SoftmaxPart {
-                        // A chunk that saw no key (m = −∞, s = 0) gives −∞ too.
-                        lse: (m + s.log2()) * ln2,
+                        // A chunk that saw no key has m = −∞ (and s = 0).
+                        top: m,
+                        log_sum: s.ln(),
                         scale: 1.0 / s,
                         output: ArrayView1::from(&pt[2 * rows + r * ev..][..ev]),
                     }
@@ -276,8 +276,8 @@ impl<Q: Element, T: Element> SimdJob for ChunkJob<'_, '_, '_, '_, Q, T> {
 }
 
 impl<Q: Element, T: Element> Ctx<'_, '_, Q, T> {
-    /// Computes chunk `[j0, j1)` of `(b, kvh)` into `part`: `m[rows]` (base-2
-    /// running max), `l[rows]` (sum of weights), `o[rows, Ev]` (unnormalised).
+    /// Computes chunk `[j0, j1)` of `(b, kvh)` into `part`: `m[rows]` (running
+    /// max), `l[rows]` (sum of weights), `o[rows, Ev]` (unnormalised).
     ///
     /// Two passes over the chunk, each a long sequential read: first every score
     /// (K streamed once for all the group's queries), then the weighted values
@@ -383,7 +383,7 @@ impl<Q: Element, T: Element> Ctx<'_, '_, Q, T> {
                     let mvv = isa.splat(mv);
                     let mut acc = isa.splat(0.0);
                     for blk in row.chunks_exact_mut(BLOCK) {
-                        let pv = isa.exp2(isa.sub(isa.load(blk.as_ptr()), mvv));
+                        let pv = isa.exp(isa.sub(isa.load(blk.as_ptr()), mvv));
                         isa.store(blk.as_mut_ptr(), pv);
                         acc = isa.add(acc, pv);
                     }
@@ -437,7 +437,7 @@ impl<Q: Element, T: Element> Ctx<'_, '_, Q, T> {
     }
 
     /// Masks the scores of keys `jb..jb + n` for query `i` of head `h`: the mask
-    /// terms added in base 2 (bias · log₂e, −∞ where a mask drops the key), then
+    /// terms added (the bias, −∞ where a mask drops the key), then
     /// −∞ outside the causal/window range `[lo, hi)`, whatever the score.
     #[allow(clippy::too_many_arguments)]
     fn mask_block(
@@ -452,7 +452,7 @@ impl<Q: Element, T: Element> Ctx<'_, '_, Q, T> {
     ) {
         let s = &mut s[..n];
         let masks = self.p.mask_rows((b, h), i..i + 1, jb..jb + n);
-        masks.add_terms(0, std::f32::consts::LOG2_E, s);
+        masks.add_terms(0, s);
         let (lo, hi) = (lo.clamp(jb, jb + n) - jb, hi.clamp(jb, jb + n) - jb);
         s[..lo].fill(f32::NEG_INFINITY);
         s[hi.max(lo)..].fill(f32::NEG_INFINITY);

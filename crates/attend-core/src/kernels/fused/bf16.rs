@@ -63,7 +63,7 @@ pub(crate) fn run(p: &Problem<'_, bf16>, isa: IsaToken) -> (Array4<bf16>, Array3
     assert!(reads_in_place(p), "bf16 fused kernel needs contiguous rows");
     let ops = Bf16Operands {
         p,
-        scale: p.scale * std::f32::consts::LOG2_E,
+        scale: p.scale,
         values: ValuePairs::new(p, isa),
     };
     drive(&ops, isa)
@@ -117,7 +117,7 @@ struct EarlyRows {
 /// The bf16 problem, with what its units share.
 struct Bf16Operands<'a, 'p> {
     p: &'a Problem<'p, bf16>,
-    /// `scale · log₂e`: scores are kept in base 2.
+    /// The scores' scale.
     scale: f32,
     values: ValuePairs,
 }
@@ -596,7 +596,7 @@ unsafe fn softmax_pairs<I: Simd, const NQ: usize>(
     }
 }
 
-/// The weights `2^(s − m)` of one panel's scores of two adjacent keys (`scores.0`;
+/// The weights `e^(s − m)` of one panel's scores of two adjacent keys (`scores.0`;
 /// the second key's row `scores.1` floats further, if there is one), added in key
 /// order to `sum` and stored as a bf16 pair at `pp`; returns the new sum and the
 /// larger of the two scores. (No closure for a key's weight: a closure is a
@@ -658,7 +658,7 @@ unsafe fn early_weights_hold<I: Simd, const NQ: usize>(isa: I, stats: *mut f32) 
 
 /// Joins a tile's early weights (the [`EarlyStats`] rows `early`) to the running
 /// statistics: the running maximum becomes the one the weights were made against
-/// (unless the tile saw no score), what came before is rescaled by `α = 2^(m − m')`
+/// (unless the tile saw no score), what came before is rescaled by `α = e^(m − m')`
 /// (1 where the maximum stayed, 0 where nothing came before) and the tile's sums
 /// are added. Returns whether every `α` is 1, so that the output needs no rescaling.
 ///
@@ -788,8 +788,8 @@ unsafe fn rows_finite(v: (*const u16, isize), (rows, ev): (usize, usize)) -> boo
     carries & 0x8000 == 0
 }
 
-/// `s[r][·] = scale · Σ_c k[r, c] · q[c][·] (+ mask.row(r)[·])`, base-2 scores for
-/// `MR` keys (the mask terms in base 2), over pairs of columns. The bf16
+/// `s[r][·] = scale · Σ_c k[r, c] · q[c][·] (+ mask.row(r)[·])`, the scores of
+/// `MR` keys, over pairs of columns. The bf16
 /// queries are not pre-scaled as the f32 kernel's are: that would round them again.
 ///
 /// Not on the register tile (`kernels::tile`), unlike the other products: the

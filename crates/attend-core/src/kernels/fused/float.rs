@@ -3,8 +3,6 @@
 //! both products on the library's register tile (`kernels::tile`), which
 //! broadcasts one element of `K` or `V` against rows of queries.
 
-use std::f32::consts::LOG2_E;
-
 use ndarray::{Array3, Array4, ArrayViewMut2};
 
 use super::{
@@ -48,7 +46,7 @@ pub(crate) fn run(
 ) -> (Array4<f32>, Array3<f32>) {
     let ops = F32Operands {
         p,
-        scale: p.scale * LOG2_E,
+        scale: p.scale,
         dropout: dropout.copied(),
     };
     drive(&ops, isa)
@@ -101,14 +99,14 @@ unsafe fn over_panels<I: Simd, const MR: usize, const NQ: usize>(
 /// The f32 problem, with what its units share.
 struct F32Operands<'a, 'p> {
     p: &'a Problem<'p>,
-    /// `scale · log₂e`: scores are kept in base 2.
+    /// The scores' scale.
     scale: f32,
     dropout: Option<Dropout>,
 }
 
 /// An f32 unit: its scaled `Qᵀ` and where its key/value head starts.
 struct F32Unit<'s> {
-    /// `Qᵀ · scale · log₂e`, `[E][W]`.
+    /// `Qᵀ · scale`, `[E][W]`.
     qt: &'s mut [f32],
     e: usize,
     /// The head's keys and values: base pointer, row and column strides.
@@ -329,7 +327,7 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
     }
 }
 
-/// `s[r][·] = masked(s[r][·] + mb[r][·])` for `MR` rows of base-2 scores of
+/// `s[r][·] = masked(s[r][·] + mb[r][·])` for `MR` rows of scores of
 /// `16·NQ` queries: each score with its mask term ([`masked_score`]).
 ///
 /// # Safety
@@ -353,10 +351,10 @@ unsafe fn add_mask_terms<I: Simd, const NQ: usize, const MR: usize>(
     }
 }
 
-/// Online-softmax update for one tile of `nk` keys (scores in base 2): updates the
-/// running max `m` and sum `l`, turns scores `s` into `2^(s − m)` in place (the
+/// Online-softmax update for one tile of `nk` keys: updates the
+/// running max `m` and sum `l`, turns scores `s` into `e^(s − m)` in place (the
 /// difference is exact for the scores that matter, so huge scores lose nothing), and
-/// leaves in `alpha` the factor `2^(m_old − m)` that rescales the previous output.
+/// leaves in `alpha` the factor `e^(m_old − m)` that rescales the previous output.
 ///
 /// # Safety
 /// `s` valid for `nk` rows of `16·NQ` floats; `m`, `l`, `alpha` for `16·NQ`.

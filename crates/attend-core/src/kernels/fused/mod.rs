@@ -13,15 +13,18 @@
 //! Inside a unit everything is *transposed* so that the queries lie along the
 //! vector lanes:
 //!
-//! * `Qᵀ` is packed once, `[E][W]`, multiplied by `scale·log₂e`: scores are kept
-//!   in base 2, so that the softmax needs only `2^x`, and the scaling costs a
-//!   multiplication per query element instead of one per score;
+//! * `Qᵀ` is packed once, `[E][W]`, multiplied by `scale`: the scaling costs a
+//!   multiplication per query element instead of one per score. Scores stay in
+//!   their own (natural) units, as PyTorch's math has them, and the softmax's
+//!   `e^x` turns them into powers of two inside its reduction (`Simd::exp`): a
+//!   factor of `log₂e` on the scores would overflow those beyond
+//!   `f32::MAX / log₂e` (docs/design.md, "Masks");
 //! * for each tile of keys (`tile_keys`: 128 or 64),
-//!   `Sᵀ[j][·] = Σ_e K[j, e] · Qᵀ[e][·] (+ log₂e · mask)`: broadcast one key
+//!   `Sᵀ[j][·] = Σ_e K[j, e] · Qᵀ[e][·] (+ mask)`: broadcast one key
 //!   element, multiply a row of queries (the library's register tile,
 //!   `kernels::tile`, `MR` keys × `NQ` vectors in registers, or × one vector at a
 //!   time where 16 registers cannot hold more), then add the mask
-//!   term, which the mask tiles hold in base 2 already. `K` is read in place
+//!   term from the mask tiles. `K` is read in place
 //!   through its strides, never copied;
 //! * the online-softmax update works down the columns of `Sᵀ`, so the running
 //!   max and sum per query are plain lane-wise vector operations (`softmax_tile`);
@@ -45,7 +48,6 @@
 //! Each implementation is monomorphised into the driver and inlined, so the driver
 //! costs nothing at run time; a new element type is one more implementation.
 
-use std::f32::consts::LOG2_E;
 use std::mem::MaybeUninit;
 
 use ndarray::{Array3, Array4, ArrayView4};
@@ -133,11 +135,11 @@ fn register_block(registers: usize, nq: usize) -> usize {
     (registers * 3 / 4 / nq).clamp(1, 12)
 }
 
-/// How far (base 2) a tile's score may pass the running maximum its weights were
-/// made against early ([`Operands::begin_tile`]): weights up to `2^8` lose nothing
-/// in f32 sums or bf16 weights; a tile whose score passes by more has its weights
-/// made again against its own maximum.
-const EARLY_SLACK: f32 = 8.0;
+/// How far a tile's score may pass the running maximum its weights were made
+/// against early ([`Operands::begin_tile`]): `8 ln 2`, weights up to `2^8`, which
+/// lose nothing in f32 sums or bf16 weights; a tile whose score passes by more has
+/// its weights made again against its own maximum.
+const EARLY_SLACK: f32 = 8.0 * std::f32::consts::LN_2;
 
 /// Keys per tile for an instruction set: [`BK`] where 32 vector registers keep
 /// the products' loads few (a 128-key tile of scores fills the L1 cache, and the
@@ -160,7 +162,7 @@ fn tile_keys<I: Simd>() -> usize {
 /// driver, [`drive`], monomorphised for each implementation.
 ///
 /// The products work on rows of `W = 16·NQ` queries along the vector lanes:
-/// `s[r][·]` is key `r`'s base-2 scores for the unit's queries, `ot[c][·]` value
+/// `s[r][·]` is key `r`'s scores for the unit's queries, `ot[c][·]` value
 /// column `c` of their output.
 trait Operands<'p>: Sync {
     /// The element type of `q`, `k` and `v`.
@@ -211,8 +213,8 @@ trait Operands<'p>: Sync {
     ) {
     }
 
-    /// `s[r][·]`, the base-2 scores of keys `j + r` for `r < MR`, with the mask term
-    /// `mask.row(r)` added (both in base 2) when there are terms.
+    /// `s[r][·]`, the scaled scores of keys `j + r` for `r < MR`, with the mask
+    /// term `mask.row(r)` added when there are terms.
     ///
     /// # Safety
     /// Keys `j..j + MR` must be inside the unit's head; `s` valid for `MR` rows of
@@ -300,7 +302,7 @@ struct UnitAt {
     rows: usize,
 }
 
-/// A unit's running maximum (base 2), running sum and a tile's rescale factor,
+/// A unit's running maximum, running sum and a tile's rescale factor,
 /// `16·NQ` floats each.
 #[derive(Clone, Copy)]
 struct Stats {
@@ -309,7 +311,7 @@ struct Stats {
     alpha: *mut f32,
 }
 
-/// A tile's mask terms (base 2), one row of `16·NQ` queries per key: key `r`'s row
+/// A tile's mask terms, one row of `16·NQ` queries per key: key `r`'s row
 /// starts `r · stride` floats after the first. The stride is negative for the
 /// band's terms, whose rows shift by one query per key ([`band_row`]).
 #[derive(Clone, Copy)]
@@ -381,7 +383,7 @@ fn drive<'p, O: Operands<'p>>(ops: &O, isa: IsaToken) -> (Array4<O::Out>, Array3
     let plan = Plan {
         group: d.heads / d.kv_heads,
         nq: ops.query_vectors(isa.registers()),
-        masks: p.mask_tiles(LOG2_E, isa),
+        masks: p.mask_tiles(isa),
     };
     let units = units(&d, plan.nq * LANES, &mut out, &mut lse);
     let len = scratch_len::<O>(&d);
@@ -438,7 +440,7 @@ struct Plan {
     group: usize,
     /// Vectors of 16 queries per unit.
     nq: usize,
-    /// The per-score masks, combined and transposed once, in base 2.
+    /// The per-score masks, combined and transposed once.
     masks: MaskTiles,
 }
 
@@ -462,7 +464,7 @@ struct UnitScratch<'s> {
     mb: &'s mut [f32],
     /// `Oᵀ`, `[Ev][W]`.
     ot: &'s mut [f32],
-    /// Running max (log₂ units), running sum, and this tile's rescale factor, `[W]`.
+    /// Running max, running sum, and this tile's rescale factor, `[W]`.
     m: &'s mut [f32],
     l: &'s mut [f32],
     alpha: &'s mut [f32],
@@ -719,7 +721,7 @@ fn prefetch_queries<T>(p: &Problem<'_, T>, (b, h): (usize, usize), rows: std::op
 
 /// Normalises a unit's `Oᵀ` (`[Ev][w]`) by the running sums `l` and writes it out
 /// `[rows, Ev]` in the output's element type ([`write_normalised`]), with the
-/// (natural) log-sum-exp from the base-2 running maxima `m`.
+/// log-sum-exp from the running maxima `m`.
 #[inline(always)]
 fn write_out<I: Simd, T: Output>(
     isa: I,
@@ -743,12 +745,12 @@ fn write_out<I: Simd, T: Output>(
             u.out[ii * ev..(ii + 1) * ev].fill(MaybeUninit::new(T::ZERO));
             u.lse[ii].write(f32::NEG_INFINITY);
         } else if !l.is_normal() {
-            u.lse[ii].write((m as f64 * std::f64::consts::LN_2 + (l as f64).ln()) as f32);
+            u.lse[ii].write((m as f64 + (l as f64).ln()) as f32);
         }
     }
 }
 
-/// The (natural) log-sum-exp `m · ln 2 + ln l` of a base-2 running maximum `m` and
+/// The log-sum-exp `m + ln l` of a running maximum `m` and
 /// sum `l`, in f64 rounded to f32, for a normal `l` (the sums of seen scores are at
 /// least 1; the caller takes the others apart). No call to `ln`: 64 of them took
 /// 6 % of a unit's time against 64 keys; this code has no branch, so the compiler
@@ -771,12 +773,12 @@ fn log_sum_exp(m: f32, l: f32) -> f32 {
         .iter()
         .fold(0.0, |acc, k| (acc + 2.0 / k) * s2);
     let ln_f = s * (2.0 + odd);
-    ((f64::from(m) + f64::from(e)) * std::f64::consts::LN_2 + ln_f) as f32
+    (f64::from(m) + f64::from(e) * std::f64::consts::LN_2 + ln_f) as f32
 }
 
 /// The running maxima of a unit's `NQ` panels of 16 queries updated with a tile's
 /// `nk` scores (rows of `16·NQ` floats from `s`) and stored in `m`; returns, per
-/// panel, the maximum to subtract from the tile's scores and `2^(m_old − m)`, the
+/// panel, the maximum to subtract from the tile's scores and `e^(m_old − m)`, the
 /// factor that rescales what came before.
 ///
 /// Key by key across the panels: each panel's maximum is a chain of dependent
@@ -893,14 +895,15 @@ unsafe fn seen_products(
     }
 }
 
-/// `2^(x − m)` for base-2 scores: the difference first, which is exact for the
-/// scores that matter, so huge scores lose nothing.
+/// `e^(x − m)`: the difference first, which is exact for the scores that matter,
+/// so huge scores lose nothing (scores of `f32::MIN`'s size included: equal ones
+/// give 1).
 #[inline(always)]
 fn exp_shifted<I: Simd>(isa: I, x: I::V, m: I::V) -> I::V {
-    isa.exp2(isa.sub(x, m))
+    isa.exp(isa.sub(x, m))
 }
 
-/// A base-2 score with its mask term (both in base 2, the term from [`MaskTiles`]):
+/// A score with its mask term (the term from [`MaskTiles`]):
 /// `score + mask`, −∞ where the mask is −∞ even if `score` is NaN.
 #[inline(always)]
 fn masked_score<I: Simd>(isa: I, score: I::V, mask: I::V) -> I::V {
@@ -925,9 +928,9 @@ mod tests {
     /// The log-sum-exp without `ln` against f64's `ln`: before the rounding to f32
     /// both are within a few f64 roundings of the two terms' size (`log_sum_exp`'s
     /// doc), so they differ by one f32 unit in the last place plus 10⁻¹⁵ of that
-    /// size, also where the terms cancel (`m = −log₂ l`); sums from 1 to 2³⁰ (powers
-    /// of two, both sides of the √2 split) and maxima from −100.5 to 1000. (The
-    /// series cut at `s¹³` is 10⁻¹³ off and fails.)
+    /// size, also where the terms cancel (`m = −ln l`); sums from 1 to 2³⁰ (powers
+    /// of two, both sides of the √2 split) and maxima from −100.5 to 1000 and at
+    /// f32's ends. (The series cut at `s¹³` is 10⁻¹³ off and fails.)
     #[test]
     fn log_sum_exp_matches_f64_ln() {
         let mut sums: Vec<f32> = (0..=30).map(|e| 2f32.powi(e)).collect();
@@ -946,12 +949,14 @@ mod tests {
                 0.3,
                 17.0,
                 1000.0,
-                -l.log2(),
-                -l.log2().floor(),
+                f32::MIN / 2.0,
+                f32::MAX / 2.0,
+                -l.ln(),
+                -l.ln().floor(),
             ] {
-                let want = (m as f64 * std::f64::consts::LN_2 + (l as f64).ln()) as f32;
+                let want = (m as f64 + (l as f64).ln()) as f32;
                 let got = log_sum_exp(m, l);
-                let size = (m as f64 * std::f64::consts::LN_2).abs() + (l as f64).ln().abs();
+                let size = (m as f64).abs() + (l as f64).ln().abs();
                 let ulp = f32::from_bits(want.abs().to_bits() + 1) - want.abs();
                 let bound = ulp as f64 + 1e-15 * size;
                 assert!(
