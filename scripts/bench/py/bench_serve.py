@@ -359,7 +359,7 @@ class Bench:
             f"(seed {a.seed}), {tokens:.1f} tokens each on average ({a.token_range}); "
             "one text per request, POST /v1/embeddings, encoding_format float"
         )
-        print(f"load generator: oha -c {a.connections} over loopback; it used {oha_cores:.2f} cores on average during the saturation runs")
+        print(f"load generator: oha -c {a.connections} over loopback; it used {oha_cores:.3f} cores on average during the saturation runs")
         for s in servers:
             print(f"server {s.label}: {' '.join(s.argv)}")
         print()
