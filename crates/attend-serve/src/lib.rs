@@ -12,7 +12,7 @@
 //!   running them through the engine ([`attend_models::models::Engine`], the same
 //!   call `attend embed` and the Python package make) on the compute threads;
 //! * [`http`]: routes, error shapes, the API key, CORS, metrics per request;
-//! * [`server`]: binding, per-connection limits, graceful drain on SIGTERM.
+//! * [`Server`]: binding, per-connection limits, graceful drain on SIGTERM.
 //!
 //! ```no_run
 //! use attend_serve::{Server, ServeOptions};

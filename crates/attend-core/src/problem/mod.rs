@@ -445,7 +445,7 @@ fn mask_error(name: &str, shape: &[usize], full: [usize; 4]) -> Error {
 
 /// A gradient of the broadcast scores `[B, Hq, L, S]` summed back to `shape`, an
 /// additive mask's shape as the caller gave it: over the leading axes it lacks
-/// and the axes where it has 1 (the reverse of [`broadcast`]). Sums in the
+/// and the axes where it has 1 (the reverse of broadcasting it). Sums in the
 /// gradient's own type, in index order.
 pub fn sum_to_mask_shape<T: Clone + num_traits::Zero>(
     full: Array4<T>,
