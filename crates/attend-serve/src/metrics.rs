@@ -3,8 +3,6 @@
 //! start, and the failure reasons are counted from zero, so the first scrape
 //! already shows every series a dashboard or an alert names.
 
-use std::sync::Mutex;
-
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -88,9 +86,6 @@ pub struct Metrics {
     pub queue_seconds: Histogram,
     /// Time of each forward pass.
     pub inference_seconds: Histogram,
-    /// Serialises scrapes (the registry encodes under `&self` but the gauges are
-    /// set just before).
-    scrape: Mutex<()>,
 }
 
 impl Default for Metrics {
@@ -114,7 +109,6 @@ impl Metrics {
             tokenization_seconds: seconds(),
             queue_seconds: seconds(),
             inference_seconds: seconds(),
-            scrape: Mutex::new(()),
         };
         for f in Failure::ALL {
             let _ = m.failures.get_or_create(&FailureLabels {
@@ -191,10 +185,6 @@ impl Metrics {
 
     /// The text exposition, with the queue's `depth` now.
     pub fn render(&self, depth: Depth) -> String {
-        let _one = self
-            .scrape
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
         self.queue_requests.set(depth.requests as i64);
         self.queue_tokens.set(depth.tokens as i64);
         let mut out = String::new();

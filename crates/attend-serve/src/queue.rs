@@ -87,6 +87,22 @@ impl Job {
         self.want
     }
 
+    /// When it was admitted.
+    pub fn admitted(&self) -> Instant {
+        self.admitted
+    }
+
+    /// A request of no texts: answered at once.
+    fn fill_empty(&self) {
+        if let Some(reply) = lock(&self.state).reply.take() {
+            let _ = reply.send(Ok(Answer {
+                vectors: Vec::new(),
+                queue: Duration::ZERO,
+                inference: Duration::ZERO,
+            }));
+        }
+    }
+
     /// Text `i`.
     pub fn text(&self, i: usize) -> &TokenIds {
         &self.texts[i]
@@ -160,8 +176,6 @@ pub struct Entry {
     pub index: usize,
     /// Its length in tokens.
     pub len: usize,
-    /// When it was admitted.
-    pub admitted: Instant,
 }
 
 /// The texts waiting for the engine, bounded in tokens.
@@ -245,7 +259,6 @@ impl Queue {
                 job: Arc::clone(&job),
                 index,
                 len,
-                admitted: now,
             });
         }
         st.waiting_tokens += tokens;
@@ -271,7 +284,11 @@ impl Queue {
                 .unwrap_or_else(PoisonError::into_inner);
         }
         if !window.is_zero() {
-            let deadline = st.waiting.front().map_or_else(Instant::now, |e| e.admitted) + window;
+            let deadline = st
+                .waiting
+                .front()
+                .map_or_else(Instant::now, |e| e.job.admitted)
+                + window;
             while st.waiting_tokens < budget && !st.closed {
                 let now = Instant::now();
                 if now >= deadline {
@@ -308,19 +325,6 @@ impl Queue {
         Depth {
             requests: st.admitted_requests,
             tokens: st.admitted_tokens,
-        }
-    }
-}
-
-impl Job {
-    /// A request of no texts: answered at once.
-    fn fill_empty(&self) {
-        if let Some(reply) = lock(&self.state).reply.take() {
-            let _ = reply.send(Ok(Answer {
-                vectors: Vec::new(),
-                queue: Duration::ZERO,
-                inference: Duration::ZERO,
-            }));
         }
     }
 }

@@ -144,7 +144,7 @@ fn run_pass(
                         e.job.charge(took);
                         metrics
                             .queue_seconds
-                            .observe((start - e.admitted).as_secs_f64());
+                            .observe((start - e.job.admitted()).as_secs_f64());
                     }
                     settled += usize::from(e.job.fill(e.index, v));
                 }

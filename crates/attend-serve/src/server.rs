@@ -204,7 +204,7 @@ impl Server {
         on_ready(&Startup {
             model_name,
             model_dir: o.model.clone(),
-            precision: info.dtype_name(),
+            precision: precision_names(o.precision).0,
             isa: Isa::detect(),
             threads: self.cpus.threads,
             threads_source: self.cpus.source.clone(),
@@ -288,10 +288,7 @@ async fn load(
         hidden_size: encoder.model.config.hidden_size,
         normalizes: encoder.normalizes(),
         max_input_length: tokenization.max_tokens(),
-        dtype: match precision_of(o.precision) {
-            "bf16" => "bfloat16",
-            _ => "float32",
-        },
+        dtype: precision_names(precision).1,
         pooling: encoder
             .modules
             .pooling
@@ -326,21 +323,11 @@ async fn load(
     Ok((service, info, scheduler))
 }
 
-fn precision_of(p: Precision) -> &'static str {
+/// `--precision`'s name of `p`, and the dtype `/info` reports for it.
+fn precision_names(p: Precision) -> (&'static str, &'static str) {
     match p {
-        Precision::F32 => "f32",
-        Precision::Bf16 => "bf16",
-    }
-}
-
-impl ModelInfo {
-    /// `f32` or `bf16`, as `--precision` says it.
-    fn dtype_name(&self) -> &'static str {
-        if self.dtype == "bfloat16" {
-            "bf16"
-        } else {
-            "f32"
-        }
+        Precision::F32 => ("f32", "float32"),
+        Precision::Bf16 => ("bf16", "bfloat16"),
     }
 }
 
