@@ -7,9 +7,10 @@
 //!
 //! * [`prepare`]: inputs tokenised on worker threads of their own;
 //! * [`queue`]: one entry per text, bounded in tokens (past the bound, 429);
-//! * [`scheduler`]: one thread forming passes of at most `--max-batch-tokens`
-//!   tokens, counted unpadded, from rounds of queued texts ordered by length, and
-//!   running them through the engine ([`attend_models::models::Engine`], the same
+//!   each pass is the oldest text and then the shortest, within
+//!   `--max-batch-tokens` tokens counted unpadded;
+//! * [`scheduler`]: one thread taking those passes and running them through the
+//!   engine ([`attend_models::models::Engine`], the same
 //!   call `attend embed` and the Python package make) on the compute threads;
 //! * [`http`]: routes, error shapes, the API key, CORS, metrics per request;
 //! * [`Server`]: binding, per-connection limits, graceful drain on SIGTERM.

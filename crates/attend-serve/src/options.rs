@@ -69,7 +69,7 @@ impl Default for ServeOptions {
             port: 8080,
             precision: Precision::F32,
             threads: None,
-            max_batch_tokens: 16_384,
+            max_batch_tokens: 2_048,
             max_wait: Duration::ZERO,
             max_client_batch_size: 32,
             max_queue_tokens: 262_144,

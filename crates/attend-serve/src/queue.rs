@@ -3,12 +3,18 @@
 //! request can be split across passes; bounded in tokens, so a burst past what
 //! the engine can work off is refused at once (429) rather than left to time out.
 //!
+//! The queue forms each pass when the engine is free for it, from everything
+//! waiting then: the oldest text, so that every text's wait is bounded by the
+//! texts admitted before it, and then the shortest, up to a token budget. A text
+//! that arrives while a pass runs can join the next one; none waits behind a
+//! batch formed before it arrived.
+//!
 //! A request's texts come back to it through its [`Job`]: the scheduler fills a
 //! slot per text and, when the last slot is filled, sends the whole answer. A
 //! handler that stops waiting (its client went away, or its time ran out) drops
 //! the receiving end, and the scheduler skips that job's texts still queued.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -168,6 +174,17 @@ impl Job {
     }
 }
 
+/// How passes are formed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Batching {
+    /// Tokens one pass holds at most (a longer text runs alone).
+    pub max_batch_tokens: usize,
+    /// Texts of one request one pass holds at most.
+    pub max_client_batch_size: usize,
+    /// How long the oldest text may wait for others to join.
+    pub max_wait: Duration,
+}
+
 /// One text of a job, waiting for a pass.
 pub struct Entry {
     /// Its job.
@@ -185,10 +202,18 @@ pub struct Queue {
     limit: usize,
 }
 
+/// Where a waiting text stands: its length, then its admission order.
+type Place = (usize, u64);
+
 #[derive(Default)]
 struct QueueState {
-    waiting: VecDeque<Entry>,
-    /// Tokens of the texts in `waiting`.
+    /// The waiting texts, shortest first, in admission order among equals.
+    by_length: BTreeMap<Place, Entry>,
+    /// The same texts by admission order: `(order, length)`.
+    by_age: BTreeSet<(u64, usize)>,
+    /// The next text's admission order.
+    next_order: u64,
+    /// Tokens of the waiting texts.
     waiting_tokens: usize,
     /// Tokens admitted and not yet computed or dropped: what the bound counts.
     admitted_tokens: usize,
@@ -255,11 +280,15 @@ impl Queue {
             return Ok(rx);
         }
         for (index, len) in lens.into_iter().enumerate() {
-            st.waiting.push_back(Entry {
+            let order = st.next_order;
+            st.next_order += 1;
+            st.by_age.insert((order, len));
+            let entry = Entry {
                 job: Arc::clone(&job),
                 index,
                 len,
-            });
+            };
+            st.by_length.insert((len, order), entry);
         }
         st.waiting_tokens += tokens;
         st.admitted_tokens += tokens;
@@ -269,12 +298,15 @@ impl Queue {
         Ok(rx)
     }
 
-    /// Everything waiting, once there is something: after the oldest text has
-    /// waited `window` (or at once if `window` is zero), or as soon as `budget`
-    /// tokens wait. `None` once the queue is closed and empty.
-    pub fn next_round(&self, window: Duration, budget: usize) -> Option<Vec<Entry>> {
+    /// The next pass, once there is something to compute: after the oldest text
+    /// has waited `batching.max_wait` (at once if that is zero) or as soon as a
+    /// full budget of tokens waits. It holds the oldest text, then the shortest,
+    /// while they fit `batching.max_batch_tokens` (the oldest alone may exceed
+    /// it) and at most `batching.max_client_batch_size` texts of any one request.
+    /// `None` once the queue is closed and empty.
+    pub fn next_pass(&self, batching: Batching) -> Option<Vec<Entry>> {
         let mut st = lock(&self.state);
-        while st.waiting.is_empty() {
+        while st.by_age.is_empty() {
             if st.closed {
                 return None;
             }
@@ -283,13 +315,9 @@ impl Queue {
                 .wait(st)
                 .unwrap_or_else(PoisonError::into_inner);
         }
-        if !window.is_zero() {
-            let deadline = st
-                .waiting
-                .front()
-                .map_or_else(Instant::now, |e| e.job.admitted)
-                + window;
-            while st.waiting_tokens < budget && !st.closed {
+        if !batching.max_wait.is_zero() {
+            let deadline = st.oldest().job.admitted + batching.max_wait;
+            while st.waiting_tokens < batching.max_batch_tokens && !st.closed {
                 let now = Instant::now();
                 if now >= deadline {
                     break;
@@ -301,8 +329,7 @@ impl Queue {
                     .0;
             }
         }
-        st.waiting_tokens = 0;
-        Some(st.waiting.drain(..).collect())
+        Some(st.take_pass(batching))
     }
 
     /// `tokens` of admitted texts are done (computed or dropped), and with them
@@ -329,6 +356,51 @@ impl Queue {
     }
 }
 
+impl QueueState {
+    /// The text admitted first of those waiting; there must be one.
+    fn oldest(&self) -> &Entry {
+        let &(order, len) = self.by_age.first().expect("a waiting text");
+        &self.by_length[&(len, order)]
+    }
+
+    /// Takes the oldest text and then the shortest into a pass (see
+    /// [`Queue::next_pass`]).
+    fn take_pass(&mut self, batching: Batching) -> Vec<Entry> {
+        let per_request = batching.max_client_batch_size.max(1);
+        let &(order, len) = self.by_age.first().expect("a waiting text");
+        let mut chosen = vec![(len, order)];
+        let mut tokens = len;
+        let mut of_job: HashMap<*const Job, usize> = HashMap::new();
+        *of_job
+            .entry(Arc::as_ptr(&self.by_length[&(len, order)].job))
+            .or_default() += 1;
+        for (&place, e) in &self.by_length {
+            if place == chosen[0] {
+                continue;
+            }
+            if tokens + e.len > batching.max_batch_tokens {
+                // Every later text is at least as long.
+                break;
+            }
+            let taken = of_job.entry(Arc::as_ptr(&e.job)).or_default();
+            if *taken < per_request {
+                *taken += 1;
+                tokens += e.len;
+                chosen.push(place);
+            }
+        }
+        self.waiting_tokens -= tokens;
+        chosen.sort_unstable();
+        chosen
+            .into_iter()
+            .map(|(len, order)| {
+                self.by_age.remove(&(order, len));
+                self.by_length.remove(&(len, order)).expect("a chosen text")
+            })
+            .collect()
+    }
+}
+
 /// A lock that a panic elsewhere did not make unusable: the state it guards is
 /// only counters and slots, each left consistent by every update.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -338,6 +410,25 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Everything waiting in one pass, at once.
+    const ALL: Batching = Batching {
+        max_batch_tokens: usize::MAX,
+        max_client_batch_size: usize::MAX,
+        max_wait: Duration::ZERO,
+    };
+
+    fn budget(max_batch_tokens: usize, max_client_batch_size: usize) -> Batching {
+        Batching {
+            max_batch_tokens,
+            max_client_batch_size,
+            max_wait: Duration::ZERO,
+        }
+    }
+
+    fn lens(pass: &[Entry]) -> Vec<usize> {
+        pass.iter().map(|e| e.len).collect()
+    }
 
     fn texts(lens: &[usize]) -> Vec<TokenIds> {
         lens.iter()
@@ -367,9 +458,9 @@ mod tests {
                 tokens: 100
             }
         );
-        // Taken into a round, the tokens still count until they are computed.
-        let round = q.next_round(Duration::ZERO, usize::MAX).unwrap();
-        assert_eq!(round.len(), 2);
+        // Taken into a pass, the tokens still count until they are computed.
+        let pass = q.next_pass(ALL).unwrap();
+        assert_eq!(pass.len(), 2);
         assert!(q.submit(Want::Sentence, texts(&[1])).is_err());
         q.release(60, 1);
         assert!(q.submit(Want::Sentence, texts(&[1])).is_ok());
@@ -386,8 +477,8 @@ mod tests {
     fn a_dropped_receiver_abandons_its_job_and_the_last_text_answers() {
         let q = Queue::new(1000);
         let rx = q.submit(Want::Sentence, texts(&[3, 4])).unwrap();
-        let round = q.next_round(Duration::ZERO, usize::MAX).unwrap();
-        let job = Arc::clone(&round[0].job);
+        let pass = q.next_pass(ALL).unwrap();
+        let job = Arc::clone(&pass[0].job);
         assert!(!job.abandoned());
         assert!(!job.fill(1, Array2::from_elem((1, 2), 1.0)));
         assert!(job.fill(0, Array2::from_elem((1, 2), 0.5)));
@@ -396,13 +487,13 @@ mod tests {
         assert_eq!(answer.vectors[1][[0, 1]], 1.0);
 
         let rx = q.submit(Want::Sentence, texts(&[3])).unwrap();
-        let round = q.next_round(Duration::ZERO, usize::MAX).unwrap();
+        let pass = q.next_pass(ALL).unwrap();
         drop(rx);
-        assert!(round[0].job.abandoned());
+        assert!(pass[0].job.abandoned());
     }
 
     #[test]
-    fn a_closed_queue_refuses_and_ends_the_rounds_once_empty() {
+    fn a_closed_queue_refuses_and_ends_the_passes_once_empty() {
         let q = Queue::new(1000);
         let _rx = q.submit(Want::Tokens, texts(&[2])).unwrap();
         q.close();
@@ -410,8 +501,8 @@ mod tests {
             q.submit(Want::Tokens, texts(&[2])).unwrap_err(),
             Refusal::Closed
         );
-        assert_eq!(q.next_round(Duration::ZERO, 10).map(|r| r.len()), Some(1));
-        assert!(q.next_round(Duration::ZERO, 10).is_none());
+        assert_eq!(q.next_pass(budget(10, 8)).map(|p| p.len()), Some(1));
+        assert!(q.next_pass(budget(10, 8)).is_none());
     }
 
     #[test]
@@ -427,8 +518,46 @@ mod tests {
         };
         // The budget (40) fills when the second request arrives, well before the
         // window (10 s) ends.
-        let round = q.next_round(Duration::from_secs(10), 40).unwrap();
+        let batching = Batching {
+            max_wait: Duration::from_secs(10),
+            ..budget(40, 8)
+        };
+        let pass = q.next_pass(batching).unwrap();
         let _b = adder.join().unwrap();
-        assert_eq!(round.len(), 2);
+        // 50 does not fit beside 5: the pass holds the oldest text alone.
+        assert_eq!(lens(&pass), vec![5]);
+        assert_eq!(lens(&q.next_pass(batching).unwrap()), vec![50]);
+    }
+
+    #[test]
+    fn a_pass_holds_the_oldest_text_then_the_shortest_within_the_budget() {
+        let q = Queue::new(usize::MAX);
+        let _rx: Vec<_> = [vec![30, 5, 7], vec![12, 3], vec![40], vec![2, 2, 2]]
+            .iter()
+            .map(|lens| q.submit(Want::Sentence, texts(lens)).unwrap())
+            .collect();
+        // The oldest (30), then shortest first: 2, 2 (the third 2 is over its
+        // request's cap of 2), 3, 5 (7 is over its cap beside 30 and 5); 42
+        // tokens, and 12 does not fit.
+        let first = q.next_pass(budget(50, 2)).unwrap();
+        assert_eq!(lens(&first), vec![2, 2, 3, 5, 30]);
+        // Then the oldest left (7), and the shortest: 2, 12; 40 does not fit.
+        assert_eq!(lens(&q.next_pass(budget(50, 2)).unwrap()), vec![2, 7, 12]);
+        // A text over the budget runs alone.
+        assert_eq!(lens(&q.next_pass(budget(20, 2)).unwrap()), vec![40]);
+        // Taken texts count against the bound until they are released.
+        assert_eq!(q.depth().tokens, 103);
+    }
+
+    #[test]
+    fn a_text_admitted_while_a_pass_runs_joins_the_next_pass() {
+        let q = Queue::new(usize::MAX);
+        let _long = q.submit(Want::Sentence, texts(&[200, 200, 200])).unwrap();
+        assert_eq!(lens(&q.next_pass(budget(250, 8)).unwrap()), vec![200]);
+        // A short text admitted now goes ahead of the long texts admitted earlier
+        // but for the oldest of them, which every pass takes first.
+        let _short = q.submit(Want::Sentence, texts(&[4])).unwrap();
+        assert_eq!(lens(&q.next_pass(budget(250, 8)).unwrap()), vec![4, 200]);
+        assert_eq!(lens(&q.next_pass(budget(250, 8)).unwrap()), vec![200]);
     }
 }

@@ -1,31 +1,20 @@
-//! The scheduler: one thread that takes rounds of texts from the [`Queue`],
-//! orders each round by length, cuts it into passes of at most a token budget
-//! (counted unpadded: the engine computes real tokens only) and runs each pass
-//! through the engine on the compute threads. It never sees HTTP.
+//! The scheduler: one thread that takes passes of texts from the [`Queue`] (at
+//! most a token budget each, counted unpadded: the engine computes real tokens
+//! only) and runs each through the engine on the compute threads. It never sees
+//! HTTP.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use attend_models::models::{Engine, SentenceEncoder, SentenceModules, Sequence};
 use ndarray::{s, Array2};
 use rayon::ThreadPool;
 
 use crate::metrics::Metrics;
-use crate::queue::{Entry, Queue, Want};
-
-/// How passes are formed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Batching {
-    /// Tokens one pass holds at most (a longer text runs alone).
-    pub max_batch_tokens: usize,
-    /// Texts of one request one pass holds at most.
-    pub max_client_batch_size: usize,
-    /// How long the oldest text may wait for others to join.
-    pub max_wait: Duration,
-}
+use crate::queue::{Batching, Entry, Queue, Want};
 
 /// Starts the scheduler's thread; it stops once `queue` is closed and empty.
 pub fn spawn(
@@ -49,10 +38,8 @@ pub fn spawn(
                     modules: &unnormalized,
                 },
             };
-            while let Some(round) = queue.next_round(batching.max_wait, batching.max_batch_tokens) {
-                for pass in passes(round, batching) {
-                    run_pass(&queue, engines, &compute, pass, &metrics);
-                }
+            while let Some(pass) = queue.next_pass(batching) {
+                run_pass(&queue, engines, &compute, pass, &metrics);
             }
         })
 }
@@ -62,34 +49,6 @@ pub fn spawn(
 struct Engines<'a> {
     normalized: Engine<'a>,
     unnormalized: Engine<'a>,
-}
-
-/// A round's texts, shortest first, cut into passes of at most
-/// `max_batch_tokens` tokens and `max_client_batch_size` texts of any one
-/// request; what does not fit waits for the next pass of the round.
-fn passes(mut round: Vec<Entry>, batching: Batching) -> Vec<Vec<Entry>> {
-    round.sort_by_key(|e| e.len);
-    let mut out = Vec::new();
-    while !round.is_empty() {
-        let mut pass = Vec::new();
-        let mut later = Vec::new();
-        let mut tokens = 0;
-        let mut per_job: HashMap<*const crate::queue::Job, usize> = HashMap::new();
-        for e in round {
-            let of_job = per_job.entry(Arc::as_ptr(&e.job)).or_default();
-            let fits = pass.is_empty() || tokens + e.len <= batching.max_batch_tokens;
-            if fits && *of_job < batching.max_client_batch_size.max(1) {
-                *of_job += 1;
-                tokens += e.len;
-                pass.push(e);
-            } else {
-                later.push(e);
-            }
-        }
-        out.push(pass);
-        round = later;
-    }
-    out
 }
 
 /// Runs one pass: texts nobody waits for are dropped first, then the rest go
@@ -182,65 +141,5 @@ fn compute_vectors(
                 .collect())
         }
         Want::Tokens => engine.token_vectors(seqs).map_err(|e| e.to_string()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::queue::TokenIds;
-
-    fn text(len: usize) -> TokenIds {
-        TokenIds {
-            ids: vec![1; len],
-            type_ids: vec![0; len],
-        }
-    }
-
-    fn round_of(queue: &Queue, jobs: &[Vec<usize>]) -> Vec<Entry> {
-        for lens in jobs {
-            let texts = lens.iter().map(|&l| text(l)).collect();
-            // The receivers are dropped: passes() does not look at them.
-            drop(queue.submit(Want::Sentence, texts).unwrap());
-        }
-        queue.next_round(Duration::ZERO, usize::MAX).unwrap()
-    }
-
-    #[test]
-    fn passes_keep_the_token_budget_and_the_per_request_cap() {
-        let queue = Queue::new(usize::MAX);
-        let round = round_of(&queue, &[vec![5, 30, 7], vec![12, 3], vec![40]]);
-        let batching = Batching {
-            max_batch_tokens: 50,
-            max_client_batch_size: 2,
-            max_wait: Duration::ZERO,
-        };
-        let cut = passes(round, batching);
-        let lens: Vec<Vec<usize>> = cut
-            .iter()
-            .map(|p| p.iter().map(|e| e.len).collect())
-            .collect();
-        // Shortest first; the third text of the first request (30) waits for the
-        // second pass; 40 does not fit beside 30 and gets a pass of its own.
-        assert_eq!(lens, vec![vec![3, 5, 7, 12], vec![30], vec![40]]);
-        for p in &cut {
-            assert!(p.iter().map(|e| e.len).sum::<usize>() <= 50);
-        }
-    }
-
-    #[test]
-    fn a_text_over_the_budget_runs_alone() {
-        let queue = Queue::new(usize::MAX);
-        let round = round_of(&queue, &[vec![2, 500, 3]]);
-        let batching = Batching {
-            max_batch_tokens: 100,
-            max_client_batch_size: 8,
-            max_wait: Duration::ZERO,
-        };
-        let lens: Vec<Vec<usize>> = passes(round, batching)
-            .iter()
-            .map(|p| p.iter().map(|e| e.len).collect())
-            .collect();
-        assert_eq!(lens, vec![vec![2, 3], vec![500]]);
     }
 }

@@ -28,8 +28,8 @@ use crate::http::{router, AppState, Limits, ModelInfo};
 use crate::metrics::Metrics;
 use crate::options::ServeOptions;
 use crate::prepare::Tokenization;
-use crate::queue::Queue;
-use crate::scheduler::{self, Batching};
+use crate::queue::{Batching, Queue};
+use crate::scheduler;
 use crate::service::Service;
 
 /// Why a server could not start or run.

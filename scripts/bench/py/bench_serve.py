@@ -267,8 +267,18 @@ class Bench:
             log(f"  {server.label}: {left} more requests, to {total}")
             self.oha(server, ["-n", str(left), "-c", str(self.args.connections)], self.bodies(server), None)
 
+    def latency(self, server: Server, rate: float, bodies: Optional[Path], body: Optional[str]) -> dict:
+        """p50/p99 at a constant request rate, latency-corrected (a request's time
+        counts from when the schedule meant to send it)."""
+        self.only(server)
+        extra = ["-z", f"{self.args.seconds}s", "-w", "-c", str(self.args.latency_connections), "-q", f"{rate:.2f}"]
+        extra.append("--latency-correction")
+        return dict(self.oha(server, extra, bodies, body), rate=rate)
+
     def run(self, servers: List[Server], with_embed: bool) -> None:
         a = self.args
+        phases = set(a.phases)
+        with_embed = with_embed and "throughput" in phases
         self.servers = servers
         texts = self.work / "texts.txt"
         self.n_texts = sum(1 for _ in texts.open())
@@ -281,17 +291,18 @@ class Bench:
                 check=True,
             )
         for s in servers:
-            s.rss_at = a.rss if s.label.startswith("attend") else a.peer_rss or a.rss
+            s.rss_at = a.rss if s.label.startswith("attend") else a.peer_rss
         rss: Dict[str, list] = {s.label: [] for s in servers}
         machine0, servers0 = machine_cpu(), sum(s.cpu_s() for s in servers)
         self0 = time.process_time()
 
-        log(f"warm-up ({a.warmup} requests each), then each server to its first RSS count")
+        log(f"warm-up ({a.warmup} requests each)" + (", then each server to its first RSS count" if "rss" in phases else ""))
         for s in servers:
             self.only(s)
             self.oha(s, ["-n", str(a.warmup), "-c", str(a.connections)], self.bodies(s), None)
-            self.serve_until(s, s.rss_at[0])
-            rss[s.label].append(s.rss_mib())
+            if "rss" in phases:
+                self.serve_until(s, s.rss_at[0])
+                rss[s.label].append(s.rss_mib())
 
         if with_embed:
             one = self.work / "one.txt"
@@ -299,42 +310,53 @@ class Bench:
             self.only(None)
             self.embed_startup_s = statistics.median(self._embed_seconds(one) for _ in range(3))
 
-        log(f"saturation: {a.rounds} rounds of {a.seconds} s per side, -c {a.connections}, the order rotating")
-        sides: List[object] = [*servers, *(["embed"] if with_embed else [])]
         rates: Dict[str, List[float]] = {s.label: [] for s in servers}
         rates["attend embed"] = []
-        oha_cpu0, oha_wall0 = self.oha_cpu_s, self.oha_wall_s
-        for r in range(a.rounds):
-            order = sides[r % len(sides) :] + sides[: r % len(sides)]
-            for side in order:
-                if side == "embed":
-                    rates["attend embed"].append(self.embed_cli())
-                else:
-                    rates[side.label].append(self.saturation(side)["rps_ok"])
-        oha_cores = (self.oha_cpu_s - oha_cpu0) / max(self.oha_wall_s - oha_wall0, 1e-9)
+        short_rates: Dict[str, float] = {}
+        latency: Dict[str, Dict[str, Dict[int, dict]]] = {s.label: {"mix": {}, "short": {}} for s in servers}
+        idle: Dict[str, Dict[str, dict]] = {s.label: {} for s in servers}
+        oha_cores = 0.0
+        if phases & {"throughput", "latency"}:
+            log(f"saturation: {a.rounds} rounds of {a.seconds} s per side, -c {a.connections}, the order rotating")
+            sides: List[object] = [*servers, *(["embed"] if with_embed else [])]
+            oha_cpu0, oha_wall0 = self.oha_cpu_s, self.oha_wall_s
+            for r in range(a.rounds):
+                order = sides[r % len(sides) :] + sides[: r % len(sides)]
+                for side in order:
+                    if side == "embed":
+                        rates["attend embed"].append(self.embed_cli())
+                    else:
+                        rates[side.label].append(self.saturation(side)["rps_ok"])
+            oha_cores = (self.oha_cpu_s - oha_cpu0) / max(self.oha_wall_s - oha_wall0, 1e-9)
 
-        log("latency at 25/50/75 % of each side's saturation, constant rate, latency-corrected")
-        latency: Dict[str, Dict[int, dict]] = {s.label: {} for s in servers}
-        for pct in (25, 50, 75):
+        if "latency" in phases:
+            log("latency at 25/50/75 % of each side's saturation on the mix, constant rate, latency-corrected")
+            for pct in (25, 50, 75):
+                for s in servers:
+                    r = self.latency(s, statistics.median(rates[s.label]) * pct / 100, self.bodies(s), None)
+                    latency[s.label]["mix"][pct] = r
+                    log(f"  {s.label} {pct}%: {r['rate']:.1f}/s p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms")
+            log("short texts alone: saturation, then 25/50/75 % of it")
             for s in servers:
-                rate = statistics.median(rates[s.label]) * pct / 100
                 self.only(s)
-                extra = ["-z", f"{a.seconds}s", "-w", "-c", str(a.latency_connections), "-q", f"{rate:.2f}"]
-                extra.append("--latency-correction")
-                latency[s.label][pct] = dict(self.oha(s, extra, self.bodies(s), None), rate=rate)
-                log(f"  {s.label} {pct}%: {rate:.1f}/s p50 {latency[s.label][pct]['p50_ms']:.2f} ms p99 {latency[s.label][pct]['p99_ms']:.2f} ms")
+                extra = ["-z", f"{a.seconds}s", "-w", "-c", str(a.connections)]
+                short_rates[s.label] = self.oha(s, extra, None, self.short_body(s))["rps_ok"]
+                for pct in (25, 50, 75):
+                    r = self.latency(s, short_rates[s.label] * pct / 100, None, self.short_body(s))
+                    latency[s.label]["short"][pct] = r
+                    log(f"  {s.label} short {pct}%: {r['rate']:.1f}/s p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms")
+            log(f"idle: one connection, {a.idle_requests} requests of one short text, then of the mix")
+            for s in servers:
+                self.only(s)
+                self.oha(s, ["-n", "50", "-c", "1"], None, self.short_body(s))
+                idle[s.label]["short"] = self.oha(s, ["-n", str(a.idle_requests), "-c", "1"], None, self.short_body(s))
+                idle[s.label]["mix"] = self.oha(s, ["-n", str(a.idle_requests), "-c", "1"], self.bodies(s), None)
 
-        log(f"idle round trip: one connection, {a.idle_requests} requests of one short text")
-        idle: Dict[str, dict] = {}
-        for s in servers:
-            self.only(s)
-            self.oha(s, ["-n", "50", "-c", "1"], None, self.short_body(s))
-            idle[s.label] = self.oha(s, ["-n", str(a.idle_requests), "-c", "1"], None, self.short_body(s))
-
-        log("each server to its second RSS count")
-        for s in servers:
-            self.serve_until(s, s.rss_at[1])
-            rss[s.label].append(s.rss_mib())
+        if "rss" in phases:
+            log("each server to its second RSS count")
+            for s in servers:
+                self.serve_until(s, s.rss_at[1])
+                rss[s.label].append(s.rss_mib())
         self.only(None)
         for s in servers:
             s.signal(signal.SIGCONT)
@@ -343,14 +365,14 @@ class Bench:
         ours += time.process_time() - self0
         other_share = max(0.0, busy - ours) / total if total else 0.0
 
-        self.report(servers, rates, latency, idle, rss, oha_cores, with_embed)
+        self.report(servers, phases, rates, short_rates, latency, idle, rss, oha_cores, with_embed)
         print(f"CPU taken by other processes during the run: {100 * other_share:.0f} % of all CPUs (load average after: {os.getloadavg()[0]:.1f})")
         if other_share > 0.05:
-            print("WARNING: the machine was not quiet; these timings are not trustworthy")
+            print("WARNING: the machine was not quiet; these timings are not trustworthy" + (" (memory figures are)" if "rss" in phases else ""))
 
     # -- report ------------------------------------------------------------------
 
-    def report(self, servers, rates, latency, idle, rss, oha_cores, with_embed) -> None:
+    def report(self, servers, phases, rates, short_rates, latency, idle, rss, oha_cores, with_embed) -> None:
         a = self.args
         tokens = a.mean_tokens
         print(f"cpu: {a.cpu}")
@@ -359,53 +381,67 @@ class Bench:
             f"(seed {a.seed}), {tokens:.1f} tokens each on average ({a.token_range}); "
             "one text per request, POST /v1/embeddings, encoding_format float"
         )
-        print(f"load generator: oha -c {a.connections} over loopback; it used {oha_cores:.3f} cores on average during the saturation runs")
+        if oha_cores:
+            print(f"load generator: oha -c {a.connections} over loopback; it used {oha_cores:.3f} cores on average during the saturation runs")
         for s in servers:
             print(f"server {s.label}: {' '.join(s.argv)}")
-        print()
-        print(f"throughput at saturation ({a.rounds} rounds of {a.seconds} s each, median; per round in brackets):")
-        labels = [s.label for s in servers] + (["attend embed"] if with_embed else [])
-        for label in labels:
-            m = statistics.median(rates[label])
-            runs = ", ".join(f"{x:.0f}" for x in rates[label])
-            note = " (attend embed --input, start-up taken out)" if label == "attend embed" else ""
-            print(f"  {label:<14} {m:8.1f} texts/s {m * tokens:10.0f} tokens/s  [{runs}]{note}")
-        print()
-        print("latency at a constant request rate (a fraction of the side's own saturation), ms:")
-        for s in servers:
-            for pct, r in latency[s.label].items():
-                other = f"; non-200/errors: {r['other']}" if r["other"] else ""
-                print(f"  {s.label:<14} {pct:3d} % ({r['rate']:7.1f}/s): p50 {r['p50_ms']:8.2f}  p99 {r['p99_ms']:8.2f}{other}")
-        print()
-        print(f"one short text on an idle server ({a.idle_requests} requests, one connection), ms:")
-        for s in servers:
-            r = idle[s.label]
-            print(f"  {s.label:<14} median {r['p50_ms']:.2f}  p99 {r['p99_ms']:.2f}")
-        print()
-        print("resident memory of the server process, MiB:")
-        for s in servers:
-            (small, _, _), (large, rest, n) = rss[s.label]
-            helpers = f"; its {n} helper processes hold {rest:.1f} more" if n else ""
-            print(f"  {s.label:<14} after {s.rss_at[0]} requests {small:8.1f}, after {s.rss_at[1]} {large:8.1f} (x{large / small:.3f}){helpers}")
+        attend = servers[0].label if servers[0].label.startswith("attend") else None
+        if phases & {"throughput", "latency"}:
+            print()
+            print(f"throughput at saturation ({a.rounds} rounds of {a.seconds} s each, median; per round in brackets):")
+            labels = [s.label for s in servers] + (["attend embed"] if with_embed else [])
+            for label in labels:
+                m = statistics.median(rates[label])
+                runs = ", ".join(f"{x:.0f}" for x in rates[label])
+                note = " (attend embed --input, start-up taken out)" if label == "attend embed" else ""
+                print(f"  {label:<14} {m:8.1f} texts/s {m * tokens:10.0f} tokens/s  [{runs}]{note}")
+        if "latency" in phases:
+            print()
+            print("latency at a constant request rate (a fraction of the side's own saturation on that load), ms:")
+            for load, title in (("mix", "the mix"), ("short", f"one short text ({SHORT_TEXT!r}) a request")):
+                print(f"  {title}:")
+                for s in servers:
+                    for pct, r in latency[s.label][load].items():
+                        other = f"; non-200/errors: {r['other']}" if r["other"] else ""
+                        print(f"    {s.label:<14} {pct:3d} % ({r['rate']:7.1f}/s): p50 {r['p50_ms']:8.2f}  p99 {r['p99_ms']:8.2f}{other}")
+            print()
+            print(f"idle server, one connection, {a.idle_requests} requests one after another, ms:")
+            for s in servers:
+                sh, mix = idle[s.label]["short"], idle[s.label]["mix"]
+                print(f"  {s.label:<14} one short text: median {sh['p50_ms']:.2f}  p99 {sh['p99_ms']:.2f};  the mix: median {mix['p50_ms']:.2f}  p99 {mix['p99_ms']:.2f}")
+        if "rss" in phases:
+            print()
+            print("resident memory of the server process, MiB:")
+            for s in servers:
+                (small, _, _), (large, rest, n) = rss[s.label]
+                helpers = f"; its {n} helper processes hold {rest:.1f} more" if n else ""
+                print(f"  {s.label:<14} after {s.rss_at[0]} requests {small:8.1f}, after {s.rss_at[1]} {large:8.1f} (x{large / small:.3f}){helpers}")
         print()
         print("ratios (this run):")
-        attend = servers[0].label if servers[0].label.startswith("attend") else None
-        if attend:
+        if attend and "throughput" in phases:
             for s in servers[1:]:
                 per_round = [x / y for x, y in zip(rates[attend], rates[s.label])]
                 print(f"  throughput {attend} / {s.label}: {statistics.median(per_round):.2f}x (per round: {', '.join(f'{x:.2f}' for x in per_round)}); goal >= 3x")
             if with_embed:
                 per_round = [x / y for x, y in zip(rates[attend], rates["attend embed"])]
                 print(f"  throughput {attend} / attend embed: {statistics.median(per_round):.2f}x (per round: {', '.join(f'{x:.2f}' for x in per_round)}); goal >= 0.9x")
-            idle_ms = idle[attend]["p50_ms"]
-            print(f"  {attend} idle round trip: {idle_ms:.2f} ms; goal <= 3 ms (MiniLM)")
-            print(f"  {attend} p99 at 50 % / idle round trip: {latency[attend][50]['p99_ms'] / idle_ms:.2f}x; goal <= 3x")
+        if attend and "latency" in phases:
+            idle_ms = idle[attend]["short"]["p50_ms"]
+            print(f"  {attend} idle round trip, one short text: {idle_ms:.2f} ms; goal <= 3 ms (MiniLM)")
+            print(f"  {attend} p99 at 50 % load of short texts / idle round trip: {latency[attend]['short'][50]['p99_ms'] / idle_ms:.2f}x; goal <= 3x")
+            print(
+                f"  {attend} p99 at 50 % load of the mix / idle round trip: {latency[attend]['mix'][50]['p99_ms'] / idle_ms:.2f}x "
+                f"(the mix's own p99 on an idle server is {idle[attend]['mix']['p99_ms'] / idle_ms:.2f}x: "
+                f"under load {latency[attend]['mix'][50]['p99_ms'] / idle[attend]['mix']['p99_ms']:.2f}x that)"
+            )
+        if attend and "rss" in phases:
             small, large = (m for m, _, _ in rss[attend])
             print(f"  {attend} RSS after {servers[0].rss_at[1]} / after {servers[0].rss_at[0]} requests: {large / small:.3f}; goal within 10 %")
-        for s in servers:
-            if not s.label.startswith("attend"):
-                small, large = (m for m, _, _ in rss[s.label])
-                print(f"  {s.label} RSS after {s.rss_at[1]} / after {s.rss_at[0]} requests: {large / small:.3f}")
+        if "rss" in phases:
+            for s in servers:
+                if not s.label.startswith("attend"):
+                    small, large = (m for m, _, _ in rss[s.label])
+                    print(f"  {s.label} RSS after {s.rss_at[1]} / after {s.rss_at[0]} requests: {large / small:.3f}")
 
 
 def request_counts(text: str) -> List[int]:
@@ -430,14 +466,23 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=200)
     p.add_argument("--idle-requests", type=int, default=1000)
     p.add_argument("--rss", type=request_counts, default=[10_000, 100_000], help="request counts of attend's two RSS readings")
-    p.add_argument("--peer-rss", type=request_counts, help="the same for the other servers (default: --rss)")
+    # infinity answers about 6x fewer requests a second: 100k of them would take hours.
+    p.add_argument("--peer-rss", type=request_counts, default=[2_000, 10_000], help="the same for the other servers")
+    p.add_argument(
+        "--phases", type=lambda t: t.split(","), default=["throughput", "latency", "rss"],
+        help="comma-separated, of throughput (saturation, attend embed), latency (needs the saturation runs: "
+        "it measures at fractions of them) and rss; default all three",
+    )
     p.add_argument("--oha-timeout", type=float, default=1800)
     p.add_argument("--start-timeout", type=float, default=300)
     p.add_argument("--cpu", required=True)
     p.add_argument("--mean-tokens", type=float, required=True)
     p.add_argument("--token-range", required=True)
     args = p.parse_args()
-    for pair in (args.rss, args.peer_rss or args.rss):
+    unknown = set(args.phases) - {"throughput", "latency", "rss"}
+    if unknown:
+        raise SystemExit(f"--phases: unknown {', '.join(sorted(unknown))} (throughput, latency, rss)")
+    for pair in (args.rss, args.peer_rss):
         if len(pair) != 2 or not 0 < pair[0] < pair[1]:
             raise SystemExit("--rss and --peer-rss take two request counts, the smaller first (e.g. 10000,100000)")
 

@@ -35,7 +35,7 @@ pub struct Args {
     #[arg(long, value_name = "N", value_parser = crate::args::flags::threads)]
     threads: Option<usize>,
     /// Tokens one forward pass holds at most, counted unpadded.
-    #[arg(long, value_name = "N", default_value_t = 16_384)]
+    #[arg(long, value_name = "N", default_value_t = 2_048)]
     max_batch_tokens: usize,
     /// Milliseconds the oldest queued text may wait for others to share its pass
     /// (0: a pass starts as soon as the engine is free).

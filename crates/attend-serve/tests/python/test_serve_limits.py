@@ -113,7 +113,8 @@ def test_a_slow_client_is_cut_off_and_holds_nothing(serve):
 
 
 def test_a_client_that_disconnects_leaves_the_queue(serve):
-    s = serve("--max-client-batch-size", "4")
+    # One long text a pass: the passes take the texts in the order they came.
+    s = serve("--max-batch-tokens", "300")
     # A request long enough to hold the engine for a while...
     busy = ThreadPoolExecutor(1).submit(
         requests.post, s.url + "/embed", json={"inputs": [LONG] * 48}, timeout=120
