@@ -18,6 +18,7 @@ import os
 import re
 import signal
 import socket
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -275,6 +276,39 @@ class Bench:
         extra.append("--latency-correction")
         return dict(self.oha(server, extra, bodies, body), rate=rate)
 
+    def overload(self, attend: Server, rate_per_s: float) -> dict:
+        """A second attend server with a small queue bound, sent the mix at
+        ``rate_per_s`` (twice its saturation) from many connections: how many
+        requests were answered, refused (429/503) or failed otherwise, and the p99
+        of the answered ones (oha's per-request records, latency-corrected)."""
+        a = self.args
+        bound = Server(
+            f"attend serve --max-queue-tokens {a.overload_queue_tokens}",
+            [*attend.argv, "--max-queue-tokens", str(a.overload_queue_tokens)],
+            attend.env, self.work / "attend-serve-overload.log", None, "/ready",
+        )
+        bound.start(a.start_timeout)
+        bound.model = attend.model
+        self.servers.append(bound)
+        try:
+            self.only(bound)
+            db = self.work / "overload.db"
+            extra = ["-z", f"{a.seconds}s", "-w", "-c", str(a.overload_connections), "-q", f"{rate_per_s:.2f}",
+                     "--latency-correction", "--db-url", str(db)]
+            r = self.oha(bound, extra, self.bodies(attend), None)
+            with sqlite3.connect(db) as c:
+                answered = sorted(
+                    end - (start_corrected if start_corrected is not None else start)
+                    for start, start_corrected, end in c.execute(
+                        "SELECT start, start_latency_correction, end FROM oha WHERE status = 200"
+                    )
+                )
+        finally:
+            bound.stop()
+            self.servers.remove(bound)
+        p99 = answered[min(len(answered) - 1, int(0.99 * len(answered)))] * 1e3 if answered else float("nan")
+        return dict(r, rate=rate_per_s, p99_answered_ms=p99)
+
     def run(self, servers: List[Server], with_embed: bool) -> None:
         a = self.args
         phases = set(a.phases)
@@ -316,7 +350,7 @@ class Bench:
         latency: Dict[str, Dict[str, Dict[int, dict]]] = {s.label: {"mix": {}, "short": {}} for s in servers}
         idle: Dict[str, Dict[str, dict]] = {s.label: {} for s in servers}
         oha_cores = 0.0
-        if phases & {"throughput", "latency"}:
+        if phases & {"throughput", "latency", "overload"}:
             log(f"saturation: {a.rounds} rounds of {a.seconds} s per side, -c {a.connections}, the order rotating")
             sides: List[object] = [*servers, *(["embed"] if with_embed else [])]
             oha_cpu0, oha_wall0 = self.oha_cpu_s, self.oha_wall_s
@@ -352,6 +386,13 @@ class Bench:
                 idle[s.label]["short"] = self.oha(s, ["-n", str(a.idle_requests), "-c", "1"], None, self.short_body(s))
                 idle[s.label]["mix"] = self.oha(s, ["-n", str(a.idle_requests), "-c", "1"], self.bodies(s), None)
 
+        overload: Optional[dict] = None
+        if "overload" in phases and servers[0].label.startswith("attend"):
+            rate = 2 * statistics.median(rates[servers[0].label])
+            log(f"overload: twice attend's saturation ({rate:.1f}/s) from {a.overload_connections} connections, queue bound {a.overload_queue_tokens} tokens")
+            overload = self.overload(servers[0], rate)
+            log(f"  answered {overload['ok']}, other: {overload['other'] or 'none'}; p99 of the answered {overload['p99_answered_ms']:.1f} ms")
+
         if "rss" in phases:
             log("each server to its second RSS count")
             for s in servers:
@@ -365,14 +406,14 @@ class Bench:
         ours += time.process_time() - self0
         other_share = max(0.0, busy - ours) / total if total else 0.0
 
-        self.report(servers, phases, rates, short_rates, latency, idle, rss, oha_cores, with_embed)
+        self.report(servers, phases, rates, short_rates, latency, idle, rss, overload, oha_cores, with_embed)
         print(f"CPU taken by other processes during the run: {100 * other_share:.0f} % of all CPUs (load average after: {os.getloadavg()[0]:.1f})")
         if other_share > 0.05:
             print("WARNING: the machine was not quiet; these timings are not trustworthy" + (" (memory figures are)" if "rss" in phases else ""))
 
     # -- report ------------------------------------------------------------------
 
-    def report(self, servers, phases, rates, short_rates, latency, idle, rss, oha_cores, with_embed) -> None:
+    def report(self, servers, phases, rates, short_rates, latency, idle, rss, overload, oha_cores, with_embed) -> None:
         a = self.args
         tokens = a.mean_tokens
         print(f"cpu: {a.cpu}")
@@ -386,7 +427,7 @@ class Bench:
         for s in servers:
             print(f"server {s.label}: {' '.join(s.argv)}")
         attend = servers[0].label if servers[0].label.startswith("attend") else None
-        if phases & {"throughput", "latency"}:
+        if phases & {"throughput", "latency", "overload"}:
             print()
             print(f"throughput at saturation ({a.rounds} rounds of {a.seconds} s each, median; per round in brackets):")
             labels = [s.label for s in servers] + (["attend embed"] if with_embed else [])
@@ -409,6 +450,20 @@ class Bench:
             for s in servers:
                 sh, mix = idle[s.label]["short"], idle[s.label]["mix"]
                 print(f"  {s.label:<14} one short text: median {sh['p50_ms']:.2f}  p99 {sh['p99_ms']:.2f};  the mix: median {mix['p50_ms']:.2f}  p99 {mix['p99_ms']:.2f}")
+        if overload is not None:
+            # A text admitted into a full queue waits for the queue ahead of it and
+            # for the pass running when it came: both at the saturation rate.
+            tokens_per_s = statistics.median(rates[attend]) * tokens
+            drain_ms = 1e3 * (a.overload_queue_tokens + a.max_batch_tokens) / tokens_per_s
+            refused = sum(v for k, v in overload["other"].items() if k in ("429", "503"))
+            failed = {k: v for k, v in overload["other"].items() if k not in ("429", "503")}
+            print()
+            print(
+                f"overload, {overload['rate']:.1f} requests/s (twice the saturation) from {a.overload_connections} connections "
+                f"for {a.seconds} s, --max-queue-tokens {a.overload_queue_tokens}: {overload['ok']} answered, {refused} refused "
+                f"(429/503), other failures: {failed or 'none'}; p99 of the answered {overload['p99_answered_ms']:.1f} ms, "
+                f"against {drain_ms:.0f} ms to work off a full queue and one pass at the saturation rate"
+            )
         if "rss" in phases:
             print()
             print("resident memory of the server process, MiB:")
@@ -434,6 +489,8 @@ class Bench:
                 f"(the mix's own p99 on an idle server is {idle[attend]['mix']['p99_ms'] / idle_ms:.2f}x: "
                 f"under load {latency[attend]['mix'][50]['p99_ms'] / idle[attend]['mix']['p99_ms']:.2f}x that)"
             )
+        if overload is not None:
+            print(f"  {attend} at twice its saturation: p99 of the answered / time to work off a full queue: {overload['p99_answered_ms'] / drain_ms:.2f}x; goal: no failure but 429/503, p99 bounded by the queue")
         if attend and "rss" in phases:
             small, large = (m for m, _, _ in rss[attend])
             print(f"  {attend} RSS after {servers[0].rss_at[1]} / after {servers[0].rss_at[0]} requests: {large / small:.3f}; goal within 10 %")
@@ -469,19 +526,22 @@ def main() -> None:
     # infinity answers about 6x fewer requests a second: 100k of them would take hours.
     p.add_argument("--peer-rss", type=request_counts, default=[2_000, 10_000], help="the same for the other servers")
     p.add_argument(
-        "--phases", type=lambda t: t.split(","), default=["throughput", "latency", "rss"],
-        help="comma-separated, of throughput (saturation, attend embed), latency (needs the saturation runs: "
-        "it measures at fractions of them) and rss; default all three",
+        "--phases", type=lambda t: t.split(","), default=["throughput", "latency", "overload", "rss"],
+        help="comma-separated, of throughput (saturation, attend embed), latency and overload (both measure "
+        "at fractions or multiples of the saturation runs, which they run) and rss; default all four",
     )
+    p.add_argument("--overload-connections", type=int, default=256)
+    p.add_argument("--overload-queue-tokens", type=int, default=8192, help="attend's queue bound in the overload phase")
+    p.add_argument("--max-batch-tokens", type=int, default=2048, help="attend serve's pass budget (its default)")
     p.add_argument("--oha-timeout", type=float, default=1800)
     p.add_argument("--start-timeout", type=float, default=300)
     p.add_argument("--cpu", required=True)
     p.add_argument("--mean-tokens", type=float, required=True)
     p.add_argument("--token-range", required=True)
     args = p.parse_args()
-    unknown = set(args.phases) - {"throughput", "latency", "rss"}
+    unknown = set(args.phases) - {"throughput", "latency", "overload", "rss"}
     if unknown:
-        raise SystemExit(f"--phases: unknown {', '.join(sorted(unknown))} (throughput, latency, rss)")
+        raise SystemExit(f"--phases: unknown {', '.join(sorted(unknown))} (throughput, latency, overload, rss)")
     for pair in (args.rss, args.peer_rss):
         if len(pair) != 2 or not 0 < pair[0] < pair[1]:
             raise SystemExit("--rss and --peer-rss take two request counts, the smaller first (e.g. 10000,100000)")
@@ -493,7 +553,7 @@ def main() -> None:
                RAYON_NUM_THREADS=threads)
     if args.attend:
         argv = [args.attend, "serve", "--model", args.model, "--host", "127.0.0.1", "--port", "0",
-                "--precision", "f32", "--threads", threads]
+                "--precision", "f32", "--threads", threads, "--max-batch-tokens", str(args.max_batch_tokens)]
         servers.append(Server("attend serve", argv, env, args.work / "attend-serve.log", None, "/ready"))
     if args.infinity:
         port = free_port()
