@@ -5,7 +5,7 @@
 //! reaches every panel, and the 128-token MiniLM page loads and answers quickly.
 //!
 //! Skipped with a message when `/usr/bin/chromium` is absent, except under CI.
-//! `ATTEND_SCREENSHOT_DIR=docs/img` also saves the README's screenshot there.
+//! `ATTEND_SCREENSHOT_DIR=docs/img` also saves docs/cli.md's screenshot there.
 
 #[path = "../../attend/tests/browser/mod.rs"]
 mod browser;
@@ -315,7 +315,7 @@ fn notebook_001_page_links_every_step() {
     press(&mut b, "ArrowDown", 40);
     assert_eq!(text(&mut b, "document.body.dataset.cell"), "scores:2,1");
 
-    // The README's picture: head 0, the second token's score against the first.
+    // docs/cli.md's picture: head 0, the second token's score against the first.
     select(&mut b, "head", "0");
     hover(&mut b, "scores", 1, 0);
     b.eval("document.activeElement.blur(); window.scrollTo(0, 0)");

@@ -91,17 +91,17 @@ def test_ray_embeds_like_one_process(model_dir, local_cluster, naive_error):
 
 
 def test_readme_ray_example_runs(model_dir, local_cluster, naive_error, tmp_path):
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("### Out to a cluster: Ray Data") :]
+    page = (REPO / "docs" / "python.md").read_text()
+    section = page[page.index("## Out to a cluster: Ray Data") :]
     block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     texts = corpus(40)
     (tmp_path / "corpus.txt").write_text("\n".join(texts) + "\n")
     # The workers resolve relative paths against the directory Ray started in, so
     # the example's file names become absolute ones here.
     for name in ('"corpus.txt"', '"embedded/"'):
-        assert block.count(name) == 1, f"the README example no longer names {name}"
+        assert block.count(name) == 1, f"the docs/python.md example no longer names {name}"
         block = block.replace(name, repr(str(tmp_path / name.strip('"'))))
-    exec(compile(block, "README.md (Ray Data)", "exec"), dict(model_dir=str(model_dir)))
+    exec(compile(block, "docs/python.md (Ray Data)", "exec"), dict(model_dir=str(model_dir)))
     rows = ray.data.read_parquet(str(tmp_path / "embedded")).take_all()
     by_text = {r["text"]: np.asarray(r["embedding"]) for r in rows}
     assert sorted(by_text) == sorted(texts)

@@ -9,6 +9,16 @@
 #![doc = include_str!("../../../README.md")]
 #![warn(missing_docs)]
 
+/// The examples of docs/cli.md, run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/cli.md")]
+pub struct CommandLineDocs;
+
+/// The examples of docs/measurements.md, run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/measurements.md")]
+pub struct MeasurementsDocs;
+
 pub use attend_core::{
     attention, decode, element, error, grad, init, io, kernels, kv_cache, limits, memory, nn,
     optim, problem, rng, threads, Error, Result,

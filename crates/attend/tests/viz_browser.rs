@@ -217,7 +217,7 @@ fn head_view_draws_selects_focuses_and_has_no_console_errors() {
     assert!(errors.is_empty(), "console errors: {errors:#?}");
 }
 
-/// The README's head-view pictures: the notebook-004 example (3 heads of golden
+/// docs/cli.md's head-view pictures: the notebook-004 example (3 heads of golden
 /// PyTorch weights) focused on "is", and all-MiniLM-L6-v2's layer 2, head 3 on a
 /// real sentence (`attend attention --all` wrote `docs/examples/minilm.json`)
 /// focused on "it". Saved under target/tmp/viz/ and, when `ATTEND_SCREENSHOT_DIR`
@@ -225,7 +225,7 @@ fn head_view_draws_selects_focuses_and_has_no_console_errors() {
 /// `ATTEND_SCREENSHOT_DIR=docs/img cargo test -p attend --test viz_browser`.
 #[test]
 fn readme_head_view_screenshots() {
-    let Some(chromium) = chromium_or_skip("README screenshots") else {
+    let Some(chromium) = chromium_or_skip("docs/cli.md screenshots") else {
         return;
     };
     let _one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());

@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_py_models import SENTENCES, encoders  # noqa: E402
 from model_rounds import OtherLoad, alternate, cpu_name  # noqa: E402
+import record  # noqa: E402
 
 import numpy as np  # noqa: E402
 import sentence_transformers  # noqa: E402
@@ -94,6 +95,14 @@ def main() -> None:
             b = statistics.median(times[side])
             label = name + side.removeprefix("sentence-transformers").replace(" ", ", ", 1)
             print(f"| {label} | {b:.1f} | {a:.1f} | {b / a:.2f}x | {diff:.2g} |")
+    record.write(
+        "encoders", "SentenceEncoder.encode on 32 sentences, one batch, against sentence-transformers' encode, f32",
+        unit="ms", better="lower", threads=args.threads,
+        peers={"sentence-transformers": sentence_transformers.__version__, "torch": torch.__version__},
+        rows=[record.row(name, statistics.median(times["attend"]), side, statistics.median(times[side]))
+              for name, times, _ in rows for side in times if side != "attend"],
+        other_load=others.share(),
+    )
 
 
 if __name__ == "__main__":

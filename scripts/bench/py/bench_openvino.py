@@ -68,6 +68,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_ort import export, optimise, session  # noqa: E402
 from bench_py_models import SENTENCES  # noqa: E402
 from model_rounds import OtherLoad, cpu_name  # noqa: E402
+import record  # noqa: E402
 from timing import median_ms  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -429,6 +430,29 @@ def main():
         print(f"\n## accuracy, {os.path.basename(os.path.normpath(model_dir))}")
         print("\n".join(lines))
     print_table(rows, peaks)
+    write_record(rows, peaks, args, others)
+
+
+def write_record(rows, peaks, args, others):
+    """The table's comparisons as one record (scripts/bench/py/record.py): each
+    attend side against each peer it is compared with, the ratio the median of the
+    rounds' ratios, attend's share of the peak in its precision."""
+    out = []
+    pairs = [("attend", "OpenVINO f32"), ("attend", "ONNX Runtime"), ("attend bf16", "OpenVINO default")]
+    for name, label, real, padded, times, flops, precision in rows:
+        for ours, peer in pairs:
+            if ours not in times or peer not in times:
+                continue
+            mine = statistics.median(times[ours])
+            r = record.row(f"{name}, {label}, {precision[ours]}", mine, f"{peer} ({precision[peer]})",
+                           statistics.median(times[peer]),
+                           share_of_peak=flops[ours] / (mine * 1e-3) / (peaks[kind(precision[ours])] * 1e9))
+            r["ratio"] = statistics.median(p / a for p, a in zip(times[peer], times[ours]))
+            out.append(r)
+    record.write("openvino", "sentence embeddings, texts in and vectors out, against OpenVINO and ONNX Runtime",
+                 unit="ms", better="lower", threads=args.threads,
+                 peers={"openvino": ov.__version__, "onnxruntime": ort.__version__}, rows=out,
+                 peaks={"f32_gflops": peaks["f32"], "bf16_gflops": peaks["bf16"]}, other_load=others.share())
 
 
 def print_table(rows, peaks):

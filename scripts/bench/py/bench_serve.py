@@ -27,6 +27,8 @@ import urllib.request
 from pathlib import Path
 from typing import Dict, List, Optional
 
+import record
+
 SHORT_TEXT = "What is a vector search query?"
 
 
@@ -407,9 +409,40 @@ class Bench:
         other_share = max(0.0, busy - ours) / total if total else 0.0
 
         self.report(servers, phases, rates, short_rates, latency, idle, rss, overload, oha_cores, with_embed)
+        self.record(servers, phases, rates, latency, idle, with_embed, other_share)
         print(f"CPU taken by other processes during the run: {100 * other_share:.0f} % of all CPUs (load average after: {os.getloadavg()[0]:.1f})")
         if other_share > 0.05:
             print("WARNING: the machine was not quiet; these timings are not trustworthy" + (" (memory figures are)" if "rss" in phases else ""))
+
+    # -- record ------------------------------------------------------------------
+
+    def record(self, servers, phases, rates, latency, idle, with_embed, other_share) -> None:
+        """The comparisons as two records (scripts/bench/py/record.py): throughput
+        (texts/s, higher is better) and latency (ms, lower is better)."""
+        a = self.args
+        if not servers[0].label.startswith("attend"):
+            return
+        attend, model = servers[0].label, Path(a.model).name
+        peers = {"infinity-emb": a.infinity_version} if len(servers) > 1 else {}
+        common = dict(threads=a.threads, peers={**peers, "oha": "1.16.0"}, other_load=other_share, args=a.record_args.split())
+        if phases & {"throughput", "latency", "overload"}:
+            mine = statistics.median(rates[attend])
+            rows = [record.row("the mix, saturation", mine, s.label, statistics.median(rates[s.label]), "higher")
+                    for s in servers[1:]]
+            if with_embed:
+                rows.append(record.row("the mix, saturation", mine, "attend embed --input",
+                                       statistics.median(rates["attend embed"]), "higher"))
+            if rows:
+                record.write("serve", f"attend serve's throughput, {model}, f32", unit="texts/s", better="higher", rows=rows, **common)
+        if "latency" in phases and len(servers) > 1:
+            rows = []
+            for s in servers[1:]:
+                rows.append(record.row("one short text, idle, median", idle[attend]["short"]["p50_ms"], s.label, idle[s.label]["short"]["p50_ms"]))
+                for load in ("short", "mix"):
+                    # 50 % of each side's own saturation on that load.
+                    rows.append(record.row(f"{'short texts' if load == 'short' else 'the mix'}, p99 at 50 % load",
+                                           latency[attend][load][50]["p99_ms"], s.label, latency[s.label][load][50]["p99_ms"]))
+            record.write("serve", f"attend serve's latency, {model}, f32", unit="ms", better="lower", rows=rows, **common)
 
     # -- report ------------------------------------------------------------------
 
@@ -536,6 +569,8 @@ def main() -> None:
     p.add_argument("--oha-timeout", type=float, default=1800)
     p.add_argument("--start-timeout", type=float, default=300)
     p.add_argument("--cpu", required=True)
+    p.add_argument("--infinity-version", help="infinity-emb's version, for the record")
+    p.add_argument("--record-args", default="", help="scripts/bench/serve's own arguments, for the record")
     p.add_argument("--mean-tokens", type=float, required=True)
     p.add_argument("--token-range", required=True)
     args = p.parse_args()

@@ -12,7 +12,7 @@ use crate::args::flags;
 use crate::io::json_input::parse_array;
 
 /// The flags that describe a notebook experiment (the names are a contract; see
-/// the README). Shared by `explain` and `view`.
+/// docs/cli.md). Shared by `explain` and `view`.
 #[derive(clap::Args, Debug)]
 #[command(group(ArgGroup::new("source").args(["input", "sentence", "tokens", "digits"])))]
 pub struct ExperimentArgs {
