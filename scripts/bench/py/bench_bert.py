@@ -16,6 +16,7 @@ import torch
 import transformers
 from sentence_transformers import SentenceTransformer
 from transformers import AutoTokenizer, BertModel
+import record
 from timing import median_ms
 
 WORDS = (
@@ -72,6 +73,7 @@ def main():
                     r["attend"].append(json.loads(out))
             results[name] = (r, tuple(enc["input_ids"].shape))
     print(f"load average after: {os.getloadavg()}; attend threads: {r['attend'][0]['threads']}")
+    rows = []
     for name, (r, shape) in results.items():
         te = statistics.median(r["torch_encode"])
         tf = statistics.median(r["torch_forward"])
@@ -88,6 +90,13 @@ def main():
         total = sum(parts.values())
         print("  attend forward breakdown: " + ", ".join(
             f"{k} {v:.2f} ms ({100 * v / total:.0f}%)" for k, v in parts.items()))
+        rows.append(record.row(f"{name}, embed", ae, "sentence-transformers", te))
+        rows.append(record.row(f"{name}, encoder forward", af, "transformers", tf))
+    record.write("bert", "all-MiniLM-L6-v2 against sentence-transformers' encode and transformers' forward (SDPA attention), f32",
+                 unit="ms", better="lower", threads=torch.get_num_threads(),
+                 peers={"torch": torch.__version__, "transformers": transformers.__version__,
+                        "sentence-transformers": sentence_transformers.__version__},
+                 rows=rows, args=sys.argv[3:])
 
 
 if __name__ == "__main__":

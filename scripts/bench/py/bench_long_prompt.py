@@ -60,6 +60,7 @@ import attend  # noqa: E402
 import attend.transformers  # noqa: E402
 from model_rounds import OtherLoad, alternate, cpu_name  # noqa: E402
 from timing import median_ms  # noqa: E402
+import record  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
@@ -306,6 +307,14 @@ def main() -> None:
     for name, tokens, reps, ms, diff, _ in results:
         s, a = statistics.median(ms["sdpa"]), statistics.median(ms["attend"])
         print(f"| {name} | {tokens:,} | {reps} | {s:.0f} | {a:.0f} | {s / a:.2f}x | {diff:.2g} |")
+    record.write(
+        "long-prompt", "a prefill through a Llama from a config (random weights) in transformers: \"attend\" against \"sdpa\"",
+        unit="ms", better="lower", threads=args.threads,
+        peers={"torch": torch.__version__, "transformers": transformers.__version__},
+        rows=[record.row(f"{name}, {tokens:,} tokens", statistics.median(ms["attend"]), "transformers \"sdpa\"",
+                         statistics.median(ms["sdpa"])) for name, tokens, reps, ms, diff, _ in results],
+        other_load=others.share(),
+    )
     if args.profile:
         peak = fma_peak(args.threads)
         bf16_peak = 2 * peak if attend.isa() == "avx512bf16" else peak

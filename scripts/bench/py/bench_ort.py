@@ -31,6 +31,7 @@ import transformers
 from onnxruntime.transformers.optimizer import optimize_model
 from transformers import AutoConfig, AutoModel, AutoTokenizer
 from model_rounds import cpu_name
+import record
 from timing import median_ms
 
 # 32 sentences of the lengths people embed (a search corpus, support tickets, news):
@@ -242,6 +243,14 @@ def main():
     print()
     for name, *_, part in rows:
         print(f"attend {name} breakdown (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in part.items()))
+    out = []
+    for name, b, t, n, o, a, ratio, _ in rows:
+        r = record.row(f"{os.path.basename(os.path.normpath(args.model_dir))}, {name}, {b} × {t} ({n} real tokens)", a, "onnxruntime", o)
+        r["ratio"] = ratio  # the median of the rounds' ratios, as printed
+        out.append(r)
+    record.write("ort", f"the {config.model_type} encoder alone on the same token ids against ONNX Runtime's optimised export, f32",
+                 unit="ms", better="lower", threads=args.threads,
+                 peers={"onnxruntime": ort.__version__, "onnx": onnx.__version__}, rows=out)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import torch
 
 import attend
 from model_rounds import cpu_name
+import record
 from timing import median_seconds
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -98,6 +99,7 @@ def main():
     print("| B | H | Hkv | N | d | causal | attend-cli ms | attend-py ms | torch ms | torch/cli | torch/py | cli/py - 1 |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     worst = 0.0
+    rows = []
     for shape in grid:
         cli, py, th = [], [], []
         f = flags(shape, a.threads, a.backward)
@@ -112,8 +114,13 @@ def main():
             worst = min(worst, gap)
         print(f"| {b} | {h} | {hkv} | {n} | {d} | {'yes' if causal else 'no'} | {c:.2f} | {y:.2f} | {t:.2f} "
               f"| {t / c:.2f} | {t / y:.2f} | {gap:+.1%} |")
+        label = f"B{b} H{h}{f' Hkv{hkv}' if hkv != h else ''} N{n} d{d}{' causal' if causal else ''}"
+        rows += [record.row(label, y, "torch", t), record.row(label, y, "attend command line", c)]
     print()
     print(f"largest Python overhead above B*H*N = 8*512: {-worst:.1%} (the issue's bound: 5%)")
+    record.write("py-sdpa", f"attend.scaled_dot_product_attention from Python, {'forward + backward' if a.backward else 'forward'}, "
+                 "against PyTorch's SDPA and attend's command line, f32", unit="ms", better="lower", threads=a.threads,
+                 peers={"torch": torch.__version__}, rows=rows)
 
 
 if __name__ == "__main__":

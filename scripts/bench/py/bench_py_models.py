@@ -40,6 +40,7 @@ from transformers import AutoModel, AutoTokenizer  # noqa: E402
 import attend  # noqa: E402
 import attend.transformers  # noqa: E402
 from model_rounds import OtherLoad, alternate, cpu_name  # noqa: E402
+import record  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
@@ -192,6 +193,17 @@ def main() -> None:
     for label, base, ours, diff in rows:
         b, a = statistics.median(base), statistics.median(ours)
         print(f"| {label} | {b:.2f} | {a:.2f} | {b / a:.2f}x | {diff:.2g} |")
+    record.write(
+        "py-models", "all-MiniLM-L6-v2 from Python: transformers with attn_implementation \"attend\", and SentenceEncoder.encode, f32",
+        unit="ms", better="lower", threads=args.threads,
+        peers={"torch": torch.__version__, "transformers": transformers.__version__,
+               "sentence-transformers": sentence_transformers.__version__},
+        rows=[record.row("32 sentences, BertModel forward", statistics.median(forward_ms["attend"]), "transformers \"sdpa\"",
+                         statistics.median(forward_ms["sdpa"])),
+              record.row("32 sentences, encode", statistics.median(encode_ms["attend"]), "sentence-transformers",
+                         statistics.median(encode_ms["sentence-transformers"]))],
+        other_load=others.share(),
+    )
     print("\nper-round medians (ms):")
     for label, series in (("forward", forward_ms), ("encode", encode_ms)):
         for name, values in series.items():

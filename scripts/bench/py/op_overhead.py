@@ -39,6 +39,7 @@ import torch.nn.functional as F
 import attend
 from attend import _attend
 from bench_py import cpu_name
+import record
 
 CALLS = 100
 SHAPES = [(1, 1, 4, 8), (1, 8, 16, 64)]
@@ -100,6 +101,7 @@ def main():
           "microseconds per call (medians)")
     print()
     _lib, floor = floor_op()
+    rows = []
     for shape in SHAPES:
         fns = paths(shape, floor)
         for fn in fns.values():  # compile and warm up before any timing
@@ -119,6 +121,11 @@ def main():
               f"{us['public'] - us['op']:.1f} µs to the op; compiled, attend costs "
               f"{us['compiled attend'] - us['compiled torch']:+.1f} µs against torch's compiled SDPA")
         print()
+        label = "q, k, v " + "×".join(str(x) for x in shape)
+        rows += [record.row(f"{label}, eager", us["public"], "torch", us["torch"]),
+                 record.row(f"{label}, compiled", us["compiled attend"], "torch compiled", us["compiled torch"])]
+    record.write("op-overhead", "the cost of one call on tiny shapes, µs: attend.scaled_dot_product_attention against PyTorch's SDPA",
+                 unit="µs", better="lower", threads=torch.get_num_threads(), peers={"torch": torch.__version__}, rows=rows)
 
 
 if __name__ == "__main__":
