@@ -81,7 +81,8 @@ def context(r: dict) -> str:
     parts.append(f"load average {r['load_average']:.1f} at its end")
     if r["load_average"] > r["cpu"]["cpus"] or (r.get("other_load") or 0) > 0.05:
         parts.append("**other work shared the machine: the shares of the peak, and the ratios less so, are not to be trusted**")
-    parts.append(f"peers: {peers_line(r)}")
+    if r["peers"]:
+        parts.append(f"peers: {peers_line(r)}")
     return "; ".join(parts)
 
 
