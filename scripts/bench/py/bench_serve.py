@@ -105,8 +105,10 @@ class Server:
                 if found:
                     self.base = found.group(1).decode()
             if self.base and http_ok(self.base + self.ready_path):
-                models = http_json(self.base + "/v1/models")
-                self.model = models["data"][0]["id"]
+                try:
+                    self.model = http_json(self.base + "/v1/models")["data"][0]["id"]
+                except OSError:  # text-embeddings-inference has no /v1/models; /info names its model
+                    self.model = http_json(self.base + "/info")["model_id"]
                 log(f"{self.label} ready at {self.base}, model {self.model!r}")
                 return
             time.sleep(0.25)
@@ -423,7 +425,8 @@ class Bench:
         if not servers[0].label.startswith("attend"):
             return
         attend, model = servers[0].label, Path(a.model).name
-        peers = {"infinity-emb": a.infinity_version} if len(servers) > 1 else {}
+        versions = {"infinity": ("infinity-emb", a.infinity_version), "text-embeddings-inference": ("text-embeddings-inference", a.tei_version)}
+        peers = dict(versions[s.label] for s in servers[1:])
         common = dict(threads=a.threads, peers={**peers, "oha": "1.16.0"}, other_load=other_share, args=a.record_args.split())
         if phases & {"throughput", "latency", "overload"}:
             mine = statistics.median(rates[attend])
@@ -570,6 +573,8 @@ def main() -> None:
     p.add_argument("--start-timeout", type=float, default=300)
     p.add_argument("--cpu", required=True)
     p.add_argument("--infinity-version", help="infinity-emb's version, for the record")
+    p.add_argument("--tei", help="text-embeddings-inference's text-embeddings-router binary; none: not measured")
+    p.add_argument("--tei-version", help="its version, for the record")
     p.add_argument("--record-args", default="", help="scripts/bench/serve's own arguments, for the record")
     p.add_argument("--mean-tokens", type=float, required=True)
     p.add_argument("--token-range", required=True)
@@ -597,8 +602,14 @@ def main() -> None:
                 "--url-prefix", "/v1"]
         # infinity answers /health outside its URL prefix, once its model is loaded and warmed up.
         servers.append(Server("infinity", argv, env, args.work / "infinity.log", port, "/health"))
+    if args.tei:
+        port = free_port()
+        # TEI's CPU backend (candle) sizes its thread pool from RAYON_NUM_THREADS, set above.
+        argv = [args.tei, "--model-id", args.model, "--dtype", "float32", "--hostname", "127.0.0.1",
+                "--port", str(port), "--tokenization-workers", threads]
+        servers.append(Server("text-embeddings-inference", argv, env, args.work / "tei.log", port, "/health"))
     if not servers:
-        raise SystemExit("neither --attend nor --infinity: nothing to measure")
+        raise SystemExit("neither --attend, --infinity nor --tei: nothing to measure")
 
     bench = Bench(args, args.work)
 
