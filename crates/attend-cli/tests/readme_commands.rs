@@ -146,3 +146,38 @@ fn tempdir() -> PathBuf {
     let _ = std::fs::remove_file(dir.join("attend"));
     dir
 }
+
+/// Every relative link and image of the README and docs/*.md names a file or
+/// folder of the repository.
+#[test]
+fn the_readmes_and_docs_links_resolve() {
+    let mut pages = vec![repo().join("README.md")];
+    for entry in std::fs::read_dir(repo().join("docs")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "md") {
+            pages.push(path);
+        }
+    }
+    let mut checked = 0;
+    for page in &pages {
+        let text = std::fs::read_to_string(page).unwrap();
+        for target in text
+            .split("](")
+            .skip(1)
+            .filter_map(|rest| rest.split(')').next())
+        {
+            let target = target.split('#').next().unwrap_or("");
+            if target.is_empty() || target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            let resolved = page.parent().unwrap().join(target);
+            assert!(
+                resolved.exists(),
+                "{}: the link {target} names nothing",
+                page.display()
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 20, "only {checked} links found");
+}
