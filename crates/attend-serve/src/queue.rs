@@ -4,17 +4,18 @@
 //! the engine can work off is refused at once (429) rather than left to time out.
 //!
 //! The queue forms each pass when the engine is free for it, from everything
-//! waiting then: the oldest text, so that every text's wait is bounded by the
-//! texts admitted before it, and then the shortest, up to a token budget. A text
-//! that arrives while a pass runs can join the next one; none waits behind a
-//! batch formed before it arrived.
+//! waiting then, in the order the texts were admitted, up to a token budget: a
+//! text that arrives while a pass runs joins the next one unless more than a
+//! budget's worth was admitted before it, and no text waits for more than the
+//! tokens admitted before it. Order by length would buy nothing: the engine
+//! computes real tokens only, so a pass of mixed lengths pads nothing.
 //!
 //! A request's texts come back to it through its [`Job`]: the scheduler fills a
 //! slot per text and, when the last slot is filled, sends the whole answer. A
 //! handler that stops waiting (its client went away, or its time ran out) drops
 //! the receiving end, and the scheduler skips that job's texts still queued.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -202,17 +203,10 @@ pub struct Queue {
     limit: usize,
 }
 
-/// Where a waiting text stands: its length, then its admission order.
-type Place = (usize, u64);
-
 #[derive(Default)]
 struct QueueState {
-    /// The waiting texts, shortest first, in admission order among equals.
-    by_length: BTreeMap<Place, Entry>,
-    /// The same texts by admission order: `(order, length)`.
-    by_age: BTreeSet<(u64, usize)>,
-    /// The next text's admission order.
-    next_order: u64,
+    /// The waiting texts, in admission order.
+    waiting: VecDeque<Entry>,
     /// Tokens of the waiting texts.
     waiting_tokens: usize,
     /// Tokens admitted and not yet computed or dropped: what the bound counts.
@@ -280,15 +274,11 @@ impl Queue {
             return Ok(rx);
         }
         for (index, len) in lens.into_iter().enumerate() {
-            let order = st.next_order;
-            st.next_order += 1;
-            st.by_age.insert((order, len));
-            let entry = Entry {
+            st.waiting.push_back(Entry {
                 job: Arc::clone(&job),
                 index,
                 len,
-            };
-            st.by_length.insert((len, order), entry);
+            });
         }
         st.waiting_tokens += tokens;
         st.admitted_tokens += tokens;
@@ -300,13 +290,14 @@ impl Queue {
 
     /// The next pass, once there is something to compute: after the oldest text
     /// has waited `batching.max_wait` (at once if that is zero) or as soon as a
-    /// full budget of tokens waits. It holds the oldest text, then the shortest,
-    /// while they fit `batching.max_batch_tokens` (the oldest alone may exceed
-    /// it) and at most `batching.max_client_batch_size` texts of any one request.
-    /// `None` once the queue is closed and empty.
+    /// full budget of tokens waits. It holds the waiting texts in admission
+    /// order until the next would take it past `batching.max_batch_tokens` (the
+    /// oldest alone may exceed it), passing over the texts of a request that has
+    /// `batching.max_client_batch_size` in the pass already. `None` once the
+    /// queue is closed and empty.
     pub fn next_pass(&self, batching: Batching) -> Option<Vec<Entry>> {
         let mut st = lock(&self.state);
-        while st.by_age.is_empty() {
+        while st.waiting.is_empty() {
             if st.closed {
                 return None;
             }
@@ -316,7 +307,11 @@ impl Queue {
                 .unwrap_or_else(PoisonError::into_inner);
         }
         if !batching.max_wait.is_zero() {
-            let deadline = st.oldest().job.admitted + batching.max_wait;
+            let deadline = st
+                .waiting
+                .front()
+                .map_or_else(Instant::now, |e| e.job.admitted)
+                + batching.max_wait;
             while st.waiting_tokens < batching.max_batch_tokens && !st.closed {
                 let now = Instant::now();
                 if now >= deadline {
@@ -357,47 +352,33 @@ impl Queue {
 }
 
 impl QueueState {
-    /// The text admitted first of those waiting; there must be one.
-    fn oldest(&self) -> &Entry {
-        let &(order, len) = self.by_age.first().expect("a waiting text");
-        &self.by_length[&(len, order)]
-    }
-
-    /// Takes the oldest text and then the shortest into a pass (see
-    /// [`Queue::next_pass`]).
+    /// Takes the next pass (see [`Queue::next_pass`]).
     fn take_pass(&mut self, batching: Batching) -> Vec<Entry> {
         let per_request = batching.max_client_batch_size.max(1);
-        let &(order, len) = self.by_age.first().expect("a waiting text");
-        let mut chosen = vec![(len, order)];
-        let mut tokens = len;
+        let mut pass: Vec<Entry> = Vec::new();
+        let mut passed_over = Vec::new();
+        let mut tokens = 0;
         let mut of_job: HashMap<*const Job, usize> = HashMap::new();
-        *of_job
-            .entry(Arc::as_ptr(&self.by_length[&(len, order)].job))
-            .or_default() += 1;
-        for (&place, e) in &self.by_length {
-            if place == chosen[0] {
+        while let Some(e) = self.waiting.pop_front() {
+            let taken = of_job.entry(Arc::as_ptr(&e.job)).or_default();
+            if *taken >= per_request {
+                passed_over.push(e);
                 continue;
             }
-            if tokens + e.len > batching.max_batch_tokens {
-                // Every later text is at least as long.
+            if !pass.is_empty() && tokens + e.len > batching.max_batch_tokens {
+                self.waiting.push_front(e);
                 break;
             }
-            let taken = of_job.entry(Arc::as_ptr(&e.job)).or_default();
-            if *taken < per_request {
-                *taken += 1;
-                tokens += e.len;
-                chosen.push(place);
-            }
+            *taken += 1;
+            tokens += e.len;
+            pass.push(e);
+        }
+        // What was passed over keeps its place, ahead of everything admitted later.
+        for e in passed_over.into_iter().rev() {
+            self.waiting.push_front(e);
         }
         self.waiting_tokens -= tokens;
-        chosen.sort_unstable();
-        chosen
-            .into_iter()
-            .map(|(len, order)| {
-                self.by_age.remove(&(order, len));
-                self.by_length.remove(&(len, order)).expect("a chosen text")
-            })
-            .collect()
+        pass
     }
 }
 
@@ -530,34 +511,34 @@ mod tests {
     }
 
     #[test]
-    fn a_pass_holds_the_oldest_text_then_the_shortest_within_the_budget() {
+    fn a_pass_takes_texts_in_admission_order_within_the_budget_and_the_per_request_cap() {
         let q = Queue::new(usize::MAX);
         let _rx: Vec<_> = [vec![30, 5, 7], vec![12, 3], vec![40], vec![2, 2, 2]]
             .iter()
             .map(|lens| q.submit(Want::Sentence, texts(lens)).unwrap())
             .collect();
-        // The oldest (30), then shortest first: 2, 2 (the third 2 is over its
-        // request's cap of 2), 3, 5 (7 is over its cap beside 30 and 5); 42
-        // tokens, and 12 does not fit.
-        let first = q.next_pass(budget(50, 2)).unwrap();
-        assert_eq!(lens(&first), vec![2, 2, 3, 5, 30]);
-        // Then the oldest left (7), and the shortest: 2, 12; 40 does not fit.
-        assert_eq!(lens(&q.next_pass(budget(50, 2)).unwrap()), vec![2, 7, 12]);
+        // 30, 5 (7 is the first request's third text: passed over), 12, 3: 50
+        // tokens; 40 does not fit, and the pass ends there.
+        assert_eq!(lens(&q.next_pass(budget(50, 2)).unwrap()), vec![30, 5, 12, 3]);
+        // The passed-over 7 kept its place: first in the next pass; then 40 and
+        // 2 (49 tokens), and the next 2 does not fit.
+        assert_eq!(lens(&q.next_pass(budget(50, 2)).unwrap()), vec![7, 40, 2]);
         // A text over the budget runs alone.
-        assert_eq!(lens(&q.next_pass(budget(20, 2)).unwrap()), vec![40]);
+        assert_eq!(lens(&q.next_pass(budget(1, 2)).unwrap()), vec![2]);
+        assert_eq!(lens(&q.next_pass(budget(50, 2)).unwrap()), vec![2]);
         // Taken texts count against the bound until they are released.
         assert_eq!(q.depth().tokens, 103);
     }
 
     #[test]
-    fn a_text_admitted_while_a_pass_runs_joins_the_next_pass() {
+    fn no_text_waits_for_texts_admitted_after_it() {
         let q = Queue::new(usize::MAX);
         let _long = q.submit(Want::Sentence, texts(&[200, 200, 200])).unwrap();
         assert_eq!(lens(&q.next_pass(budget(250, 8)).unwrap()), vec![200]);
-        // A short text admitted now goes ahead of the long texts admitted earlier
-        // but for the oldest of them, which every pass takes first.
+        // A short text admitted now comes after the long texts admitted before it.
         let _short = q.submit(Want::Sentence, texts(&[4])).unwrap();
-        assert_eq!(lens(&q.next_pass(budget(250, 8)).unwrap()), vec![4, 200]);
         assert_eq!(lens(&q.next_pass(budget(250, 8)).unwrap()), vec![200]);
+        assert_eq!(lens(&q.next_pass(budget(250, 8)).unwrap()), vec![200, 4]);
+        assert_eq!(q.depth().tokens, 604);
     }
 }

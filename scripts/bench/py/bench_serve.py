@@ -284,7 +284,9 @@ class Bench:
         """A second attend server with a small queue bound, sent the mix at
         ``rate_per_s`` (twice its saturation) from many connections: how many
         requests were answered, refused (429/503) or failed otherwise, and the p99
-        of the answered ones (oha's per-request records, latency-corrected)."""
+        of the answered ones from when oha sent each (its per-request records):
+        past saturation oha cannot keep its schedule, and a request that waits in
+        oha for a connection has not reached the server."""
         a = self.args
         bound = Server(
             f"attend serve --max-queue-tokens {a.overload_queue_tokens}",
@@ -301,12 +303,7 @@ class Bench:
                      "--latency-correction", "--db-url", str(db)]
             r = self.oha(bound, extra, self.bodies(attend), None)
             with sqlite3.connect(db) as c:
-                answered = sorted(
-                    end - (start_corrected if start_corrected is not None else start)
-                    for start, start_corrected, end in c.execute(
-                        "SELECT start, start_latency_correction, end FROM oha WHERE status = 200"
-                    )
-                )
+                answered = sorted(d for (d,) in c.execute("SELECT duration FROM oha WHERE status = 200"))
         finally:
             bound.stop()
             self.servers.remove(bound)
