@@ -58,6 +58,9 @@ pub enum Mask<'py> {
 enum MaskView<'a> {
     Bool(ArrayViewD<'a, bool>),
     Bias(ArrayViewD<'a, f32>),
+    /// A float64 additive mask of float64 tensors, which the f64 reference adds in
+    /// float64.
+    Bias64(ArrayViewD<'a, f64>),
 }
 
 impl Mask<'_> {
@@ -74,6 +77,7 @@ impl MaskView<'_> {
         match self {
             MaskView::Bool(m) => m.shape(),
             MaskView::Bias(m) => m.shape(),
+            MaskView::Bias64(m) => m.shape(),
         }
     }
 }
@@ -169,9 +173,28 @@ struct Call<'a, T> {
     k: CowArray<'a, T, Ix4>,
     v: CowArray<'a, T, Ix4>,
     mask: Option<CowArray<'a, bool, Ix4>>,
+    /// The additive mask in f32: the caller's, or a float64 one rounded
+    /// ([`to_f32_mask`]), which `bias_f64` then holds exactly.
     bias: Option<CowArray<'a, f32, Ix4>>,
+    bias_f64: Option<CowArray<'a, f64, Ix4>>,
     causal: bool,
     drops_all: bool,
+}
+
+/// A float64 additive mask rounded to f32 as the library's masks are: finite values
+/// beyond f32's range saturate (a float64 `finfo.min` still masks a score rather
+/// than becoming −∞, which would zero a fully masked row that PyTorch averages), the
+/// infinities and NaN stay.
+fn to_f32_mask<'b>(m: &CowArray<'_, f64, Ix4>) -> CowArray<'b, f32, Ix4> {
+    let (lo, hi) = (f64::from(f32::MIN), f64::from(f32::MAX));
+    let round = |&x: &f64| {
+        if x.is_finite() {
+            x.clamp(lo, hi) as f32
+        } else {
+            x as f32
+        }
+    };
+    CowArray::from(m.map(round))
 }
 
 impl<'a, T: Clone> Call<'a, T> {
@@ -181,11 +204,16 @@ impl<'a, T: Clone> Call<'a, T> {
         options: &Options,
     ) -> Result<Self> {
         let layout = options.layout(q.shape(), k.shape(), v.shape(), mask.map(MaskView::shape))?;
-        let (mut bool_mask, mut bias) = (None, None);
+        let (mut bool_mask, mut bias, mut bias_f64) = (None, None, None);
         // An empty output computes nothing, so its mask is never read.
         match mask.filter(|_| !layout.is_empty()) {
             Some(MaskView::Bool(m)) => bool_mask = Some(layout.mask(m)?),
             Some(MaskView::Bias(m)) => bias = Some(layout.mask(m)?),
+            Some(MaskView::Bias64(m)) => {
+                let exact = layout.mask(m)?;
+                bias = Some(to_f32_mask(&exact));
+                bias_f64 = Some(exact);
+            }
             None => {}
         }
         Ok(Call {
@@ -194,6 +222,7 @@ impl<'a, T: Clone> Call<'a, T> {
             v: layout.input(v, Input::Value)?,
             mask: bool_mask,
             bias,
+            bias_f64,
             causal: options.causal,
             drops_all: options.drops_all,
             layout,
@@ -207,6 +236,7 @@ impl<'a, T: Clone> Call<'a, T> {
             causal: self.causal.then_some(Causal::TopLeft),
             mask: self.mask.as_ref().map(|m| m.view().into_dyn()),
             bias: self.bias.as_ref().map(|b| b.view().into_dyn()),
+            bias_f64: self.bias_f64.as_ref().map(|b| b.view().into_dyn()),
             ..Default::default()
         }
     }
@@ -411,6 +441,7 @@ fn backward_f32(
 fn bias_shape<'a>(mask: Option<&'a MaskView<'_>>, mask_grad: bool) -> Option<&'a [usize]> {
     match mask {
         Some(MaskView::Bias(m)) if mask_grad => Some(m.shape()),
+        Some(MaskView::Bias64(m)) if mask_grad => Some(m.shape()),
         _ => None,
     }
 }
@@ -584,17 +615,24 @@ fn views<'a, T: Element>([q, k, v]: &[Tensor<'a>; 3]) -> PyResult<[ArrayViewD<'a
     Ok([q.view()?, k.view()?, v.view()?])
 }
 
-/// A tensor mask as the kernels take it: boolean or float32 (`attend.ops` converts
-/// the other dtypes first).
-fn tensor_mask<'a>(mask: Option<&Tensor<'a>>) -> PyResult<Option<MaskView<'a>>> {
+/// A tensor mask as the kernels take it: boolean or float32, or float64 for float64
+/// queries (`attend.ops` converts the other dtypes first).
+fn tensor_mask<'a>(
+    mask: Option<&Tensor<'a>>,
+    query: &Tensor<'_>,
+) -> PyResult<Option<MaskView<'a>>> {
     let Some(m) = mask else {
         return Ok(None);
     };
     match m.dtype() {
         d if d == bool::DTYPE => Ok(Some(MaskView::Bool(m.view()?))),
         d if d == f32::DTYPE => Ok(Some(MaskView::Bias(m.view()?))),
+        d if d == f64::DTYPE && query.dtype() == f64::DTYPE => {
+            Ok(Some(MaskView::Bias64(m.view()?)))
+        }
         d => Err(type_error(format!(
-            "attn_mask must be torch.bool or torch.float32 here, got {}",
+            "attn_mask must be torch.bool or torch.float32 here (or torch.float64 for \
+             torch.float64 queries), got {}",
             d.name()
         ))),
     }
@@ -658,7 +696,7 @@ pub fn sdpa_forward_tensors<'py>(
         Tensor::new(value, "value")?,
     ];
     let mask = attn_mask.map(|m| Tensor::new(m, "attn_mask")).transpose()?;
-    let mask = tensor_mask(mask.as_ref())?;
+    let mask = tensor_mask(mask.as_ref(), &qkv[0])?;
     let mask = mask.as_ref();
     let dtype = qkv[0].dtype();
     if dtype == f32::DTYPE {
@@ -760,7 +798,7 @@ pub fn sdpa_backward_tensors<'py>(
         Tensor::new(grad_out, "grad_out")?,
     ];
     let mask = attn_mask.map(|m| Tensor::new(m, "attn_mask")).transpose()?;
-    let mask = tensor_mask(mask.as_ref())?;
+    let mask = tensor_mask(mask.as_ref(), &qkv[0])?;
     let mask = mask.as_ref();
     let [o, l, r, d] = &saved;
     let dtype = qkv[0].dtype();

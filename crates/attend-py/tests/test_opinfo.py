@@ -156,21 +156,7 @@ def judged():
     return run
 
 
-# Known gaps, each the same on every instruction set (the results are identical):
-GAPS = {
-    # attend's masks are float32: a float64 mask is rounded (attend.ops._kernel_mask),
-    # so the learned-mask sample's float64 results carry ~1e−7 of error.
-    "float64": "float64 masks are rounded to float32",
-}
-
-
-@pytest.mark.parametrize(
-    "dtype",
-    [
-        pytest.param(d, marks=pytest.mark.xfail(strict=True, reason=GAPS[d])) if d in GAPS else d
-        for d in DTYPES
-    ],
-)
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("isa", ISAS)
 def test_opinfo_samples_are_within_pytorchs_own_error(judged, isa, dtype):
     result = judged(isa)

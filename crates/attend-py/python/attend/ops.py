@@ -68,9 +68,12 @@ def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype is torch.float64 else torch.float32
 
 
-def _kernel_mask(mask: Tensor) -> Tensor:
-    """The mask as the kernels take it: bool, or an additive float32 mask."""
+def _kernel_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """The mask as the kernels take it for queries of ``dtype``: bool, or an additive
+    float32 mask, or float64 for float64 queries (the f64 reference adds it in f64)."""
     if mask.dtype is torch.bool or mask.dtype is torch.float32:
+        return mask
+    if mask.dtype is torch.float64 and dtype is torch.float64:
         return mask
     if mask.dtype is torch.float64:
         # attend's masks are float32: finite values beyond its range saturate, so
@@ -117,7 +120,7 @@ def _options(dropout_p: float, is_causal: bool, scale: Optional[float], enable_g
 
 def _forward_cpu(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
     if attn_mask is not None:
-        attn_mask = _kernel_mask(attn_mask)
+        attn_mask = _kernel_mask(attn_mask, query.dtype)
     return _attend.sdpa_forward_tensors(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed, get_num_threads()
     )
@@ -127,7 +130,7 @@ def _backward_cpu(
     grad_out, query, key, value, out, lse, lse_residual, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed,
     mask_grad=False,
 ):
-    kernel_mask = None if attn_mask is None else _kernel_mask(attn_mask)
+    kernel_mask = None if attn_mask is None else _kernel_mask(attn_mask, query.dtype)
     mask_grad = mask_grad and attn_mask is not None and attn_mask.is_floating_point()
     *grads, dmask = _attend.sdpa_backward_tensors(
         grad_out, query, key, value, out, lse, lse_residual, kernel_mask, dropout_p, is_causal, scale, enable_gqa,
