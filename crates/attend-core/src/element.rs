@@ -129,7 +129,11 @@ pub(crate) mod sealed {
     /// Keeps [`super::Element`] to the types the kernels exist for, and carries the
     /// kernels of each (implemented beside the dispatch, in `crate::attention`).
     pub trait Sealed: Sized {
-        /// Computes a checked problem: the attention output and the log-sum-exp.
-        fn compute(p: &Problem<'_, Self>, config: &Config) -> Result<(Array4<Self>, Array3<f32>)>;
+        /// Computes a checked problem: the attention output and the log-sum-exp,
+        /// `[value, residual]` (`kernels::lse::LogSumExp`'s parts).
+        fn compute(p: &Problem<'_, Self>, config: &Config) -> Result<Computed<Self>>;
     }
+
+    /// What [`Sealed::compute`] returns.
+    pub type Computed<T> = (Array4<T>, [Array3<f32>; 2]);
 }

@@ -14,8 +14,8 @@
 //! (every score materialised, one thread: correct, and slow).
 
 use attend::attention::{
-    attention_backward_with, attention_train, attention_with, AttentionOptions, BackwardConfig,
-    Causal, Config, Dropout, Saved,
+    attention_backward_with, attention_train, attention_with_lse_parts, AttentionOptions,
+    BackwardConfig, Causal, Config, Dropout, Saved,
 };
 use attend::element::{bf16, to_f32};
 use attend::grad::Scalar;
@@ -58,6 +58,9 @@ pub enum Mask<'py> {
 enum MaskView<'a> {
     Bool(ArrayViewD<'a, bool>),
     Bias(ArrayViewD<'a, f32>),
+    /// A float64 additive mask of float64 tensors, which the f64 reference adds in
+    /// float64.
+    Bias64(ArrayViewD<'a, f64>),
 }
 
 impl Mask<'_> {
@@ -74,6 +77,7 @@ impl MaskView<'_> {
         match self {
             MaskView::Bool(m) => m.shape(),
             MaskView::Bias(m) => m.shape(),
+            MaskView::Bias64(m) => m.shape(),
         }
     }
 }
@@ -169,9 +173,28 @@ struct Call<'a, T> {
     k: CowArray<'a, T, Ix4>,
     v: CowArray<'a, T, Ix4>,
     mask: Option<CowArray<'a, bool, Ix4>>,
+    /// The additive mask in f32: the caller's, or a float64 one rounded
+    /// ([`to_f32_mask`]), which `bias_f64` then holds exactly.
     bias: Option<CowArray<'a, f32, Ix4>>,
+    bias_f64: Option<CowArray<'a, f64, Ix4>>,
     causal: bool,
     drops_all: bool,
+}
+
+/// A float64 additive mask rounded to f32 as the library's masks are: finite values
+/// beyond f32's range saturate (a float64 `finfo.min` still masks a score rather
+/// than becoming −∞, which would zero a fully masked row that PyTorch averages), the
+/// infinities and NaN stay.
+fn to_f32_mask<'b>(m: &CowArray<'_, f64, Ix4>) -> CowArray<'b, f32, Ix4> {
+    let (lo, hi) = (f64::from(f32::MIN), f64::from(f32::MAX));
+    let round = |&x: &f64| {
+        if x.is_finite() {
+            x.clamp(lo, hi) as f32
+        } else {
+            x as f32
+        }
+    };
+    CowArray::from(m.map(round))
 }
 
 impl<'a, T: Clone> Call<'a, T> {
@@ -181,11 +204,16 @@ impl<'a, T: Clone> Call<'a, T> {
         options: &Options,
     ) -> Result<Self> {
         let layout = options.layout(q.shape(), k.shape(), v.shape(), mask.map(MaskView::shape))?;
-        let (mut bool_mask, mut bias) = (None, None);
+        let (mut bool_mask, mut bias, mut bias_f64) = (None, None, None);
         // An empty output computes nothing, so its mask is never read.
         match mask.filter(|_| !layout.is_empty()) {
             Some(MaskView::Bool(m)) => bool_mask = Some(layout.mask(m)?),
             Some(MaskView::Bias(m)) => bias = Some(layout.mask(m)?),
+            Some(MaskView::Bias64(m)) => {
+                let exact = layout.mask(m)?;
+                bias = Some(to_f32_mask(&exact));
+                bias_f64 = Some(exact);
+            }
             None => {}
         }
         Ok(Call {
@@ -194,6 +222,7 @@ impl<'a, T: Clone> Call<'a, T> {
             v: layout.input(v, Input::Value)?,
             mask: bool_mask,
             bias,
+            bias_f64,
             causal: options.causal,
             drops_all: options.drops_all,
             layout,
@@ -207,26 +236,33 @@ impl<'a, T: Clone> Call<'a, T> {
             causal: self.causal.then_some(Causal::TopLeft),
             mask: self.mask.as_ref().map(|m| m.view().into_dyn()),
             bias: self.bias.as_ref().map(|b| b.view().into_dyn()),
+            bias_f64: self.bias_f64.as_ref().map(|b| b.view().into_dyn()),
             ..Default::default()
         }
     }
 
-    /// The forward's `out` and `lse` as the caller sees them, `[..., L, Ev]` and
-    /// `[..., L]` (an empty output computes nothing; with every weight dropped the
-    /// output is zeros and `lse` that of the weights before dropout).
+    /// The forward's `out`, `lse` and the log-sum-exp's residual as the caller
+    /// sees them, `[..., L, Ev]`, `[..., L]` and `[..., L]` (an empty output
+    /// computes nothing; with every weight dropped the output is zeros and `lse`
+    /// that of the weights before dropout).
     fn forward<U: Clone + Default, V: Clone + Default>(
         &self,
-        compute: impl FnOnce(&Self) -> Result<(ndarray::Array4<U>, ndarray::Array3<V>)>,
-    ) -> Result<(ArrayD<U>, ArrayD<V>)> {
+        compute: impl FnOnce(&Self) -> Result<Forward<U, V>>,
+    ) -> Result<ForwardD<U, V>> {
         let (out_shape, lse_shape) = (self.layout.out_shape(), self.layout.lse_shape());
         if self.layout.is_empty() {
-            return Ok((ArrayD::default(out_shape), ArrayD::default(lse_shape)));
+            let lse = ArrayD::default(lse_shape);
+            return Ok((ArrayD::default(out_shape), lse.clone(), lse));
         }
-        let (mut out, lse) = compute(self)?;
+        let (mut out, lse, residual) = compute(self)?;
         if self.drops_all {
             out.fill(U::default());
         }
-        Ok((reshape(out, out_shape)?, reshape(lse, lse_shape)?))
+        let (lse, residual) = (
+            reshape(lse, lse_shape.clone())?,
+            reshape(residual, lse_shape)?,
+        );
+        Ok((reshape(out, out_shape)?, lse, residual))
     }
 
     /// `(dq, dk, dv)` shaped like the caller's `q`, `k`, `v`, and the additive
@@ -258,6 +294,13 @@ impl<'a, T: Clone> Call<'a, T> {
         ))
     }
 }
+
+/// A forward's rank-4 output, its log-sum-exp and the log-sum-exp's residual
+/// (`attend::attention::LogSumExp`).
+type Forward<U, V> = (ndarray::Array4<U>, ndarray::Array3<V>, ndarray::Array3<V>);
+
+/// The same in the caller's shapes.
+type ForwardD<U, V> = (ArrayD<U>, ArrayD<V>, ArrayD<V>);
 
 /// A kernel's standard-layout result in the caller's shape (same elements).
 fn reshape<T, D: Dimension>(a: Array<T, D>, shape: Vec<usize>) -> Result<ArrayD<T>> {
@@ -320,21 +363,24 @@ pub fn sdpa_shapes<'py>(
     )
 }
 
-/// float32 attention forward: `(out [..., L, Ev], lse [..., L])`.
+/// float32 attention forward: `(out [..., L, Ev], lse [..., L], lse_residual
+/// [..., L])`.
 fn forward_f32(
     py: Python<'_>,
     qkv: Views<'_, '_, f32>,
     mask: Option<&MaskView<'_>>,
     options: &Options,
     threads: usize,
-) -> PyResult<(ArrayD<f32>, ArrayD<f32>)> {
+) -> PyResult<ForwardD<f32, f32>> {
     let call = Call::new(qkv, mask, options).map_err(to_py)?;
     let scale = options.scale.map(|s| s as f32);
     let dropout = options.dropout;
     pool::run(py, threads, || {
         call.forward(|c| {
             let opts = c.options(scale);
-            attention_train(c.q.view(), c.k.view(), c.v.view(), &opts, dropout.as_ref())
+            let (out, lse) =
+                attention_train(c.q.view(), c.k.view(), c.v.view(), &opts, dropout.as_ref())?;
+            Ok((out, lse.value, lse.residual))
         })
     })
 }
@@ -346,11 +392,11 @@ type Grads<F> = ([ndarray::Array4<F>; 3], Option<ArrayD<F>>);
 /// The gradients a backward hands back: `(dq, dk, dv)` and the mask's (in `M`).
 type Backward<F, M = F> = ([ArrayD<F>; 3], Option<ArrayD<M>>);
 
-/// What the backward reads besides the inputs: the forward's `out` and `lse`, and
-/// the output gradient `dout`.
+/// What the backward reads besides the inputs: the forward's `out`, `lse` and the
+/// log-sum-exp's residual, and the output gradient `dout`.
 type SavedAndDout<'a, 'b, T, L> = (
     &'a ArrayViewD<'b, T>,
-    &'a ArrayViewD<'b, L>,
+    [&'a ArrayViewD<'b, L>; 2],
     &'a ArrayViewD<'b, T>,
 );
 
@@ -361,7 +407,7 @@ fn backward_f32(
     py: Python<'_>,
     qkv: Views<'_, '_, f32>,
     mask: Option<&MaskView<'_>>,
-    (out, lse, dout): SavedAndDout<'_, '_, f32, f32>,
+    (out, [lse, residual], dout): SavedAndDout<'_, '_, f32, f32>,
     (options, mask_grad): (&Options, bool),
     threads: usize,
 ) -> PyResult<Backward<f32>> {
@@ -376,11 +422,12 @@ fn backward_f32(
         call.gradients(qkv.map(|a| a.shape()), bias_shape(mask, mask_grad), || {
             let l = &call.layout;
             let (out, lse, dout) = (l.output(out)?, l.lse(lse)?, l.output(dout)?);
+            let residual = l.lse(residual)?;
             let g = attention_backward_with(
                 call.q.view(),
                 call.k.view(),
                 call.v.view(),
-                Saved::new(out.view(), lse.view()),
+                Saved::new(out.view(), lse.view()).with_lse_residual(residual.view()),
                 dout.view(),
                 &call.options(scale),
                 &config,
@@ -394,6 +441,7 @@ fn backward_f32(
 fn bias_shape<'a>(mask: Option<&'a MaskView<'_>>, mask_grad: bool) -> Option<&'a [usize]> {
     match mask {
         Some(MaskView::Bias(m)) if mask_grad => Some(m.shape()),
+        Some(MaskView::Bias64(m)) if mask_grad => Some(m.shape()),
         _ => None,
     }
 }
@@ -409,21 +457,23 @@ fn no_dropout(options: &Options) -> PyResult<()> {
 }
 
 /// bfloat16 attention forward (bf16 products, f32 accumulation): `out` in bf16,
-/// `lse` in f32.
+/// `lse` and its residual in f32.
 fn forward_bf16(
     py: Python<'_>,
     qkv: Views<'_, '_, bf16>,
     mask: Option<&MaskView<'_>>,
     options: &Options,
     threads: usize,
-) -> PyResult<(ArrayD<bf16>, ArrayD<f32>)> {
+) -> PyResult<ForwardD<bf16, f32>> {
     no_dropout(options)?;
     let call = Call::new(qkv, mask, options).map_err(to_py)?;
     let scale = options.scale.map(|s| s as f32);
     pool::run(py, threads, || {
         call.forward(|c| {
             let (q, k, v) = (c.q.view(), c.k.view(), c.v.view());
-            attention_with(q, k, v, &c.options(scale), &Config::default())
+            let opts = c.options(scale);
+            let (out, lse) = attention_with_lse_parts(q, k, v, &opts, &Config::default())?;
+            Ok((out, lse.value, lse.residual))
         })
     })
 }
@@ -435,7 +485,7 @@ fn backward_bf16(
     py: Python<'_>,
     qkv: Views<'_, '_, bf16>,
     mask: Option<&MaskView<'_>>,
-    (out, lse, dout): SavedAndDout<'_, '_, bf16, f32>,
+    (out, [lse, residual], dout): SavedAndDout<'_, '_, bf16, f32>,
     (options, mask_grad): (&Options, bool),
     threads: usize,
 ) -> PyResult<Backward<bf16, f32>> {
@@ -451,13 +501,14 @@ fn backward_bf16(
             call.gradients(qkv.map(|a| a.shape()), bias_shape(mask, mask_grad), || {
                 let l = &call.layout;
                 let (out, lse, dout) = (l.output(out)?, l.lse(lse)?, l.output(dout)?);
+                let residual = l.lse(residual)?;
                 let widen = |a: &CowArray<'_, bf16, Ix4>| to_f32(a.view());
                 let [q, k, v, out, dout] = [&call.q, &call.k, &call.v, &out, &dout].map(widen);
                 let g = attention_backward_with(
                     q.view(),
                     k.view(),
                     v.view(),
-                    Saved::new(out.view(), lse.view()),
+                    Saved::new(out.view(), lse.view()).with_lse_residual(residual.view()),
                     dout.view(),
                     &call.options(scale),
                     &config,
@@ -475,14 +526,15 @@ fn f64_scale(call: &Call<'_, f64>, options: &Options) -> PyResult<f64> {
     call.layout.dims.scale(options.scale).map_err(to_py)
 }
 
-/// float64 attention forward by the f64 reference: `out` and `lse` in f64.
+/// float64 attention forward by the f64 reference: `out`, `lse` and its residual
+/// (0: the f64 backward does not read them) in f64.
 fn forward_f64(
     py: Python<'_>,
     qkv: Views<'_, '_, f64>,
     mask: Option<&MaskView<'_>>,
     options: &Options,
     threads: usize,
-) -> PyResult<(ArrayD<f64>, ArrayD<f64>)> {
+) -> PyResult<ForwardD<f64, f64>> {
     let call = Call::new(qkv, mask, options).map_err(to_py)?;
     let (dropout, scale) = (options.dropout, f64_scale(&call, options)?);
     pool::run(py, threads, || {
@@ -500,7 +552,7 @@ fn backward_f64(
     py: Python<'_>,
     qkv: Views<'_, '_, f64>,
     mask: Option<&MaskView<'_>>,
-    (out, lse, dout): SavedAndDout<'_, '_, f64, f64>,
+    (out, [lse, _], dout): SavedAndDout<'_, '_, f64, f64>,
     (options, mask_grad): (&Options, bool),
     threads: usize,
 ) -> PyResult<Backward<f64>> {
@@ -529,7 +581,8 @@ fn backward_f64(
 }
 
 /// Attention forward on float32 NumPy arrays (any rank, any strides):
-/// `(out [..., L, Ev], lse [..., L])`.
+/// `(out [..., L, Ev], lse [..., L])`, the log-sum-exp rounded to f32 as PyTorch
+/// returns it.
 #[pyfunction]
 pub fn sdpa_forward<'py>(
     py: Python<'py>,
@@ -540,7 +593,7 @@ pub fn sdpa_forward<'py>(
 ) -> PyResult<(Out<'py, f32>, Out<'py, f32>)> {
     let [q, k, v] = [&inputs.0, &inputs.1, &inputs.2].map(|a| a.as_array());
     let mask = mask.as_ref().map(Mask::view);
-    let (out, lse) = forward_f32(py, [&q, &k, &v], mask.as_ref(), &options, threads)?;
+    let (out, lse, _) = forward_f32(py, [&q, &k, &v], mask.as_ref(), &options, threads)?;
     Ok((out.into_pyarray(py), lse.into_pyarray(py)))
 }
 
@@ -562,17 +615,24 @@ fn views<'a, T: Element>([q, k, v]: &[Tensor<'a>; 3]) -> PyResult<[ArrayViewD<'a
     Ok([q.view()?, k.view()?, v.view()?])
 }
 
-/// A tensor mask as the kernels take it: boolean or float32 (`attend.ops` converts
-/// the other dtypes first).
-fn tensor_mask<'a>(mask: Option<&Tensor<'a>>) -> PyResult<Option<MaskView<'a>>> {
+/// A tensor mask as the kernels take it: boolean or float32, or float64 for float64
+/// queries (`attend.ops` converts the other dtypes first).
+fn tensor_mask<'a>(
+    mask: Option<&Tensor<'a>>,
+    query: &Tensor<'_>,
+) -> PyResult<Option<MaskView<'a>>> {
     let Some(m) = mask else {
         return Ok(None);
     };
     match m.dtype() {
         d if d == bool::DTYPE => Ok(Some(MaskView::Bool(m.view()?))),
         d if d == f32::DTYPE => Ok(Some(MaskView::Bias(m.view()?))),
+        d if d == f64::DTYPE && query.dtype() == f64::DTYPE => {
+            Ok(Some(MaskView::Bias64(m.view()?)))
+        }
         d => Err(type_error(format!(
-            "attn_mask must be torch.bool or torch.float32 here, got {}",
+            "attn_mask must be torch.bool or torch.float32 here (or torch.float64 for \
+             torch.float64 queries), got {}",
             d.name()
         ))),
     }
@@ -609,9 +669,10 @@ fn narrowed(t: Bound<'_, PyAny>) -> PyResult<Bound<'_, PyAny>> {
 }
 
 /// The CPU kernel of `torch.ops.attend.scaled_dot_product_attention`, on torch
-/// tensors of any rank and strides, read in place: `(out [..., L, Ev], lse [..., L])`
-/// as new tensors, `out` in the query's dtype and `lse` in float32 (float64 for
-/// float64 inputs).
+/// tensors of any rank and strides, read in place: `(out [..., L, Ev], lse [..., L],
+/// lse_residual [..., L])` as new tensors, `out` in the query's dtype and `lse`
+/// and what rounding it left out (`attend::attention::LogSumExp`) in float32
+/// (float64 for float64 inputs).
 #[pyfunction]
 #[pyo3(signature = (query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed, threads))]
 #[allow(clippy::too_many_arguments)] // the operator's schema, then the thread count
@@ -627,7 +688,7 @@ pub fn sdpa_forward_tensors<'py>(
     enable_gqa: bool,
     seed: Option<&Bound<'py, PyAny>>,
     threads: usize,
-) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+) -> PyResult<ForwardTensors<'py>> {
     let options = op_options(dropout_p, is_causal, scale, enable_gqa, seed)?;
     let qkv = [
         Tensor::new(query, "query")?,
@@ -635,30 +696,42 @@ pub fn sdpa_forward_tensors<'py>(
         Tensor::new(value, "value")?,
     ];
     let mask = attn_mask.map(|m| Tensor::new(m, "attn_mask")).transpose()?;
-    let mask = tensor_mask(mask.as_ref())?;
+    let mask = tensor_mask(mask.as_ref(), &qkv[0])?;
     let mask = mask.as_ref();
     let dtype = qkv[0].dtype();
     if dtype == f32::DTYPE {
         let [q, k, v] = views::<f32>(&qkv)?;
-        let (out, lse) = forward_f32(py, [&q, &k, &v], mask, &options, threads)?;
-        Ok((into_tensor(py, out)?, into_tensor(py, lse)?))
+        forward_tensors(py, forward_f32(py, [&q, &k, &v], mask, &options, threads)?)
     } else if dtype == bf16::DTYPE {
         let [q, k, v] = views::<bf16>(&qkv)?;
-        let (out, lse) = forward_bf16(py, [&q, &k, &v], mask, &options, threads)?;
-        Ok((into_tensor(py, out)?, into_tensor(py, lse)?))
+        forward_tensors(py, forward_bf16(py, [&q, &k, &v], mask, &options, threads)?)
     } else if dtype == f64::DTYPE {
         let [q, k, v] = views::<f64>(&qkv)?;
-        let (out, lse) = forward_f64(py, [&q, &k, &v], mask, &options, threads)?;
-        Ok((into_tensor(py, out)?, into_tensor(py, lse)?))
+        forward_tensors(py, forward_f64(py, [&q, &k, &v], mask, &options, threads)?)
     } else if dtype == F16 {
         let [q, k, v] = widened([(query, &qkv[0]), (key, &qkv[1]), (value, &qkv[2])])?;
-        let (out, lse) = sdpa_forward_tensors(
+        let (out, lse, residual) = sdpa_forward_tensors(
             py, &q, &k, &v, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed, threads,
         )?;
-        Ok((narrowed(out)?, lse))
+        Ok((narrowed(out)?, lse, residual))
     } else {
         Err(unsupported(&qkv[0]))
     }
+}
+
+/// A forward's tensors: `(out, lse, lse_residual)`.
+pub type ForwardTensors<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>);
+
+/// A forward's results as new tensors.
+fn forward_tensors<U: Element, V: Element>(
+    py: Python<'_>,
+    (out, lse, residual): ForwardD<U, V>,
+) -> PyResult<ForwardTensors<'_>> {
+    Ok((
+        into_tensor(py, out)?,
+        into_tensor(py, lse)?,
+        into_tensor(py, residual)?,
+    ))
 }
 
 /// A backward's tensors: `(dq, dk, dv)` and the mask's gradient (`None` unless
@@ -685,13 +758,13 @@ fn gradients<T: Element, M: Element>(
 
 /// The CPU kernel of `torch.ops.attend.scaled_dot_product_attention_backward`:
 /// `(dq, dk, dv)` as new tensors shaped like `query`, `key` and `value` (summed over
-/// the axes they were broadcast along), from the forward's `out` and `lse` and the
-/// output gradient `grad_out`; with `mask_grad`, the additive mask's gradient
+/// the axes they were broadcast along), from the forward's `out`, `lse` and
+/// `lse_residual` and the output gradient `grad_out`; with `mask_grad`, the additive mask's gradient
 /// shaped like it (float32, float64 for float64 queries), else `None`.
 #[pyfunction]
 #[pyo3(signature = (
-    grad_out, query, key, value, out, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed, threads,
-    mask_grad=false
+    grad_out, query, key, value, out, lse, lse_residual, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+    seed, threads, mask_grad=false
 ))]
 #[allow(clippy::too_many_arguments)] // the operator's schema, then the thread count
 pub fn sdpa_backward_tensors<'py>(
@@ -702,6 +775,7 @@ pub fn sdpa_backward_tensors<'py>(
     value: &Bound<'py, PyAny>,
     out: &Bound<'py, PyAny>,
     lse: &Bound<'py, PyAny>,
+    lse_residual: &Bound<'py, PyAny>,
     attn_mask: Option<&Bound<'py, PyAny>>,
     dropout_p: f64,
     is_causal: bool,
@@ -720,51 +794,52 @@ pub fn sdpa_backward_tensors<'py>(
     let saved = [
         Tensor::new(out, "out")?,
         Tensor::new(lse, "lse")?,
+        Tensor::new(lse_residual, "lse_residual")?,
         Tensor::new(grad_out, "grad_out")?,
     ];
     let mask = attn_mask.map(|m| Tensor::new(m, "attn_mask")).transpose()?;
-    let mask = tensor_mask(mask.as_ref())?;
+    let mask = tensor_mask(mask.as_ref(), &qkv[0])?;
     let mask = mask.as_ref();
-    let [o, l, d] = &saved;
+    let [o, l, r, d] = &saved;
     let dtype = qkv[0].dtype();
     if dtype == f32::DTYPE {
         let [q, k, v] = views::<f32>(&qkv)?;
-        let (o, l, d) = (o.view()?, l.view()?, d.view()?);
+        let (o, l, r, d) = (o.view()?, l.view()?, r.view()?, d.view()?);
         gradients(
             py,
             backward_f32(
                 py,
                 [&q, &k, &v],
                 mask,
-                (&o, &l, &d),
+                (&o, [&l, &r], &d),
                 (&options, mask_grad),
                 threads,
             )?,
         )
     } else if dtype == bf16::DTYPE {
         let [q, k, v] = views::<bf16>(&qkv)?;
-        let (o, l, d) = (o.view()?, l.view()?, d.view()?);
+        let (o, l, r, d) = (o.view()?, l.view()?, r.view()?, d.view()?);
         gradients(
             py,
             backward_bf16(
                 py,
                 [&q, &k, &v],
                 mask,
-                (&o, &l, &d),
+                (&o, [&l, &r], &d),
                 (&options, mask_grad),
                 threads,
             )?,
         )
     } else if dtype == f64::DTYPE {
         let [q, k, v] = views::<f64>(&qkv)?;
-        let (o, l, d) = (o.view()?, l.view()?, d.view()?);
+        let (o, l, r, d) = (o.view()?, l.view()?, r.view()?, d.view()?);
         gradients(
             py,
             backward_f64(
                 py,
                 [&q, &k, &v],
                 mask,
-                (&o, &l, &d),
+                (&o, [&l, &r], &d),
                 (&options, mask_grad),
                 threads,
             )?,
@@ -778,8 +853,22 @@ pub fn sdpa_backward_tensors<'py>(
             (out, o),
         ])?;
         let (dq, dk, dv, dmask) = sdpa_backward_tensors(
-            py, &g, &q, &k, &v, &o, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed,
-            threads, mask_grad,
+            py,
+            &g,
+            &q,
+            &k,
+            &v,
+            &o,
+            lse,
+            lse_residual,
+            attn_mask,
+            dropout_p,
+            is_causal,
+            scale,
+            enable_gqa,
+            seed,
+            threads,
+            mask_grad,
         )?;
         Ok((narrowed(dq)?, narrowed(dk)?, narrowed(dv)?, dmask))
     } else {

@@ -61,7 +61,7 @@ impl ForwardShortcut {
 
     /// `(keyset, query, key, value, attn_mask, dropout_p, is_causal, scale,
     /// enable_gqa, seed)`, as the dispatcher calls an autograd kernel registered
-    /// with its keyset: `(out, lse)`.
+    /// with its keyset: `(out, lse, lse_residual)`.
     #[pyo3(signature = (*args))]
     fn __call__<'py>(&self, args: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyAny>> {
         match self.common_case(args)? {
@@ -107,7 +107,7 @@ impl ForwardShortcut {
             }
         }
         let seed = Some(args.get_item(9)?).filter(|s| !s.is_none());
-        let (out, lse) = sdpa_forward_tensors(
+        let (out, lse, residual) = sdpa_forward_tensors(
             py,
             &query,
             &key,
@@ -120,6 +120,6 @@ impl ForwardShortcut {
             seed.as_ref(),
             self.threads.bind(py).call0()?.extract()?,
         )?;
-        Ok(Some(PyTuple::new(py, [out, lse])?.into_any()))
+        Ok(Some(PyTuple::new(py, [out, lse, residual])?.into_any()))
     }
 }

@@ -28,15 +28,12 @@ def _grads(fn, q, k, v, mask, grad_out, dtype, **kwargs):
 
 # (dtype, query, key/value, mask shape): a mask broadcast over batch and heads, and
 # one per batch row broadcast over heads and queries, with padding of finfo.min.
-# float64 fails: attend's masks are float32 (`attend.ops._kernel_mask` rounds a
-# float64 mask), so its float64 results carry the mask's f32 rounding, ~1e-8.
+# A float64 mask of float64 tensors is added in float64 (the f64 reference's
+# `bias_f64`); rounded to float32 it would leave ~1e-8 of error.
 CASES = [
     (torch.float32, (2, 3, 5, 8), (2, 3, 7, 8), (5, 7)),
     (torch.float16, (2, 3, 4, 16), (2, 3, 9, 16), (2, 1, 1, 9)),
-    pytest.param(
-        torch.float64, (2, 3, 4, 16), (2, 3, 9, 16), (2, 1, 1, 9),
-        marks=pytest.mark.xfail(strict=True, reason="float64 masks are rounded to float32"),
-    ),
+    (torch.float64, (2, 3, 4, 16), (2, 3, 9, 16), (2, 1, 1, 9)),
 ]
 
 

@@ -63,10 +63,10 @@ def test_opcheck(case, dtype):
     args = op_args(qs, ks, vs, ms, options, dtype)
     result = torch.library.opcheck(torch.ops.attend.scaled_dot_product_attention.default, args)
     assert set(result.values()) == {"SUCCESS"}, result
-    out, lse = torch.ops.attend.scaled_dot_product_attention(*args)
+    out, lse, lse_residual = torch.ops.attend.scaled_dot_product_attention(*args)
     grad = randn(*out.shape, seed=10, dtype=dtype)
     detached = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
-    backward_args = (grad, *detached[:3], out.detach(), lse, *detached[3:])
+    backward_args = (grad, *detached[:3], out.detach(), lse, lse_residual, *detached[3:])
     result = torch.library.opcheck(torch.ops.attend.scaled_dot_product_attention_backward.default, backward_args)
     assert set(result.values()) == {"SUCCESS"}, result
 
@@ -79,8 +79,8 @@ def test_dropout_seed_crosses_the_op():
     args = (q, k, v, None, 0.3, False, None, False, seed)
     result = torch.library.opcheck(torch.ops.attend.scaled_dot_product_attention.default, args)
     assert set(result.values()) == {"SUCCESS"}, result
-    a, _ = torch.ops.attend.scaled_dot_product_attention(*args)
-    b, _ = torch.ops.attend.scaled_dot_product_attention(q, k, v, None, 0.3, False, None, False, seed + 1)
+    a, _, _ = torch.ops.attend.scaled_dot_product_attention(*args)
+    b, _, _ = torch.ops.attend.scaled_dot_product_attention(q, k, v, None, 0.3, False, None, False, seed + 1)
     assert torch.equal(a, torch.ops.attend.scaled_dot_product_attention(*args)[0]) and not torch.equal(a, b)
 
 
@@ -345,15 +345,20 @@ def test_fake_and_meta_tensors_give_pytorchs_shapes(name, qs, ks, vs, kw, dtype)
     with FakeTensorMode() as mode:
         fake = [mode.from_tensor(t) for t in real]
         got_fake = attend.scaled_dot_product_attention(*fake, **kw)
-        out, lse = torch.ops.attend.scaled_dot_product_attention(*fake, None, 0.0, False, None, kw.get("enable_gqa", False), None)
+        out, lse, residual = torch.ops.attend.scaled_dot_product_attention(
+            *fake, None, 0.0, False, None, kw.get("enable_gqa", False), None
+        )
     meta = [t.to("meta") for t in real]
     got_meta = attend.scaled_dot_product_attention(*meta, **kw)
     for t in (got_real, got_fake, got_meta):
         assert t.shape == want.shape and t.dtype == want.dtype
         assert t.stride() == got_real.stride()
     assert got_meta.device.type == "meta"
-    _, real_lse = torch.ops.attend.scaled_dot_product_attention(*real, None, 0.0, False, None, kw.get("enable_gqa", False), None)
+    _, real_lse, real_residual = torch.ops.attend.scaled_dot_product_attention(
+        *real, None, 0.0, False, None, kw.get("enable_gqa", False), None
+    )
     assert lse.shape == real_lse.shape == want.shape[:-1] and lse.dtype == real_lse.dtype
+    assert residual.shape == real_residual.shape == lse.shape and residual.dtype == real_residual.dtype == lse.dtype
 
 
 def test_fake_tensors_refuse_what_the_kernels_refuse():
@@ -426,17 +431,20 @@ def test_the_cpu_kernel_refuses_what_it_cannot_read_in_place():
     for error, message, call in refused:
         with pytest.raises(error, match=message):
             call()
-    out, lse = kernel(q)
-    assert torch.equal(out, attend.scaled_dot_product_attention(q, q, q)) and lse.shape == (1, 2, 4)
+    out, lse, residual = kernel(q)
+    assert torch.equal(out, attend.scaled_dot_product_attention(q, q, q)) and lse.shape == residual.shape == (1, 2, 4)
 
 
 def test_log_sum_exp_has_no_gradient():
     q = randn(1, 2, 4, 8).requires_grad_()
-    out, lse = torch.ops.attend.scaled_dot_product_attention(q, q, q, None, 0.0, False, None, False, None)
-    assert out.requires_grad and not lse.requires_grad
-    # lse: log Σ exp(scores), as the f64 reference computes it.
+    out, lse, residual = torch.ops.attend.scaled_dot_product_attention(q, q, q, None, 0.0, False, None, False, None)
+    assert out.requires_grad and not lse.requires_grad and not residual.requires_grad
+    # lse: log Σ exp(scores), as the f64 reference computes it; the residual what
+    # rounding it to float32 left out, at most half its ulp.
     s = (q.double() @ q.double().transpose(-1, -2)) / 8**0.5
-    assert (lse.double() - torch.logsumexp(s, -1)).abs().max() <= 4 * torch.finfo(torch.float32).eps * s.abs().max()
+    eps = torch.finfo(torch.float32).eps
+    assert (lse.double() - torch.logsumexp(s, -1)).abs().max() <= 4 * eps * s.abs().max()
+    assert (residual.double().abs() <= eps / 2 * lse.double().abs()).all()
 
 
 def test_import_attend_loads_its_submodules_lazily():

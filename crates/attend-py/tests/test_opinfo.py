@@ -156,28 +156,7 @@ def judged():
     return run
 
 
-# Known gaps, each the same on every instruction set (the results are identical):
-GAPS = {
-    # The backward recomputes each weight as exp(s − lse) from the forward's lse
-    # rounded to f32: half an ulp of |lse| (2e−6 relative at these samples' lse of
-    # up to 67, 17 ε) scales a row's weights, so dV (and dQ, dK) err by that much
-    # where PyTorch's math path normalises its saved weights (1e−6): up to 17x its
-    # error. Carrying the log-sum-exp in two f32 parts (or f64) to the backward
-    # closes it; not done yet.
-    "float32": "the saved float32 log-sum-exp's rounding reaches the recomputed weights",
-    # attend's masks are float32: a float64 mask is rounded (attend.ops._kernel_mask),
-    # so the learned-mask sample's float64 results carry ~1e−7 of error.
-    "float64": "float64 masks are rounded to float32",
-}
-
-
-@pytest.mark.parametrize(
-    "dtype",
-    [
-        pytest.param(d, marks=pytest.mark.xfail(strict=True, reason=GAPS[d])) if d in GAPS else d
-        for d in DTYPES
-    ],
-)
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("isa", ISAS)
 def test_opinfo_samples_are_within_pytorchs_own_error(judged, isa, dtype):
     result = judged(isa)

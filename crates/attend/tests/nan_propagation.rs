@@ -164,7 +164,7 @@ fn dropout_does_not_hide_a_nan_value() {
                 );
             }
             assert!(
-                lse.iter().all(|x| x.is_finite()),
+                lse.value.iter().all(|x| x.is_finite()),
                 "L={l}: the weights have no NaN"
             );
         }

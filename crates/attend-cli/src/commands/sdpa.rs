@@ -10,11 +10,11 @@
 use std::path::PathBuf;
 
 use attend::attention::{attention_backward_with, BackwardConfig, Exec, Saved};
-use attend::attention::{attention_with, AttentionOptions, Causal, Config};
+use attend::attention::{attention_with_lse_parts, AttentionOptions, Causal, Config, LogSumExp};
 use attend::element::{bf16, from_f32, round_to_bf16, to_f32, Dtype};
 use attend::io::npy::{self, NpyArray};
 use attend::Error;
-use ndarray::{Array3, Array4, ArrayD, Ix4};
+use ndarray::{Array4, ArrayD, Ix4};
 
 use crate::args::flags;
 use crate::io::outputs::Outputs;
@@ -148,7 +148,7 @@ pub fn run(args: Args) -> Result<(), Error> {
             q.view(),
             k.view(),
             v.view(),
-            Saved::new(out.view(), lse.view()),
+            Saved::new(out.view(), lse.value.view()).with_lse_residual(lse.residual.view()),
             dout.view(),
             &opts,
             &bconfig,
@@ -165,11 +165,13 @@ pub fn run(args: Args) -> Result<(), Error> {
         }
     }
     outputs.write("--out", |path| npy::write_f32(path, out.into_dyn().view()))?;
-    outputs.write("--lse", |path| npy::write_f32(path, lse.into_dyn().view()))?;
+    outputs.write("--lse", |path| {
+        npy::write_f32(path, lse.value.into_dyn().view())
+    })?;
     outputs.commit()
 }
 
-/// The attention output (as f32) and log-sum-exp of `q`, `k`, `v`, computed on
+/// The attention output (as f32) and log-sum-exp (in its two parts) of `q`, `k`, `v`, computed on
 /// tensors of `dtype`. For bf16 the inputs already hold bf16 values, so the
 /// conversion to bf16 is exact.
 fn forward(
@@ -177,12 +179,12 @@ fn forward(
     [q, k, v]: [&Array4<f32>; 3],
     opts: &AttentionOptions<'_>,
     config: &Config,
-) -> Result<(Array4<f32>, Array3<f32>), Error> {
+) -> Result<(Array4<f32>, LogSumExp), Error> {
     match dtype {
-        Dtype::F32 => attention_with(q.view(), k.view(), v.view(), opts, config),
+        Dtype::F32 => attention_with_lse_parts(q.view(), k.view(), v.view(), opts, config),
         Dtype::Bf16 => {
             let [q, k, v] = [q, k, v].map(|a| from_f32::<bf16, _>(a.view()));
-            let (out, lse) = attention_with(q.view(), k.view(), v.view(), opts, config)?;
+            let (out, lse) = attention_with_lse_parts(q.view(), k.view(), v.view(), opts, config)?;
             Ok((to_f32(out.view()), lse))
         }
     }

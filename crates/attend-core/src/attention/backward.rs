@@ -24,7 +24,8 @@ use ndarray::{Array3, Array4, ArrayView3, ArrayView4};
 
 use crate::config::Exec;
 use crate::kernels::backward::{fused, reference, AttentionGrads};
-use crate::problem::{sum_to_mask_shape, AttentionOptions, Dropout, Problem};
+use crate::kernels::lse::LogSumExp;
+use crate::problem::{sum_to_mask_shape, AttentionOptions, Dropout, Precision, Problem};
 use crate::{Error, Result};
 
 /// Which kernel computes a backward pass.
@@ -57,7 +58,9 @@ pub struct BackwardConfig {
 
 /// What a forward pass saves for its backward: the output `out [B, Hq, L, Ev]` and
 /// the natural log-sum-exp `lse [B, Hq, L]` of each query's scores, as
-/// [`attention_with_lse`](crate::attention::attention_with_lse) returns them.
+/// [`attention_with_lse`](crate::attention::attention_with_lse) returns them, and
+/// where the forward gave it ([`attention_with_lse_parts`](crate::attention::attention_with_lse_parts),
+/// [`attention_train`]), what rounding `lse` to f32 left out.
 ///
 /// One argument rather than two so that a backward call does not take six tensors
 /// of one type in a row, where swapping two compiles. `T` is the float type: f32
@@ -69,12 +72,30 @@ pub struct Saved<'a, T = f32> {
     pub out: ArrayView4<'a, T>,
     /// The forward log-sum-exp, `[B, Hq, L]` (−∞ for fully masked rows).
     pub lse: ArrayView3<'a, T>,
+    /// What rounding `lse` left out ([`LogSumExp::residual`]), `[B, Hq, L]`. The
+    /// backward recomputes each weight as `exp(s − lse − residual)`: without it,
+    /// `lse`'s rounding (up to half its ulp) scales whole rows of weights, and the
+    /// backward recomputes the log of the sum of the rows whose `|lse| ≥ 2¹⁶`,
+    /// where `lse` no longer holds it.
+    pub lse_residual: Option<ArrayView3<'a, T>>,
 }
 
 impl<'a, T> Saved<'a, T> {
     /// The forward's output `out` and log-sum-exp `lse`.
     pub fn new(out: ArrayView4<'a, T>, lse: ArrayView3<'a, T>) -> Self {
-        Saved { out, lse }
+        Saved {
+            out,
+            lse,
+            lse_residual: None,
+        }
+    }
+
+    /// The same with the log-sum-exp's `residual` ([`LogSumExp::residual`]).
+    pub fn with_lse_residual(self, residual: ArrayView3<'a, T>) -> Self {
+        Saved {
+            lse_residual: Some(residual),
+            ..self
+        }
     }
 }
 
@@ -83,6 +104,14 @@ impl<'a, T> Saved<'a, T> {
 impl<'a, T> From<&'a (Array4<T>, Array3<T>)> for Saved<'a, T> {
     fn from((out, lse): &'a (Array4<T>, Array3<T>)) -> Self {
         Saved::new(out.view(), lse.view())
+    }
+}
+
+/// Views of what [`attention_with_lse_parts`](crate::attention::attention_with_lse_parts)
+/// or [`attention_train`] returned, `(out, lse)`, the residual included.
+impl<'a> From<&'a (Array4<f32>, LogSumExp)> for Saved<'a> {
+    fn from((out, lse): &'a (Array4<f32>, LogSumExp)) -> Self {
+        Saved::new(out.view(), lse.value.view()).with_lse_residual(lse.residual.view())
     }
 }
 
@@ -111,7 +140,11 @@ pub fn attention_backward_with(
     opts: &AttentionOptions<'_>,
     config: &BackwardConfig,
 ) -> Result<AttentionGrads> {
-    let Saved { out, lse } = saved;
+    let Saved {
+        out,
+        lse,
+        lse_residual,
+    } = saved;
     let p = Problem::new(q, k, v, opts)?;
     let d = p.dims();
     let out_shape = [d.batch, d.heads, d.q_len, d.value_dim];
@@ -129,9 +162,11 @@ pub fn attention_backward_with(
         return Err(shape_error("out", out.shape(), want));
     }
     let lse_shape = [d.batch, d.heads, d.q_len];
-    if lse.shape() != lse_shape {
-        let want = format!("[B, Hq, L] = {lse_shape:?}");
-        return Err(shape_error("lse", lse.shape(), want));
+    for (arg, a) in [("lse", Some(&lse)), ("lse_residual", lse_residual.as_ref())] {
+        if let Some(a) = a.filter(|a| a.shape() != lse_shape) {
+            let want = format!("[B, Hq, L] = {lse_shape:?}");
+            return Err(shape_error(arg, a.shape(), want));
+        }
     }
     let isa = config.exec.token()?;
     let supported = fused::supports(&p);
@@ -154,6 +189,7 @@ pub fn attention_backward_with(
         .map(|b| b.shape());
     if use_fused {
         let dropout = config.dropout.as_ref();
+        let lse = (lse, lse_residual);
         let run = || fused::run(&p, out, lse, dout, dropout, bias_shape.is_some(), isa);
         let (mut g, ds) = config.exec.install(run)?;
         let sum = |(ds, shape): (Array4<f32>, &[usize])| {
@@ -175,31 +211,42 @@ pub fn attention_backward_with(
     })
 }
 
-/// Attention as training computes it: [`attention_with_lse`](crate::attention::attention_with_lse)
-/// with dropout on the weights. Without dropout it is exactly that function; with
-/// it, the fused forward applies each tile's dropout factors before the values are
-/// summed (the log-sum-exp is that of the weights before dropout).
+/// Attention as training computes it: [`attention_with_lse_parts`](crate::attention::attention_with_lse_parts)
+/// with dropout on the weights, the log-sum-exp in its two parts for the backward
+/// ([`Saved`]'s `From`). With dropout the fused forward applies each tile's dropout
+/// factors before the values are summed (the log-sum-exp is that of the weights
+/// before dropout).
+///
+/// Wherever it supports the problem the fused kernel computes it, short queries
+/// included: its scores are the ones the fused backward recomputes, to the bit, so
+/// that the weights it gets back from the log-sum-exp are the forward's (another
+/// kernel's scores differ in their last bits, which a row's largest weight, near
+/// 1, would carry whole, where a softmax normalising its own scores cancels them).
 pub fn attention_train(
     q: ArrayView4<'_, f32>,
     k: ArrayView4<'_, f32>,
     v: ArrayView4<'_, f32>,
     opts: &AttentionOptions<'_>,
     dropout: Option<&Dropout>,
-) -> Result<(Array4<f32>, Array3<f32>)> {
-    match dropout {
-        Some(dr) if dr.p() > 0.0 => {
-            let p = Problem::new(q, k, v, opts)?;
-            if crate::kernels::fused::supports(&p) {
-                let exec = Exec::default();
-                let isa = exec.token()?;
-                let run = || crate::kernels::fused::run(&p, isa, Some(dr));
-                return exec.install(run);
-            }
-            let (q, k, v) = (q.mapv(f64::from), k.mapv(f64::from), v.mapv(f64::from));
-            let exact = Problem::new(q.view(), k.view(), v.view(), opts)?;
-            let f = reference::forward(&exact, Some(dr));
-            Ok((f.out.mapv(|x| x as f32), f.lse.mapv(|x| x as f32)))
-        }
-        _ => crate::attention::attention_with_lse(q, k, v, opts),
+) -> Result<(Array4<f32>, LogSumExp)> {
+    let dropout = dropout.filter(|dr| dr.p() > 0.0);
+    let p = Problem::new(q, k, v, opts)?;
+    let f32_products = p.precision == Precision::F32 || dropout.is_some();
+    if crate::kernels::fused::supports(&p) && f32_products {
+        let exec = Exec::default();
+        let isa = exec.token()?;
+        let run = || crate::kernels::fused::run(&p, isa, dropout);
+        return exec.install(run);
     }
+    let Some(dr) = dropout else {
+        return crate::attention::attention_with_lse_parts(q, k, v, opts, &Default::default());
+    };
+    // Softmax over queries, or no value width: the backward's weights do not come
+    // from this log-sum-exp (the reference recomputes them; with no values every
+    // gradient is 0), so its f32 rounding is all it needs.
+    let (q, k, v) = (q.mapv(f64::from), k.mapv(f64::from), v.mapv(f64::from));
+    let exact = Problem::new(q.view(), k.view(), v.view(), opts)?;
+    let f = reference::forward(&exact, Some(dr));
+    let lse = LogSumExp::exact(f.lse.mapv(|x| x as f32));
+    Ok((f.out.mapv(|x| x as f32), lse))
 }

@@ -7,11 +7,12 @@
 
 use std::mem::MaybeUninit;
 
-use ndarray::{Array3, Array4, ArrayView4};
+use ndarray::{Array4, ArrayView4};
 use rayon::prelude::*;
 
 use super::{choose_kernel, Config, Kernel};
-use crate::element::{bf16, sealed::Sealed, Element};
+use crate::element::sealed::{Computed, Sealed};
+use crate::element::{bf16, Element};
 use crate::isa::{dispatch, IsaToken, Simd, SimdJob};
 use crate::kernels::fused::bf16 as fused_bf16;
 use crate::kernels::round::round_into;
@@ -20,10 +21,7 @@ use crate::problem::{Precision, Problem};
 use crate::Result;
 
 impl Sealed for bf16 {
-    fn compute(
-        problem: &Problem<'_, bf16>,
-        config: &Config,
-    ) -> Result<(Array4<bf16>, Array3<f32>)> {
+    fn compute(problem: &Problem<'_, bf16>, config: &Config) -> Result<Computed<bf16>> {
         let isa = config.exec.token()?;
         let which = choose_kernel(problem, config.kernel)?;
         // The fused kernel writes bf16 itself; the others' f32 output is rounded.
@@ -46,7 +44,8 @@ impl Sealed for bf16 {
                 (round_output(&trace.output, isa), trace.lse)
             }
         };
-        config.exec.install(run)
+        let (out, lse) = config.exec.install(run)?;
+        Ok((out, [lse.value, lse.residual]))
     }
 }
 
@@ -90,10 +89,7 @@ impl SimdJob for RoundChunk<'_> {
 
 /// [`Precision::Bf16`] on f32 tensors: rounds them to bf16, computes in bf16 and
 /// widens the result.
-pub(super) fn compute_rounded(
-    problem: &Problem<'_>,
-    config: &Config,
-) -> Result<(Array4<f32>, Array3<f32>)> {
+pub(super) fn compute_rounded(problem: &Problem<'_>, config: &Config) -> Result<Computed<f32>> {
     debug_assert_eq!(problem.precision, Precision::Bf16);
     let [q, k, v] = [&problem.q, &problem.k, &problem.v].map(|a| a.mapv(bf16::from_f32));
     let rounded = problem.with_tensors(q.view(), k.view(), v.view());

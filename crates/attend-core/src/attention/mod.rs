@@ -26,6 +26,7 @@ mod bf16;
 pub use crate::config::{Config, Exec, Kernel, DECODE_MAX_QUERIES};
 pub use crate::element::Element;
 pub use crate::kernels::backward::AttentionGrads;
+pub use crate::kernels::lse::LogSumExp;
 pub use crate::problem::{
     AttentionOptions, Causal, Dims, Dropout, Precision, Problem, SoftmaxAxis,
 };
@@ -36,6 +37,7 @@ pub use backward::{
 
 use ndarray::{Array3, Array4, ArrayView4};
 
+use crate::element::sealed::{Computed, Sealed};
 use crate::kernels::{decode, fused, reference};
 use crate::{Error, Result};
 
@@ -71,8 +73,22 @@ pub fn attention_with<T: Element>(
     opts: &AttentionOptions<'_>,
     config: &Config,
 ) -> Result<(Array4<T>, Array3<f32>)> {
+    attention_with_lse_parts(q, k, v, opts, config).map(|(out, lse)| (out, lse.value))
+}
+
+/// [`attention_with`] that also returns what rounding the log-sum-exp to f32 left
+/// out ([`LogSumExp::residual`]): what a backward needs to recompute the weights as
+/// exactly as the forward had them ([`Saved::with_lse_residual`]).
+pub fn attention_with_lse_parts<T: Element>(
+    q: ArrayView4<'_, T>,
+    k: ArrayView4<'_, T>,
+    v: ArrayView4<'_, T>,
+    opts: &AttentionOptions<'_>,
+    config: &Config,
+) -> Result<(Array4<T>, LogSumExp)> {
     let problem = Problem::new(q, k, v, opts)?;
-    T::compute(&problem, config)
+    let (out, [value, residual]) = T::compute(&problem, config)?;
+    Ok((out, LogSumExp { value, residual }))
 }
 
 /// The kernel `config` asks for, checked against what the kernels support.
@@ -100,8 +116,8 @@ fn choose_kernel<T>(problem: &Problem<'_, T>, kernel: Kernel) -> Result<Kernel> 
     })
 }
 
-impl crate::element::sealed::Sealed for f32 {
-    fn compute(problem: &Problem<'_>, config: &Config) -> Result<(Array4<f32>, Array3<f32>)> {
+impl Sealed for f32 {
+    fn compute(problem: &Problem<'_>, config: &Config) -> Result<Computed<f32>> {
         if problem.precision == Precision::Bf16 {
             return bf16::compute_rounded(problem, config);
         }
@@ -118,6 +134,7 @@ impl crate::element::sealed::Sealed for f32 {
                 (trace.output, trace.lse)
             }
         };
-        config.exec.install(run)
+        let (out, lse) = config.exec.install(run)?;
+        Ok((out, [lse.value, lse.residual]))
     }
 }

@@ -150,7 +150,10 @@ fn run_shard<T: Element>(
     let isa = config.token()?;
     let run = || kernel::run(&problem, span, isa);
     let (output, lse) = config.install(run)?;
-    Ok(Partial { output, lse })
+    Ok(Partial {
+        output,
+        lse: lse.value,
+    })
 }
 
 /// Merges the partial results of disjoint key shards into the attention over all
@@ -193,7 +196,8 @@ pub fn merge_partials(parts: &[Partial]) -> Result<Partial> {
             output: p.output.slice(ndarray::s![bi, hi, i, ..]),
         });
         let out = output.slice_mut(ndarray::s![bi, hi, i, ..]);
-        *out_lse = merge_softmax_parts(row, &mut acc, out) as f32;
+        let (top, log_sum) = merge_softmax_parts(row, &mut acc, out);
+        *out_lse = (top + log_sum) as f32;
     }
     Ok(Partial { output, lse })
 }

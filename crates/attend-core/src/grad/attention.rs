@@ -26,6 +26,8 @@ pub struct MultiHeadAttentionCache<'o, T = f32> {
     /// Attention output per head `[B, H, T, dv]` and its log-sum-exp.
     pub(crate) out: Array4<T>,
     pub(crate) lse: ndarray::Array3<T>,
+    /// What rounding `lse` left out (`Scalar::attention_forward`).
+    pub(crate) lse_residual: ndarray::Array3<T>,
     /// Merged heads `[B·T, H·dv]` (the output projection's input).
     pub(crate) context: Array2<T>,
     pub(crate) opts: AttentionOptions<'o>,
@@ -127,7 +129,8 @@ pub(crate) fn forward<'o, T: Scalar>(
     let q = project(w.q, w.heads);
     let k = project(w.k, w.kv_heads);
     let v = project(w.v, w.kv_heads);
-    let (out, lse) = T::attention_forward(q.view(), k.view(), v.view(), opts, dropout.as_ref())?;
+    let (out, lse, lse_residual) =
+        T::attention_forward(q.view(), k.view(), v.view(), opts, dropout.as_ref())?;
     let merged = merge_heads(out.view());
     let width = merged.dim().2;
     let context = merged
@@ -147,6 +150,7 @@ pub(crate) fn forward<'o, T: Scalar>(
         v,
         out,
         lse,
+        lse_residual,
         context,
         opts: opts.clone(),
         dropout,
@@ -191,7 +195,7 @@ pub(crate) fn backward<T: Scalar>(
         cache.q.view(),
         cache.k.view(),
         cache.v.view(),
-        Saved::new(cache.out.view(), cache.lse.view()),
+        Saved::new(cache.out.view(), cache.lse.view()).with_lse_residual(cache.lse_residual.view()),
         dout.view(),
         &cache.opts,
         cache.dropout.as_ref(),

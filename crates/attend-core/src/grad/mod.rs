@@ -61,17 +61,22 @@ use crate::Result;
 /// mask's, when asked for ([`Scalar::attention_backward`]).
 pub type Grads<T> = (Array4<T>, Array4<T>, Array4<T>, Option<ArrayD<T>>);
 
+/// The results of an attention forward in `T`: the output, the log-sum-exp and
+/// what rounding the log-sum-exp to `T` left out ([`Scalar::attention_forward`]).
+pub type Forward<T> = (Array4<T>, Array3<T>, Array3<T>);
+
 /// A float type the module gradients are computed in: f32 for training (fast
 /// kernels), f64 for the gradient checks (reference kernel).
 pub trait Scalar: NdFloat + num_traits::FromPrimitive {
-    /// Attention forward with optional dropout: output and log-sum-exp.
+    /// Attention forward with optional dropout: output, log-sum-exp, and what
+    /// rounding the log-sum-exp to `Self` left out (`Saved::lse_residual`).
     fn attention_forward(
         q: ArrayView4<'_, Self>,
         k: ArrayView4<'_, Self>,
         v: ArrayView4<'_, Self>,
         opts: &AttentionOptions<'_>,
         dropout: Option<&Dropout>,
-    ) -> Result<(Array4<Self>, Array3<Self>)>;
+    ) -> Result<Forward<Self>>;
 
     /// Attention backward: `(dq, dk, dv)` and, with `bias_grad` and an additive
     /// mask, the mask's gradient shaped like it (summed over its broadcast axes).
@@ -95,8 +100,9 @@ impl Scalar for f32 {
         v: ArrayView4<'_, f32>,
         opts: &AttentionOptions<'_>,
         dropout: Option<&Dropout>,
-    ) -> Result<(Array4<f32>, Array3<f32>)> {
-        attention_train(q, k, v, opts, dropout)
+    ) -> Result<Forward<f32>> {
+        let (out, lse) = attention_train(q, k, v, opts, dropout)?;
+        Ok((out, lse.value, lse.residual))
     }
 
     fn attention_backward(
@@ -126,10 +132,12 @@ impl Scalar for f64 {
         v: ArrayView4<'_, f64>,
         opts: &AttentionOptions<'_>,
         dropout: Option<&Dropout>,
-    ) -> Result<(Array4<f64>, Array3<f64>)> {
+    ) -> Result<Forward<f64>> {
+        // The reference backward recomputes its weights: the residual is not read.
         let p = Problem::new(q, k, v, opts)?;
         let f = reference::forward(&p, dropout);
-        Ok((f.out, f.lse))
+        let residual = Array3::zeros(f.lse.raw_dim());
+        Ok((f.out, f.lse, residual))
     }
 
     fn attention_backward(

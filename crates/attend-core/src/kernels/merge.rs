@@ -22,21 +22,22 @@ pub(crate) struct SoftmaxPart<'a> {
 
 /// Merges `parts` in their order into the softmax over all their keys: writes
 /// `Σ exp(lse_i − lse) · scale_i · output_i` into `out` and returns
-/// `lse = log Σ exp(lse_i)`, summing in f64 in `acc` (`out.len()` long), with each
-/// `lse_i − lse` taken as `(top_i − max top) + log_sum_i − log Σ …` so that the tops'
-/// difference is exact. Parts that saw no key weigh nothing; when none saw one,
-/// `out` is left as it is and the lse is −∞. A NaN lse makes the result NaN.
+/// `lse = log Σ exp(lse_i)` in two terms as the parts have it, `(top, log_sum)`,
+/// summing in f64 in `acc` (`out.len()` long), with each `lse_i − lse` taken as
+/// `(top_i − max top) + log_sum_i − log Σ …` so that the tops' difference is exact.
+/// Parts that saw no key weigh nothing; when none saw one, `out` is left as it is
+/// and the lse is `(−∞, 0)`. A NaN lse makes the result NaN.
 pub(crate) fn merge_softmax_parts<'a, 'o>(
     parts: impl Iterator<Item = SoftmaxPart<'a>> + Clone,
     acc: &mut [f64],
     out: impl IntoIterator<Item = &'o mut f32>,
-) -> f64 {
+) -> (f64, f64) {
     let m = parts
         .clone()
         .map(|p| p.top)
         .fold(f64::NEG_INFINITY, super::nan_max);
     if m == f64::NEG_INFINITY {
-        return m;
+        return (m, 0.0);
     }
     acc.fill(0.0);
     let mut sum = 0.0f64;
@@ -51,7 +52,7 @@ pub(crate) fn merge_softmax_parts<'a, 'o>(
     for (y, a) in out.into_iter().zip(acc.iter()) {
         *y = (a / sum) as f32;
     }
-    m + sum.ln()
+    (m, sum.ln())
 }
 
 #[cfg(test)]
@@ -96,7 +97,8 @@ mod tests {
             },
         ];
         let mut out = [0.0f32];
-        let lse = merge_softmax_parts(parts.iter().copied(), &mut [0.0], out.iter_mut());
+        let (top, log_sum) = merge_softmax_parts(parts.iter().copied(), &mut [0.0], out.iter_mut());
+        let lse = top + log_sum;
         assert!((lse - whole_lse).abs() < 1e-12, "{lse} vs {whole_lse}");
         assert!(
             (out[0] as f64 - whole).abs() < 1e-6,
@@ -116,7 +118,7 @@ mod tests {
         };
         let mut out = [7.0f32];
         let lse = merge_softmax_parts([none, none].into_iter(), &mut [0.0], out.iter_mut());
-        assert_eq!((lse, out[0]), (f64::NEG_INFINITY, 7.0));
+        assert_eq!((lse, out[0]), ((f64::NEG_INFINITY, 0.0), 7.0));
         let some = SoftmaxPart {
             top: 0.5,
             log_sum: 0.0,
@@ -124,7 +126,7 @@ mod tests {
             output: o.view(),
         };
         let lse = merge_softmax_parts([none, some].into_iter(), &mut [0.0], out.iter_mut());
-        assert_eq!((lse, out[0]), (0.5, 5.0));
+        assert_eq!((lse, out[0]), ((0.5, 0.0), 5.0));
     }
 
     /// Parts whose scores all round to `f32::MIN` (a padding mask's rows): the

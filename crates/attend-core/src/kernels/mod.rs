@@ -11,6 +11,7 @@
 pub mod backward;
 pub mod decode;
 pub mod fused;
+pub mod lse;
 pub(crate) mod merge;
 pub mod reference;
 pub(crate) mod round;

@@ -4,6 +4,7 @@
 
 use ndarray::{Array2, Array3, Array4};
 
+use crate::kernels::lse::{split, LogSumExp};
 use crate::problem::{Problem, SoftmaxAxis};
 
 /// Every intermediate of one attention call.
@@ -18,8 +19,8 @@ pub struct AttentionTrace {
     /// `weights · v`, `[B, Hq, L, Ev]`.
     pub output: Array4<f32>,
     /// Log-sum-exp of each query's row of `scaled`, `[B, Hq, L]` (−∞ when fully masked),
-    /// whatever the softmax axis.
-    pub lse: Array3<f32>,
+    /// whatever the softmax axis, in its two f32 parts.
+    pub lse: LogSumExp,
 }
 
 /// Runs the reference attention on a validated problem.
@@ -31,7 +32,7 @@ pub fn run(p: &Problem<'_>) -> AttentionTrace {
         scaled: Array4::zeros((d.batch, d.heads, d.q_len, d.kv_len)),
         weights: Array4::zeros((d.batch, d.heads, d.q_len, d.kv_len)),
         output: Array4::zeros((d.batch, d.heads, d.q_len, d.value_dim)),
-        lse: Array3::zeros((d.batch, d.heads, d.q_len)),
+        lse: LogSumExp::exact(Array3::zeros((d.batch, d.heads, d.q_len))),
     };
     for b in 0..d.batch {
         for h in 0..d.heads {
@@ -51,7 +52,9 @@ pub fn run(p: &Problem<'_>) -> AttentionTrace {
                         scaled[[i, j]] = in_f32_range(product + p.bias_at(b, h, i, j) as f64);
                     }
                 }
-                trace.lse[[b, h, i]] = log_sum_exp(scaled.row(i).iter().copied()) as f32;
+                let (top, log_sum) = log_sum_exp_parts(scaled.row(i).iter().copied());
+                let at = [b, h, i];
+                (trace.lse.value[at], trace.lse.residual[at]) = split(top, log_sum);
             }
             let weights = match p.softmax_axis {
                 SoftmaxAxis::Keys => softmax_rows(scaled.clone()),
@@ -89,11 +92,19 @@ fn in_f32_range(x: f64) -> f64 {
 
 /// `log Σ exp(x)`, −∞ for an empty or all −∞ sequence.
 pub(crate) fn log_sum_exp(xs: impl Iterator<Item = f64> + Clone) -> f64 {
+    let (max, log_sum) = log_sum_exp_parts(xs);
+    max + log_sum
+}
+
+/// `log Σ exp(x)` in two terms, `(max, log Σ exp(x − max))`, which f64 cannot
+/// always add up (`max` of a padding mask's size swallows the second); `(−∞, 0)`
+/// for an empty or all −∞ sequence.
+pub(crate) fn log_sum_exp_parts(xs: impl Iterator<Item = f64> + Clone) -> (f64, f64) {
     let max = xs.clone().fold(f64::NEG_INFINITY, crate::kernels::nan_max);
     if max == f64::NEG_INFINITY {
-        return f64::NEG_INFINITY;
+        return (max, 0.0);
     }
-    max + xs.map(|x| (x - max).exp()).sum::<f64>().ln()
+    (max, xs.map(|x| (x - max).exp()).sum::<f64>().ln())
 }
 
 /// Row-wise softmax; a row that is entirely −∞ (fully masked) becomes zeros.

@@ -34,6 +34,13 @@ pub(crate) const WIDE: usize = 4;
 /// that the order of operations does not depend on the blocking. Each join loads,
 /// adds and stores every accumulator.
 pub(crate) const SUM_BLOCK: usize = 64;
+/// Products in each partial sum of a score's dot product before it joins the
+/// score's running total, in the fused forward and in the backward, which
+/// recomputes the forward's scores bit for bit: the blocks keep long dot products
+/// (E = 64 and up) well below the naive sum's error, and each join costs a load, an
+/// add and a store per accumulator (32 rather than 16 halved those at E = 64;
+/// docs/fused-forward.md).
+pub(crate) const DOT_CHUNK: usize = 32;
 /// Pairs per partial sum of the bf16 products: a whole block of the dense layers'
 /// sum. Rounding each operand to bf16 moves it by up to 2⁻⁹ of itself, so a
 /// product by about 2⁻⁸; the f32 sum adds at most `k · 2⁻²⁴` of the sum of the

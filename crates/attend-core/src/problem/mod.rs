@@ -58,6 +58,10 @@ pub struct AttentionOptions<'a> {
     pub mask: Option<ArrayViewD<'a, bool>>,
     /// Additive mask broadcastable to `[B, Hq, L, S]`, added to the scaled scores.
     pub bias: Option<ArrayViewD<'a, f32>>,
+    /// The additive mask in f64, for f64 tensors: the f64 reference adds it in
+    /// place of `bias`, which must hold it rounded to f32 (its shape, and the −∞
+    /// that hide keys, are `bias`'s for every rule; the f32 kernels read `bias`).
+    pub bias_f64: Option<ArrayViewD<'a, f64>>,
     /// `[B, S]`, `true` marks a padding key that no query may attend to.
     /// (This is `nn.MultiheadAttention`'s `key_padding_mask` convention, the
     /// opposite of [`AttentionOptions::mask`].)
@@ -102,6 +106,8 @@ pub struct Problem<'a, Q = f32, KV = Q> {
     pub mask: Option<ArrayView4<'a, bool>>,
     /// Additive mask broadcast to `[B, Hq, L, S]`.
     pub bias: Option<ArrayView4<'a, f32>>,
+    /// The additive mask in f64 ([`AttentionOptions::bias_f64`]), broadcast alike.
+    pub bias_f64: Option<ArrayView4<'a, f64>>,
     /// `[B, S]`, true = padding key.
     pub key_padding: Option<ArrayView2<'a, bool>>,
     /// The resolved scale.
@@ -244,6 +250,18 @@ impl<'a, Q, KV> Problem<'a, Q, KV> {
             .as_ref()
             .map(|m| broadcast("bias", m, &d))
             .transpose()?;
+        let bias_f64 = match (&opts.bias_f64, &opts.bias) {
+            (None, _) => None,
+            (Some(exact), Some(rounded)) if exact.shape() == rounded.shape() => {
+                Some(broadcast("bias_f64", exact, &d)?)
+            }
+            (Some(exact), _) => {
+                return Err(Error::value(format!(
+                    "bias_f64 of shape {:?} needs bias, its rounding to f32, of the same shape",
+                    exact.shape()
+                )))
+            }
+        };
         if let Some(kp) = &opts.key_padding {
             if kp.dim() != (d.batch, d.kv_len) {
                 return Err(Error::shape(format!(
@@ -261,6 +279,7 @@ impl<'a, Q, KV> Problem<'a, Q, KV> {
             v,
             mask,
             bias,
+            bias_f64,
             key_padding: opts.key_padding.as_ref().map(|p| p.view()),
             scale,
             causal: opts.causal,
@@ -293,6 +312,7 @@ impl<'a, Q, KV> Problem<'a, Q, KV> {
             v,
             mask: self.mask.as_ref().map(|m| m.view()),
             bias: self.bias.as_ref().map(|m| m.view()),
+            bias_f64: self.bias_f64.as_ref().map(|m| m.view()),
             key_padding: self.key_padding.as_ref().map(|m| m.view()),
             scale: self.scale,
             causal: self.causal,
@@ -390,6 +410,16 @@ impl<'a, Q, KV> Problem<'a, Q, KV> {
     #[inline]
     pub fn bias_at(&self, b: usize, h: usize, i: usize, j: usize) -> f32 {
         self.bias.as_ref().map_or(0.0, |m| m[[b, h, i, j]])
+    }
+
+    /// The additive mask's value at `(b, h, i, j)` in f64: [`Problem::bias_f64`]'s
+    /// where there is one, else [`Problem::bias_at`]'s (what the f64 reference adds).
+    #[inline]
+    pub fn exact_bias_at(&self, b: usize, h: usize, i: usize, j: usize) -> f64 {
+        match &self.bias_f64 {
+            Some(m) => m[[b, h, i, j]],
+            None => f64::from(self.bias_at(b, h, i, j)),
+        }
     }
 
     /// Whether query `i` of `(b, h)` sees key `j`: inside its causal/window band,

@@ -55,10 +55,10 @@ def sdpa_forward_tensors(
     enable_gqa: bool,
     seed: Optional[Any],
     threads: int,
-) -> Tuple[Any, Any]:
+) -> Tuple[Any, Any, Any]:
     """The CPU kernel of ``torch.ops.attend.scaled_dot_product_attention`` on CPU
     tensors (float32, bfloat16 or float64; the mask bool or float32), read in place:
-    ``(out, lse)`` as new tensors."""
+    ``(out, lse, lse_residual)`` as new tensors."""
 
 def sdpa_backward_tensors(
     grad_out: Any,
@@ -67,6 +67,7 @@ def sdpa_backward_tensors(
     value: Any,
     out: Any,
     lse: Any,
+    lse_residual: Any,
     attn_mask: Optional[Any],
     dropout_p: float,
     is_causal: bool,

@@ -73,7 +73,8 @@ def scaled_dot_product_attention(
             lower rank, a single key/value head, a batch of one); with
             ``enable_gqa`` the key and value heads (axis -3) may divide the query's.
         attn_mask: boolean (``True`` = attend) or additive (float32 or the query's
-            dtype; float64 masks are rounded to float32, attend's mask type),
+            dtype; float64 tensors take a float64 mask whole, the other dtypes round
+            it to float32, attend's mask type),
             broadcastable to ``[..., L, S]``. Rows whose keys are all masked give 0,
             as PyTorch ≥ 2.5 does.
         dropout_p: probability of dropping each attention weight. The drop pattern

@@ -68,9 +68,12 @@ def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype is torch.float64 else torch.float32
 
 
-def _kernel_mask(mask: Tensor) -> Tensor:
-    """The mask as the kernels take it: bool, or an additive float32 mask."""
+def _kernel_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """The mask as the kernels take it for queries of ``dtype``: bool, or an additive
+    float32 mask, or float64 for float64 queries (the f64 reference adds it in f64)."""
     if mask.dtype is torch.bool or mask.dtype is torch.float32:
+        return mask
+    if mask.dtype is torch.float64 and dtype is torch.float64:
         return mask
     if mask.dtype is torch.float64:
         # attend's masks are float32: finite values beyond its range saturate, so
@@ -83,22 +86,27 @@ def _kernel_mask(mask: Tensor) -> Tensor:
 
 _LIB = torch.library.Library("attend", "DEF")
 _ARGS = "Tensor? attn_mask, float dropout_p, bool is_causal, float? scale, bool enable_gqa, Tensor? seed"
-_LIB.define(f"scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, {_ARGS}) -> (Tensor, Tensor)")
+_LIB.define(
+    f"scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, {_ARGS}) -> (Tensor, Tensor, Tensor)"
+)
 _LIB.define(
     "scaled_dot_product_attention_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, "
-    f"Tensor out, Tensor lse, {_ARGS}, bool mask_grad=False) -> (Tensor, Tensor, Tensor, Tensor)"
+    f"Tensor out, Tensor lse, Tensor lse_residual, {_ARGS}, bool mask_grad=False) "
+    "-> (Tensor, Tensor, Tensor, Tensor)"
 )
 
 sdpa = torch.ops.attend.scaled_dot_product_attention.default
 """Attention forward: ``(query, key, value, attn_mask, dropout_p, is_causal, scale,
-enable_gqa, seed) → (out [..., L, Ev], lse [..., L])``, ``out`` in the query's dtype
-and ``lse`` (each query's log-sum-exp, for the backward) in float32 (float64 for
-float64 queries). ``seed``, an int64 scalar tensor or ``None`` without dropout, picks
-the dropout pattern."""
+enable_gqa, seed) → (out [..., L, Ev], lse [..., L], lse_residual [..., L])``, ``out``
+in the query's dtype, ``lse`` (each query's log-sum-exp, as PyTorch's) and
+``lse_residual`` (what rounding ``lse`` left out, which the backward adds back) in
+float32 (float64 for float64 queries, whose backward reads neither). ``seed``, an
+int64 scalar tensor or ``None`` without dropout, picks the dropout pattern."""
 
 sdpa_backward = torch.ops.attend.scaled_dot_product_attention_backward.default
-"""Attention backward: ``(grad_out, query, key, value, out, lse, attn_mask, dropout_p,
-is_causal, scale, enable_gqa, seed, mask_grad=False) → (dq, dk, dv, dmask)`` shaped
+"""Attention backward: ``(grad_out, query, key, value, out, lse, lse_residual,
+attn_mask, dropout_p, is_causal, scale, enable_gqa, seed, mask_grad=False) → (dq, dk,
+dv, dmask)`` shaped
 like ``query``, ``key`` and ``value`` (summed over the axes they were broadcast
 along), and with ``mask_grad`` the gradient of a float ``attn_mask`` shaped and typed
 like it (its scores' gradient ``dS``), else an empty tensor."""
@@ -112,20 +120,21 @@ def _options(dropout_p: float, is_causal: bool, scale: Optional[float], enable_g
 
 def _forward_cpu(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
     if attn_mask is not None:
-        attn_mask = _kernel_mask(attn_mask)
+        attn_mask = _kernel_mask(attn_mask, query.dtype)
     return _attend.sdpa_forward_tensors(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed, get_num_threads()
     )
 
 
 def _backward_cpu(
-    grad_out, query, key, value, out, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed, mask_grad=False
+    grad_out, query, key, value, out, lse, lse_residual, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed,
+    mask_grad=False,
 ):
-    kernel_mask = None if attn_mask is None else _kernel_mask(attn_mask)
+    kernel_mask = None if attn_mask is None else _kernel_mask(attn_mask, query.dtype)
     mask_grad = mask_grad and attn_mask is not None and attn_mask.is_floating_point()
     *grads, dmask = _attend.sdpa_backward_tensors(
-        grad_out, query, key, value, out, lse, kernel_mask, dropout_p, is_causal, scale, enable_gqa, seed,
-        get_num_threads(), mask_grad,
+        grad_out, query, key, value, out, lse, lse_residual, kernel_mask, dropout_p, is_causal, scale, enable_gqa,
+        seed, get_num_threads(), mask_grad,
     )
     return (*grads, query.new_empty(0) if dmask is None else dmask.to(attn_mask.dtype))
 
@@ -176,11 +185,15 @@ def _mask_hints(mask_shape, q: list, k: list, v: list) -> list:
 
 def _forward_fake(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
     out_shape, lse_shape = _shapes(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    return query.new_empty(out_shape), query.new_empty(lse_shape, dtype=_lse_dtype(query.dtype))
+    lse_dtype = _lse_dtype(query.dtype)
+    return query.new_empty(out_shape), query.new_empty(lse_shape, dtype=lse_dtype), query.new_empty(
+        lse_shape, dtype=lse_dtype
+    )
 
 
 def _backward_fake(
-    grad_out, query, key, value, out, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed, mask_grad=False
+    grad_out, query, key, value, out, lse, lse_residual, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed,
+    mask_grad=False,
 ):
     _shapes(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     mask_grad = mask_grad and attn_mask is not None and attn_mask.is_floating_point()
@@ -196,19 +209,20 @@ torch.library.register_fake("attend::scaled_dot_product_attention_backward", _ba
 
 def _save(ctx, inputs, output) -> None:
     query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed, keyset = inputs
-    out, lse = output
-    ctx.save_for_backward(query, key, value, attn_mask, out, lse, seed)
+    out, lse, lse_residual = output
+    ctx.save_for_backward(query, key, value, attn_mask, out, lse, lse_residual, seed)
     ctx.options = (dropout_p, is_causal, scale, enable_gqa)
     # The log-sum-exp has no gradient rule: using it in a loss must fail, not be ignored.
-    ctx.mark_non_differentiable(lse)
+    ctx.mark_non_differentiable(lse, lse_residual)
 
 
 def _gradients(ctx, grad_out):
-    query, key, value, attn_mask, out, lse, seed = ctx.saved_tensors
+    query, key, value, attn_mask, out, lse, lse_residual, seed = ctx.saved_tensors
     dropout_p, is_causal, scale, enable_gqa = ctx.options
     mask_grad = ctx.needs_input_grad[3]
     grads = sdpa_backward(
-        grad_out, query, key, value, out, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed, mask_grad
+        grad_out, query, key, value, out, lse, lse_residual, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+        seed, mask_grad,
     )
     dq, dk, dv, dmask = (g if needed else None for g, needed in zip(grads, ctx.needs_input_grad[:4]))
     return dq, dk, dv, dmask, None, None, None, None, None, None
@@ -287,7 +301,7 @@ class _Differentiable(torch.autograd.function._SingleLevelFunction):
         return output
 
     @staticmethod
-    def backward(ctx, grad_out, _grad_lse):  # type: ignore[override]
+    def backward(ctx, grad_out, _grad_lse, _grad_lse_residual):  # type: ignore[override]
         return _gradients(ctx, grad_out)
 
 
@@ -345,7 +359,7 @@ class _NoSecondDerivative(torch.autograd.function._SingleLevelFunction):
 
 
 def _backward_autograd(keyset, *args):
-    if _records_grad(args[:7]):
+    if _records_grad(args[:8]):
         return _recorded(_NoSecondDerivative, (*args, keyset))
     return _below_autograd(sdpa_backward, _backward_cpu, keyset, args)
 
@@ -403,20 +417,20 @@ def _forward_vmap(info, in_dims, query, key, value, attn_mask, dropout_p, is_cau
     rank = _logical_rank((query, key, value), in_dims[:3])
     q, k, v, m = (_lift(t, d, rank, info.batch_size, False) for t, d in zip((query, key, value, attn_mask), in_dims))
     seed = _seed_for_vmap(info, seed, in_dims[8], dropout_p)
-    return sdpa(q, k, v, m, dropout_p, is_causal, scale, enable_gqa, seed), (0, 0)
+    return sdpa(q, k, v, m, dropout_p, is_causal, scale, enable_gqa, seed), (0, 0, 0)
 
 
 def _backward_vmap(
-    info, in_dims, grad_out, query, key, value, out, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed,
-    mask_grad=False,
+    info, in_dims, grad_out, query, key, value, out, lse, lse_residual, attn_mask, dropout_p, is_causal, scale,
+    enable_gqa, seed, mask_grad=False,
 ):
     rank = _logical_rank((query, key, value), in_dims[1:4])
-    tensors = (grad_out, query, key, value, out, lse, attn_mask)
-    ranks = (rank,) * 5 + (rank - 1, rank)  # the log-sum-exp lacks the output's last axis
+    tensors = (grad_out, query, key, value, out, lse, lse_residual, attn_mask)
+    ranks = (rank,) * 5 + (rank - 1, rank - 1, rank)  # the log-sum-exp lacks the output's last axis
     # Every input repeated to the batch, so that each sample gets its own gradient.
-    g, q, k, v, o, l, m = (_lift(t, d, r, info.batch_size, True) for t, d, r in zip(tensors, in_dims, ranks))
-    seed = _seed_for_vmap(info, seed, in_dims[11], dropout_p)
-    grads = sdpa_backward(g, q, k, v, o, l, m, dropout_p, is_causal, scale, enable_gqa, seed, mask_grad)
+    g, q, k, v, o, l, r, m = (_lift(t, d, n, info.batch_size, True) for t, d, n in zip(tensors, in_dims, ranks))
+    seed = _seed_for_vmap(info, seed, in_dims[12], dropout_p)
+    grads = sdpa_backward(g, q, k, v, o, l, r, m, dropout_p, is_causal, scale, enable_gqa, seed, mask_grad)
     # The mask's gradient is batched like the mask was lifted; the empty one is not.
     return grads, (0, 0, 0, 0 if grads[3].numel() else None)
 
@@ -487,5 +501,5 @@ def sdpa_torch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
     # Numbers go in as check_options returns them (an int or float as given): under
     # torch.compile(dynamic=True), float() of a constant would trace a symbolic float
     # and restart the analysis.
-    out, _ = sdpa(query, key, value, attn_mask, dropout_p, bool(is_causal), scale, bool(enable_gqa), seed)
+    out, _, _ = sdpa(query, key, value, attn_mask, dropout_p, bool(is_causal), scale, bool(enable_gqa), seed)
     return out

@@ -201,8 +201,8 @@ fn check_against(
 ) {
     let want = reference::run(p);
     assert_eq!(got.0.shape(), want.output.shape(), "{what}: output shape");
-    assert_eq!(got.1.shape(), want.lse.shape(), "{what}: lse shape");
-    for (l, (g, n)) in want.lse.iter().zip(got.1.iter().zip(naive.1.iter())) {
+    assert_eq!(got.1.shape(), want.lse.value.shape(), "{what}: lse shape");
+    for (l, (g, n)) in want.lse.value.iter().zip(got.1.iter().zip(naive.1.iter())) {
         assert_eq!(
             *l == f32::NEG_INFINITY,
             *g == f32::NEG_INFINITY,
@@ -210,7 +210,7 @@ fn check_against(
         );
     }
     let d = p.dims();
-    for ((b, h, i), l) in want.lse.indexed_iter() {
+    for ((b, h, i), l) in want.lse.value.indexed_iter() {
         if *l == f32::NEG_INFINITY {
             for c in 0..d.value_dim {
                 assert_eq!(got.0[[b, h, i, c]], 0.0, "{what}: masked row must be 0");
@@ -267,12 +267,15 @@ fn check_against(
         .scaled
         .iter()
         .copied()
-        .chain(want.lse.iter().copied())
+        .chain(want.lse.value.iter().copied())
         .chain(scaled_dots)
         .filter(|x| x.is_finite())
         .fold(0.0f64, |m, x| m.max(x.abs() as f64));
     let lfloor = 4.0 * f32::EPSILON as f64 * lmax.max(1.0);
-    let (err, nerr) = (max_err(&got.1, &want.lse), max_err(&naive.1, &want.lse));
+    let (err, nerr) = (
+        max_err(&got.1, &want.lse.value),
+        max_err(&naive.1, &want.lse.value),
+    );
     assert!(
         err <= 2.0 * nerr + lfloor,
         "{what}: lse error {err:e} > 2 × naive {nerr:e} + floor {lfloor:e}"

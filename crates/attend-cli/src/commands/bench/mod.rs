@@ -8,7 +8,9 @@
 //! and multiplies them with f32 FMAs.
 
 use attend::attention::{attention_backward_with, BackwardConfig, BackwardKernel, Exec, Saved};
-use attend::attention::{attention_with, AttentionOptions, Causal, Config, Kernel};
+use attend::attention::{
+    attention_with, attention_with_lse_parts, AttentionOptions, Causal, Config, Kernel,
+};
 use attend::element::{bf16, from_f32, Dtype};
 use attend::kernels::Isa;
 use attend::timing::median_seconds;
@@ -267,13 +269,13 @@ pub fn run(args: Args) -> Result<(), Error> {
             attention_with(qb.view(), kb.view(), vb.view(), &opts, &config)?;
             return Ok(());
         }
-        let (out, lse) = attention_with(q.view(), k.view(), v.view(), &opts, &config)?;
+        let forward = attention_with_lse_parts(q.view(), k.view(), v.view(), &opts, &config)?;
         if args.backward {
             attention_backward_with(
                 q.view(),
                 k.view(),
                 v.view(),
-                Saved::new(out.view(), lse.view()),
+                Saved::from(&forward),
                 dout.view(),
                 &opts,
                 &bconfig,

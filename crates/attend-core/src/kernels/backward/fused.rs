@@ -2,10 +2,10 @@
 //!
 //! Nothing `L × S` is ever held: for each pair of a key block (64 keys) and a query
 //! block (64 queries) the kernel recomputes the scores, turns them into
-//! probabilities with the saved log-sum-exp (`P = exp(scale·qkᵀ + bias − lse)`, or
-//! from statistics recomputed once for rows whose log-sum-exp is too large to
-//! carry them, `coarse`), and
-//! runs the five small matrix products of the backward pass:
+//! probabilities with the saved log-sum-exp in its two f32 parts
+//! (`P = exp(scale·qkᵀ + bias − lse − residual)`, `kernels::lse`; where the
+//! caller saved no residual, `coarse` gives one), and runs the five small matrix
+//! products of the backward pass:
 //!
 //! ```text
 //! S  = Q Kᵀ          dP = dO Vᵀ          dS = P ∘ (dP − D) · scale
@@ -36,7 +36,7 @@ use rayon::prelude::*;
 use super::{coarse, AttentionGrads};
 use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
 use crate::kernels::scratch::{carve, with_scratch};
-use crate::kernels::tile::{Init, Tile, MR, NR, SUM_BLOCK, WIDE};
+use crate::kernels::tile::{Init, Tile, DOT_CHUNK, MR, NR, SUM_BLOCK, WIDE};
 use crate::problem::{along, Dims, Dropout, Problem, SoftmaxAxis};
 
 /// Queries per block.
@@ -75,12 +75,15 @@ struct Ctx<'a, 'p> {
     evp: usize,
     /// `[B, H, L, ep]` and `[B, H, L, evp]`, contiguous.
     q: Cow<'a, [f32]>,
+    /// `q · scale`, `[B, H, L, ep]`: the queries as the fused forward scales them
+    /// before its scores' products, which the backward's repeat bit for bit.
+    qs: Vec<f32>,
     dout: Cow<'a, [f32]>,
-    /// `[B, H, L]`: each row's weights are `exp(s − shift) · factor`, the shift
-    /// the forward's log-sum-exp (−∞ for a row that sees no key) and the factor 1,
-    /// but for rows whose log-sum-exp is too coarse ([`coarse::row_shifts`]).
+    /// `[B, H, L]`: each row's weights are `exp((s − shift) − residual)`, the
+    /// shift the forward's log-sum-exp (−∞ for a row that sees no key) and the
+    /// residual what its rounding to f32 left out ([`crate::kernels::lse`]).
     shift: Vec<f32>,
-    factor: Vec<f32>,
+    residual: Vec<f32>,
     dsum: Vec<f32>,
     /// Boolean, additive or key-padding masks present: per-score rules needed.
     elementwise: bool,
@@ -123,13 +126,15 @@ fn packed<'a>(a: &'a ArrayView4<'_, f32>, width: usize) -> Cow<'a, [f32]> {
     Cow::Owned(out)
 }
 
-/// Runs the fused backward on a validated problem; with `want_ds`, also returns
-/// the scores' gradient `dS` `[B, H, L, S]` (the additive mask's, before its sum
-/// over broadcast axes), 0 at the pairs that do not see each other.
+/// Runs the fused backward on a validated problem, from the forward's output and
+/// log-sum-exp with its residual (recomputed where it matters if the caller has
+/// none, [`coarse::residuals`]); with `want_ds`, also returns the scores' gradient
+/// `dS` `[B, H, L, S]` (the additive mask's, before its sum over broadcast axes), 0
+/// at the pairs that do not see each other.
 pub(crate) fn run(
     p: &Problem<'_>,
     out: ArrayView4<'_, f32>,
-    lse: ArrayView3<'_, f32>,
+    (lse, residual): (ArrayView3<'_, f32>, Option<ArrayView3<'_, f32>>),
     dout: ArrayView4<'_, f32>,
     dropout: Option<&Dropout>,
     want_ds: bool,
@@ -162,8 +167,11 @@ pub(crate) fn run(
                 }
             });
     }
-    let lse: Vec<f32> = lse.iter().copied().collect();
-    let (shift, factor) = coarse::row_shifts(p, &lse);
+    let shift: Vec<f32> = lse.iter().copied().collect();
+    let residual = match residual {
+        Some(r) => r.iter().copied().collect(),
+        None => coarse::residuals(p, &shift),
+    };
     // A NaN in `D_i` covers one in `dO_i` (or a NaN output); `q`, `k` and `v` are
     // checked row by row, once per call and only where pairs can be hidden.
     let hides = p.has_elementwise_masks() || p.is_banded();
@@ -178,6 +186,7 @@ pub(crate) fn run(
         (Vec::new(), Vec::new())
     };
     let q_len_total = d.batch * d.heads * d.q_len;
+    let q = packed(&p.q, ep);
     let mut dq_bufs: Vec<Vec<f32>> = (0..chunks)
         .map(|_| vec![0.0f32; q_len_total * ep])
         .collect();
@@ -191,10 +200,11 @@ pub(crate) fn run(
         scale: p.scale,
         ep,
         evp,
-        q: packed(&p.q, ep),
+        qs: scaled(&q, p.scale),
+        q,
         dout: packed(&dout, evp),
         shift,
-        factor,
+        residual,
         dsum,
         elementwise: p.mask.is_some() || p.bias.is_some() || p.key_padding.is_some(),
         finite_rows,
@@ -247,6 +257,15 @@ pub(crate) fn run(
         dbias: None,
     };
     (grads, ds)
+}
+
+/// `q · scale`, element by element, as the fused forward's vectors multiply it.
+fn scaled(q: &[f32], scale: f32) -> Vec<f32> {
+    let mut out = vec![0.0f32; q.len()];
+    out.par_chunks_mut(1 << 14)
+        .zip(q.par_chunks(1 << 14))
+        .for_each(|(out, q)| out.iter_mut().zip(q).for_each(|(y, &x)| *y = x * scale));
+    out
 }
 
 /// Whether each row `a[b, h, t, ..]` is finite, in `[B, H, T]` order.
@@ -387,14 +406,19 @@ unsafe fn task<I: Simd>(
                     let rows_finite = rows_finite.is_none_or(|f| f.iter().all(|&x| x));
                     let exact = !full && (!keys_finite || !rows_finite);
                     let qblk = ctx.q.as_ptr().add((bh * d.q_len + i0) * ep);
+                    let qsblk = ctx.qs.as_ptr().add((bh * d.q_len + i0) * ep);
                     let doblk = ctx.dout.as_ptr().add((bh * d.q_len + i0) * evp);
-                    // S = Q Kᵀ and dP = dO Vᵀ, through one copy of the product's code.
+                    // S = (Q · scale) Kᵀ, the fused forward's scores to the bit (its
+                    // products, in its order and partial sums; zero padding adds
+                    // zeros), so that `exp(s − lse)` gives back its weights, and
+                    // dP = dO Vᵀ, through one copy of the product's code.
                     let scores = Product {
                         dims: [nr, BC, ep],
-                        a: (qblk, ep, 1),
+                        a: (qsblk, ep, 1),
                         b: (kt.as_ptr(), BC),
                         c: (s.as_mut_ptr(), BC),
                         init: Init::Zero,
+                        partial: DOT_CHUNK,
                     };
                     let grads = Product {
                         dims: [nr, BC, evp],
@@ -402,6 +426,7 @@ unsafe fn task<I: Simd>(
                         b: (vt.as_ptr(), BC),
                         c: (dp.as_mut_ptr(), BC),
                         init: Init::Zero,
+                        partial: SUM_BLOCK,
                     };
                     for product in [scores, grads] {
                         product.run(isa);
@@ -411,7 +436,7 @@ unsafe fn task<I: Simd>(
                     for r in 0..nr {
                         let i = i0 + r;
                         let l = ctx.shift[bh * d.q_len + i];
-                        let factor = ctx.factor[bh * d.q_len + i];
+                        let rest = ctx.residual[bh * d.q_len + i];
                         let dsum = ctx.dsum[bh * d.q_len + i];
                         let srow = s.as_mut_ptr().add(r * BC);
                         let dprow = dp.as_mut_ptr().add(r * BC);
@@ -421,7 +446,7 @@ unsafe fn task<I: Simd>(
                             continue;
                         }
                         if full {
-                            exp_row(isa, srow, ctx.scale, l);
+                            exp_row(isa, srow, (l, rest));
                         } else {
                             // Per-score rules: logits, −∞ where masked, then exp.
                             let (lo, hi) = p.key_range(i);
@@ -430,7 +455,7 @@ unsafe fn task<I: Simd>(
                             masks.write_terms(r, term);
                             let srow_n = std::slice::from_raw_parts_mut(srow, nk);
                             for (jj, (x, &t)) in srow_n.iter_mut().zip(term.iter()).enumerate() {
-                                let logit = *x * ctx.scale + t - l;
+                                let logit = (*x + t - l) - rest;
                                 // −∞ where hidden, even for a NaN score (NaN + −∞ is NaN).
                                 let visible = (lo <= jj) & (jj < hi) & (t != f32::NEG_INFINITY);
                                 *x = if visible { logit } else { f32::NEG_INFINITY };
@@ -438,12 +463,7 @@ unsafe fn task<I: Simd>(
                             for jj in nk..BC {
                                 *srow.add(jj) = f32::NEG_INFINITY;
                             }
-                            exp_row(isa, srow, 1.0, 0.0);
-                        }
-                        if factor != 1.0 {
-                            std::slice::from_raw_parts_mut(srow, nk)
-                                .iter_mut()
-                                .for_each(|x| *x *= factor);
+                            exp_row(isa, srow, (0.0, 0.0));
                         }
                         if !ctx.ds.0.is_null() {
                             // dS = P ∘ (dP − D) before the scale, as below, for the
@@ -482,6 +502,7 @@ unsafe fn task<I: Simd>(
                         b: (doblk, evp),
                         c: (dv_acc.as_mut_ptr(), evp),
                         init: Init::Add,
+                        partial: SUM_BLOCK,
                     };
                     let into_dk = Product {
                         dims: [nk, ep, nr],
@@ -489,6 +510,7 @@ unsafe fn task<I: Simd>(
                         b: (qblk, ep),
                         c: (dk_acc.as_mut_ptr(), ep),
                         init: Init::Add,
+                        partial: SUM_BLOCK,
                     };
                     let into_dq = Product {
                         dims: [nr, ep, nk],
@@ -496,6 +518,7 @@ unsafe fn task<I: Simd>(
                         b: (krow.as_ptr(), ep),
                         c: (dq_blk, ep),
                         init: Init::Add,
+                        partial: SUM_BLOCK,
                     };
                     if exact {
                         let block = SeenBlock {
@@ -571,20 +594,20 @@ impl SeenBlock<'_, '_> {
     }
 }
 
-/// `row[j] = exp(row[j] · scale − shift)` over one block row, the product exact
-/// inside a fused multiply-add, so that the score and the shift meet in their own
-/// units, however large.
+/// `row[j] = exp((row[j] − shift) − residual)` over one block row: the score and
+/// the shift meet in their own units, however large, and what is left is small
+/// enough to take the residual.
 ///
 /// # Safety
 /// `row` must be valid for reading and writing `BC` floats.
 #[inline(always)]
-unsafe fn exp_row<I: Simd>(isa: I, row: *mut f32, scale: f32, shift: f32) {
+unsafe fn exp_row<I: Simd>(isa: I, row: *mut f32, (shift, residual): (f32, f32)) {
     // SAFETY: the caller upholds this function's contract (see # Safety).
     unsafe {
-        let (sc, sh) = (isa.splat(scale), isa.splat(-shift));
+        let (sh, rest) = (isa.splat(shift), isa.splat(residual));
         for v in 0..BC / W {
             let x = isa.load(row.add(v * W));
-            isa.store(row.add(v * W), isa.exp(isa.fma(x, sc, sh)));
+            isa.store(row.add(v * W), isa.exp(isa.sub(isa.sub(x, sh), rest)));
         }
     }
 }
@@ -618,6 +641,8 @@ struct Product {
     c: (*mut f32, usize),
     /// [`Init::Zero`] to write `C`, [`Init::Add`] to add to it.
     init: Init<'static>,
+    /// Steps in each partial sum ([`Tile::partial`]).
+    partial: usize,
 }
 
 impl Product {
@@ -672,7 +697,7 @@ impl Product {
                     ldb,
                     next: NR,
                     kc: k,
-                    partial: SUM_BLOCK,
+                    partial: self.partial,
                 };
                 tile.run::<I, P>(isa, rows, c.add(i * ldc + j), ldc, [self.init; P]);
                 i += rows;

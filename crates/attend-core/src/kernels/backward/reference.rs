@@ -59,7 +59,7 @@ fn probabilities(
                 let dot: f64 = (0..d.head_dim)
                     .map(|e| q[[b, h, i, e]] * k[[b, kvh, j, e]])
                     .sum();
-                s[[i, j]] = dot * scale + p.bias_at(b, h, i, j) as f64;
+                s[[i, j]] = dot * scale + p.exact_bias_at(b, h, i, j);
             }
         }
         lse[i] = log_sum_exp(s.row(i).iter().copied());

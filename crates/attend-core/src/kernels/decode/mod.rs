@@ -27,6 +27,7 @@ use rayon::prelude::*;
 
 use crate::element::Element;
 use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
+use crate::kernels::lse::{split, LogSumExp};
 use crate::kernels::merge::{merge_softmax_parts, SoftmaxPart};
 use crate::kernels::scratch::with_scratch;
 use crate::problem::{Problem, SoftmaxAxis};
@@ -105,7 +106,7 @@ pub(crate) fn run<Q: Element, T: Element>(
     p: &Problem<'_, Q, T>,
     span: KeySpan,
     isa: IsaToken,
-) -> (Array4<f32>, Array3<f32>) {
+) -> (Array4<f32>, LogSumExp) {
     assert!(supports(p), "the decode kernel needs softmax over keys");
     let d = p.dims();
     let (group, l) = (d.heads / d.kv_heads, d.q_len);
@@ -113,7 +114,12 @@ pub(crate) fn run<Q: Element, T: Element>(
     let (e, ev) = (d.head_dim, d.value_dim);
     let mut out = Array4::zeros((d.batch, d.heads, l, ev));
     let mut lse = Array3::from_elem((d.batch, d.heads, l), f32::NEG_INFINITY);
+    let mut residual = Array3::zeros((d.batch, d.heads, l));
     if d.batch == 0 || d.heads == 0 || l == 0 {
+        let lse = LogSumExp {
+            value: lse,
+            residual,
+        };
         return (out, lse);
     }
 
@@ -226,10 +232,15 @@ pub(crate) fn run<Q: Element, T: Element>(
                 });
                 let row = out.slice_mut(ndarray::s![b, h, i, ..]);
                 // Fully masked rows keep the zeros and −∞ they were initialised with.
-                lse[[b, h, i]] = merge_softmax_parts(parts, &mut acc, row) as f32;
+                let (top, log_sum) = merge_softmax_parts(parts, &mut acc, row);
+                (lse[[b, h, i]], residual[[b, h, i]]) = split(top, log_sum);
             }
         }
     }
+    let lse = LogSumExp {
+        value: lse,
+        residual,
+    };
     (out, lse)
 }
 

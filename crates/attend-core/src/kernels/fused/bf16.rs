@@ -17,7 +17,7 @@
 //! rounded to bf16 as each unit writes it out. A width or tile of odd length ends
 //! with a pair whose high half is zero.
 
-use ndarray::{Array3, Array4, ArrayView2, ArrayView4, ArrayViewMut2, ShapeBuilder};
+use ndarray::{Array4, ArrayView2, ArrayView4, ArrayViewMut2, ShapeBuilder};
 use rayon::prelude::*;
 
 use super::{
@@ -28,6 +28,7 @@ use super::{MaskRows, Operands, Stats, UnitAt, BK, EARLY_SLACK};
 use crate::element::bf16;
 use crate::isa::transpose::transpose;
 use crate::isa::{bf16_to_f32, dispatch, IsaToken, Simd, SimdJob, LANES};
+use crate::kernels::lse::LogSumExp;
 use crate::kernels::scratch::carve;
 use crate::kernels::tile::{Rescale, Tile, PAIR_SUM_BLOCK};
 use crate::problem::{Dims, Problem};
@@ -59,7 +60,7 @@ fn pairs(n: usize) -> usize {
 ///
 /// # Panics
 /// If `!supports(p)` or `!reads_in_place(p)` (both checked by the caller).
-pub(crate) fn run(p: &Problem<'_, bf16>, isa: IsaToken) -> (Array4<bf16>, Array3<f32>) {
+pub(crate) fn run(p: &Problem<'_, bf16>, isa: IsaToken) -> (Array4<bf16>, LogSumExp) {
     assert!(reads_in_place(p), "bf16 fused kernel needs contiguous rows");
     let ops = Bf16Operands {
         p,

@@ -3,7 +3,7 @@
 //! both products on the library's register tile (`kernels::tile`), which
 //! broadcasts one element of `K` or `V` against rows of queries.
 
-use ndarray::{Array3, Array4, ArrayViewMut2};
+use ndarray::{Array4, ArrayViewMut2};
 
 use super::{
     drive, exp_shifted, head_ptr, join_sums, masked_score, query_vectors, register_block,
@@ -12,15 +12,10 @@ use super::{
 use super::{MaskRows, Operands, Stats, UnitAt};
 use crate::isa::transpose::transpose;
 use crate::isa::{IsaToken, Simd, LANES};
+use crate::kernels::lse::LogSumExp;
 use crate::kernels::scratch::carve;
-use crate::kernels::tile::{Rescale, Tile, SUM_BLOCK};
+use crate::kernels::tile::{Rescale, Tile, DOT_CHUNK, SUM_BLOCK};
 use crate::problem::{Dims, Dropout, Problem};
-
-/// Products in each partial sum of a score's dot product before it joins the
-/// score's running total: the blocks keep long dot products (E = 64 and up) well
-/// below the naive sum's error, and each join costs a load, an add and a store per
-/// accumulator (32 rather than 16 halved those at E = 64; docs/fused-forward.md).
-const DOT_CHUNK: usize = 32;
 
 /// Vectors of 16 queries a unit holds at most on instruction sets with 16 vector
 /// registers, where the products take one vector (panel) of queries at a time
@@ -43,7 +38,7 @@ pub(crate) fn run(
     p: &Problem<'_>,
     isa: IsaToken,
     dropout: Option<&Dropout>,
-) -> (Array4<f32>, Array3<f32>) {
+) -> (Array4<f32>, LogSumExp) {
     let ops = F32Operands {
         p,
         scale: p.scale,

@@ -54,6 +54,7 @@ use ndarray::{Array3, Array4, ArrayView4};
 use rayon::prelude::*;
 
 use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
+use crate::kernels::lse::{split, LogSumExp};
 use crate::kernels::scratch::{carve, with_scratch};
 use crate::kernels::tile::Rescale;
 use crate::problem::{band_row, Dims, MaskTiles, Problem, SoftmaxAxis};
@@ -367,7 +368,7 @@ fn scratch_len<'p, O: Operands<'p>>(d: &Dims) -> usize {
 ///
 /// # Panics
 /// If `!supports(p)` (checked by [`crate::attention::attention_with`]).
-fn drive<'p, O: Operands<'p>>(ops: &O, isa: IsaToken) -> (Array4<O::Out>, Array3<f32>) {
+fn drive<'p, O: Operands<'p>>(ops: &O, isa: IsaToken) -> (Array4<O::Out>, LogSumExp) {
     let p = ops.problem();
     assert!(supports(p), "fused kernel does not support this problem");
     let d = p.dims();
@@ -375,17 +376,35 @@ fn drive<'p, O: Operands<'p>>(ops: &O, isa: IsaToken) -> (Array4<O::Out>, Array3
     // first was a serial pass over the whole output (1.4 % of a causal bf16 N2048).
     let mut out = Array4::<O::Out>::uninit((d.batch, d.heads, d.q_len, d.value_dim));
     let mut lse = Array3::<f32>::uninit((d.batch, d.heads, d.q_len));
-    if out.is_empty() {
-        // SAFETY: neither has an element to initialise: with a value width above zero
-        // (`supports`), an empty output has no batch, head or query, nor has `lse`.
-        return unsafe { (out.assume_init(), lse.assume_init()) };
+    let mut residual = Array3::<f32>::uninit((d.batch, d.heads, d.q_len));
+    // An empty output has nothing to write: with a value width above zero
+    // (`supports`) it has no batch, head or query, nor has `lse`.
+    if !out.is_empty() {
+        run_units(ops, isa, &mut out, [&mut lse, &mut residual]);
     }
+    // SAFETY: the units partition the output and the log-sum-exp, and each unit's
+    // `write_out` writes all of its part.
+    unsafe {
+        let (value, residual) = (lse.assume_init(), residual.assume_init());
+        (out.assume_init(), LogSumExp { value, residual })
+    }
+}
+
+/// Runs every unit of `ops`'s problem, which write all of `out` and `lse`.
+fn run_units<'p, O: Operands<'p>>(
+    ops: &O,
+    isa: IsaToken,
+    out: &mut Array4<MaybeUninit<O::Out>>,
+    lse: [&mut Array3<MaybeUninit<f32>>; 2],
+) {
+    let p = ops.problem();
+    let d = p.dims();
     let plan = Plan {
         group: d.heads / d.kv_heads,
         nq: ops.query_vectors(isa.registers()),
         masks: p.mask_tiles(isa),
     };
-    let units = units(&d, plan.nq * LANES, &mut out, &mut lse);
+    let units = units(&d, plan.nq * LANES, out, lse);
     let len = scratch_len::<O>(&d);
     units.into_par_iter().for_each(|unit| {
         with_scratch(len, |scratch| {
@@ -401,34 +420,36 @@ fn drive<'p, O: Operands<'p>>(ops: &O, isa: IsaToken) -> (Array4<O::Out>, Array3
             )
         })
     });
-    // SAFETY: the units partition the output and the log-sum-exp, and each unit's
-    // `write_out` writes all of its part.
-    unsafe { (out.assume_init(), lse.assume_init()) }
 }
 
 /// The units of a call, `w` queries wide, each with the part of the fresh output
-/// `out` and log-sum-exp `lse` it writes.
+/// `out` and log-sum-exp `lse` (value and residual) it writes.
 fn units<'o, T>(
     d: &Dims,
     w: usize,
     out: &'o mut Array4<MaybeUninit<T>>,
-    lse: &'o mut Array3<MaybeUninit<f32>>,
+    lse: [&'o mut Array3<MaybeUninit<f32>>; 2],
 ) -> Vec<Unit<'o, T>> {
     let mut units = Vec::new();
     let outs = out.as_slice_mut().expect("fresh array is contiguous");
-    let lses = lse.as_slice_mut().expect("fresh array is contiguous");
-    let head_chunks = outs
-        .chunks_mut(d.q_len * d.value_dim)
-        .zip(lses.chunks_mut(d.q_len));
-    for (bh, (o, l)) in head_chunks.enumerate() {
-        let blocks = o.chunks_mut(w * d.value_dim).zip(l.chunks_mut(w));
-        for (qb, (o, l)) in blocks.enumerate() {
+    let [values, residuals] = lse.map(|a| a.as_slice_mut().expect("fresh array is contiguous"));
+    let head_chunks = outs.chunks_mut(d.q_len * d.value_dim).zip(
+        values
+            .chunks_mut(d.q_len)
+            .zip(residuals.chunks_mut(d.q_len)),
+    );
+    for (bh, (o, (l, r))) in head_chunks.enumerate() {
+        let blocks = o
+            .chunks_mut(w * d.value_dim)
+            .zip(l.chunks_mut(w).zip(r.chunks_mut(w)));
+        for (qb, (o, (l, r))) in blocks.enumerate() {
             units.push(Unit {
                 b: bh / d.heads,
                 h: bh % d.heads,
                 i0: qb * w,
                 out: o,
                 lse: l,
+                residual: r,
             });
         }
     }
@@ -451,8 +472,9 @@ struct Unit<'o, T> {
     i0: usize,
     /// `[rows, Ev]`, uninitialised until [`write_out`] writes all of it.
     out: &'o mut [MaybeUninit<T>],
-    /// `[rows]`, likewise.
+    /// `[rows]`, likewise: the log-sum-exps' f32 values and residuals.
     lse: &'o mut [MaybeUninit<f32>],
+    residual: &'o mut [MaybeUninit<f32>],
 }
 
 /// The buffers every unit has, carved from the thread's scratch after the
@@ -721,7 +743,7 @@ fn prefetch_queries<T>(p: &Problem<'_, T>, (b, h): (usize, usize), rows: std::op
 
 /// Normalises a unit's `Oᵀ` (`[Ev][w]`) by the running sums `l` and writes it out
 /// `[rows, Ev]` in the output's element type ([`write_normalised`]), with the
-/// log-sum-exp from the running maxima `m`.
+/// log-sum-exp from the running maxima `m`, in its two parts.
 #[inline(always)]
 fn write_out<I: Simd, T: Output>(
     isa: I,
@@ -733,8 +755,11 @@ fn write_out<I: Simd, T: Output>(
     let rows = u.lse.len();
     let ev = u.out.len() / rows.max(1);
     write_normalised(isa, (ot, w), l, rows, u.out);
-    for (lse, (&m, &l)) in u.lse.iter_mut().zip(m.iter().zip(l)) {
-        lse.write(log_sum_exp(m, l));
+    let parts = u.lse.iter_mut().zip(u.residual.iter_mut());
+    for ((lse, residual), (&m, &l)) in parts.zip(m.iter().zip(l)) {
+        let (value, rest) = split(f64::from(m), ln_sum(l));
+        lse.write(value);
+        residual.write(rest);
     }
     for ii in 0..rows {
         let (m, l) = (m[ii], l[ii]);
@@ -744,24 +769,26 @@ fn write_out<I: Simd, T: Output>(
         if m == f32::NEG_INFINITY && !l.is_nan() {
             u.out[ii * ev..(ii + 1) * ev].fill(MaybeUninit::new(T::ZERO));
             u.lse[ii].write(f32::NEG_INFINITY);
+            u.residual[ii].write(0.0);
         } else if !l.is_normal() {
-            u.lse[ii].write((m as f64 + (l as f64).ln()) as f32);
+            let (value, rest) = split(f64::from(m), f64::from(l).ln());
+            u.lse[ii].write(value);
+            u.residual[ii].write(rest);
         }
     }
 }
 
-/// The log-sum-exp `m + ln l` of a running maximum `m` and
-/// sum `l`, in f64 rounded to f32, for a normal `l` (the sums of seen scores are at
-/// least 1; the caller takes the others apart). No call to `ln`: 64 of them took
-/// 6 % of a unit's time against 64 keys; this code has no branch, so the compiler
-/// computes a unit's queries a vector at a time.
+/// `ln l` in f64 for a normal running sum `l` (the sums of seen scores are at least
+/// 1; the caller takes the others apart). No call to `ln`: 64 of them took 6 % of a
+/// unit's time against 64 keys; this code has no branch, so the compiler computes a
+/// unit's queries a vector at a time.
 ///
 /// `l = 2^e · f` with `f` in `[√½, √2)`, and `ln f = 2 atanh(s)` with `s = (f − 1) /
 /// (f + 1)`, `|s| < 0.172`: the series to `s²¹` leaves out less than `2 s²³/23 <
 /// 3·10⁻¹⁹`, below the f64 roundings of the two terms, so that the result is as
-/// good as `ln`'s even where `m · ln 2` and `ln l` cancel.
+/// good as `ln`'s.
 #[inline(always)]
-fn log_sum_exp(m: f32, l: f32) -> f32 {
+fn ln_sum(l: f32) -> f64 {
     let bits = l.to_bits();
     let mantissa = f64::from(f32::from_bits(bits & 0x007f_ffff | 0x3f80_0000));
     let halve = mantissa > std::f64::consts::SQRT_2;
@@ -773,7 +800,7 @@ fn log_sum_exp(m: f32, l: f32) -> f32 {
         .iter()
         .fold(0.0, |acc, k| (acc + 2.0 / k) * s2);
     let ln_f = s * (2.0 + odd);
-    (f64::from(m) + f64::from(e) * std::f64::consts::LN_2 + ln_f) as f32
+    f64::from(e) * std::f64::consts::LN_2 + ln_f
 }
 
 /// The running maxima of a unit's `NQ` panels of 16 queries updated with a tile's
@@ -925,14 +952,12 @@ mod tests {
         query_vectors(&p)
     }
 
-    /// The log-sum-exp without `ln` against f64's `ln`: before the rounding to f32
-    /// both are within a few f64 roundings of the two terms' size (`log_sum_exp`'s
-    /// doc), so they differ by one f32 unit in the last place plus 10⁻¹⁵ of that
-    /// size, also where the terms cancel (`m = −ln l`); sums from 1 to 2³⁰ (powers
-    /// of two, both sides of the √2 split) and maxima from −100.5 to 1000 and at
-    /// f32's ends. (The series cut at `s¹³` is 10⁻¹³ off and fails.)
+    /// The log of a running sum without `ln` against f64's `ln`: within a few f64
+    /// roundings (`ln_sum`'s doc), for sums from 1 to 2³⁰ (powers of two, both
+    /// sides of the √2 split) and between. (The series cut at `s¹³` is 10⁻¹³ off
+    /// and fails.)
     #[test]
-    fn log_sum_exp_matches_f64_ln() {
+    fn ln_sum_matches_f64_ln() {
         let mut sums: Vec<f32> = (0..=30).map(|e| 2f32.powi(e)).collect();
         let sqrt2 = std::f32::consts::SQRT_2;
         sums.extend([
@@ -942,28 +967,12 @@ mod tests {
         ]);
         sums.extend((0..2000).map(|i| 1.0 + i as f32 * 0.7331 + (i * i) as f32 * 13.1));
         for &l in &sums {
-            for m in [
-                -100.5,
-                -1.0,
-                0.0,
-                0.3,
-                17.0,
-                1000.0,
-                f32::MIN / 2.0,
-                f32::MAX / 2.0,
-                -l.ln(),
-                -l.ln().floor(),
-            ] {
-                let want = (m as f64 + (l as f64).ln()) as f32;
-                let got = log_sum_exp(m, l);
-                let size = (m as f64).abs() + (l as f64).ln().abs();
-                let ulp = f32::from_bits(want.abs().to_bits() + 1) - want.abs();
-                let bound = ulp as f64 + 1e-15 * size;
-                assert!(
-                    (got as f64 - want as f64).abs() <= bound,
-                    "m {m} l {l}: {got} against {want}"
-                );
-            }
+            let want = (l as f64).ln();
+            let got = ln_sum(l);
+            // A few f64 roundings of the result, and of `e · ln 2` where it and
+            // `ln f` cancel.
+            let bound = 1e-15 * want.abs() + 2.0 * f64::EPSILON;
+            assert!((got - want).abs() <= bound, "l {l}: {got} against {want}");
         }
     }
 
