@@ -180,11 +180,12 @@ impl BertModel {
                     let qkv = Linear::stacked(&[&q, &k, &v])
                         .map_err(|e| e.context(weights.origin()))?
                         .for_inference_with(precision);
-                    // The three alone serve the traced forward, so in bf16 they are
-                    // rounded as the stacked product is; in f32 they stay unpacked
-                    // (the fast forward does not read them).
+                    // The three alone serve the traced forward, so in bf16 and int8
+                    // they are rounded as the stacked product is (each output's
+                    // rounding is its own: the stacked layer's outputs are theirs);
+                    // in f32 they stay unpacked (the fast forward does not read them).
                     let alone = |l: Linear| match precision {
-                        Precision::Bf16 => l.for_inference_with(precision),
+                        Precision::Bf16 | Precision::Int8 => l.for_inference_with(precision),
                         Precision::F32 => l,
                     };
                     let attention = MultiHeadAttention::new(
