@@ -81,13 +81,15 @@ fn mpnet_in_int8_is_within_the_issues_cosines_of_f32() {
 }
 
 #[test]
-fn int8_dense_layers_take_about_a_quarter_of_the_f32_weights_bytes() {
+fn int8_dense_layers_take_about_a_byte_a_weight() {
     let dir = MINILM.dir();
     let int8_model = attend::models::BertModel::load_with(&dir, Precision::Int8).unwrap();
     let (mut weights, mut bytes) = (0usize, 0usize);
     for l in &int8_model.layers {
+        // The query, key and value projection stays f32 (docs/int8.md says why).
+        assert_eq!(l.qkv.precision(), Precision::F32);
         let out = l.attention.out_proj.as_ref().unwrap();
-        for x in [&l.qkv, out, &l.intermediate, &l.output] {
+        for x in [out, &l.intermediate, &l.output] {
             assert_eq!(x.precision(), Precision::Int8);
             weights += x.in_features() * x.out_features();
             bytes += x.bytes();
