@@ -34,6 +34,7 @@ from model_rounds import OtherLoad, cpu_name  # noqa: E402
 from timing import median_ms  # noqa: E402
 
 import numpy as np  # noqa: E402
+import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 import torch  # noqa: E402
 from onnxruntime.quantization import QuantType, quantize_dynamic  # noqa: E402
@@ -106,7 +107,10 @@ def ort_sides(model_dir, config, tok, names, max_length, normalize, threads, tmp
     raw, opt, q8 = (os.path.join(tmp, f"{name}{s}.onnx") for s in ("", "-opt", "-int8"))
     export(AutoModel.from_pretrained(model_dir, attn_implementation="eager").eval(), names, raw)
     fused = optimise(raw, config, opt)
-    quantize_dynamic(opt, q8, per_channel=True, weight_type=QuantType.QInt8)
+    # The fused graph's com.microsoft operators leave shape inference without types:
+    # the default tensor type is f32, as every tensor of this model is.
+    quantize_dynamic(opt, q8, per_channel=True, weight_type=QuantType.QInt8,
+                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     print(f"ONNX Runtime: {fused}; quantize_dynamic(per_channel=True, weight_type=QInt8)")
     peers = {}
     for side, path in (("ORT f32", opt), ("ORT int8", q8)):
