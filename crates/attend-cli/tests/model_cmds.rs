@@ -466,6 +466,6 @@ fn a_bad_precision_is_refused_naming_the_flag() {
     assert!(out.is_empty());
     assert_eq!(
         err.trim_end(),
-        "error: invalid value 'fp8' for '--precision <PRECISION>' [possible values: f32, bf16]"
+        "error: invalid value 'fp8' for '--precision <PRECISION>' [possible values: f32, bf16, int8]"
     );
 }

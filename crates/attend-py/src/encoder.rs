@@ -6,7 +6,6 @@ use numpy::{IntoPyArray, PyArray2};
 use pyo3::prelude::*;
 
 use attend::attention::Precision;
-use attend::element::Dtype;
 use attend::models::Sequence;
 
 use crate::errors::{to_py, value_error};
@@ -22,17 +21,14 @@ pub struct SentenceEncoder {
 impl SentenceEncoder {
     /// Loads `config.json`, `model.safetensors`, `tokenizer.json` and the
     /// sentence-transformers module configs from `model_dir`, on `threads`
-    /// threads, with the encoder's dense products in `precision` (`f32` or
-    /// `bf16`, as `attend embed --precision`). Like the `attend` command, it asks
+    /// threads, with the encoder's dense products in `precision` (`f32`, `bf16`
+    /// or `int8`, as `attend embed --precision`). Like the `attend` command, it asks
     /// the process's allocator to keep freed memory for reuse
     /// (`attend::memory::keep_freed_memory`).
     #[new]
     #[pyo3(signature = (model_dir, precision = "f32", threads = 1))]
     fn new(py: Python<'_>, model_dir: PathBuf, precision: &str, threads: usize) -> PyResult<Self> {
-        let precision = match Dtype::from_name(precision).map_err(to_py)? {
-            Dtype::F32 => Precision::F32,
-            Dtype::Bf16 => Precision::Bf16,
-        };
+        let precision = Precision::from_name(precision).map_err(to_py)?;
         attend::memory::keep_freed_memory();
         let inner = pool::run(py, threads, || {
             attend::models::SentenceEncoder::load_with(&model_dir, precision)
@@ -40,13 +36,11 @@ impl SentenceEncoder {
         Ok(SentenceEncoder { inner })
     }
 
-    /// The precision of the encoder's dense products: `"f32"` or `"bf16"`.
+    /// The precision of the encoder's dense products: `"f32"`, `"bf16"` or
+    /// `"int8"`.
     #[getter]
     fn precision(&self) -> &'static str {
-        match self.inner.model.precision {
-            Precision::F32 => "f32",
-            Precision::Bf16 => "bf16",
-        }
+        self.inner.model.precision.name()
     }
 
     /// Embeds `texts` as one padded batch: `(vectors [n, d], warnings)`. Vectors

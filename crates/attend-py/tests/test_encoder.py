@@ -65,6 +65,20 @@ def test_bf16_precision_is_as_close_as_pytorchs_autocast(model_dir, references):
     assert err <= 2 * st_err, f"attend bf16 {err:.3e} against autocast's {st_err:.3e}"
 
 
+def test_int8_precision_is_within_the_issues_cosines_of_float64(model_dir, references):
+    _, _, f64 = references
+    enc = attend.SentenceEncoder(model_dir, precision="int8")
+    assert enc.precision == "int8"
+    got = enc.encode(SENTENCES, batch_size=4)
+    assert got.dtype == np.float32 and got.shape == f64.shape
+    # Issue 49's bar for int8 dense layers (8-bit weights per output, 8-bit inputs
+    # per token): every text at cosine >= 0.99, the mean >= 0.998; and the int8 path
+    # really ran (f32 is within 1e-6).
+    cosine = (got * f64).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(f64, axis=1)
+    assert cosine.min() >= 0.99 and cosine.mean() >= 0.998, cosine
+    assert cosine.min() < 1 - 1e-5, cosine
+
+
 def test_an_unknown_precision_is_refused(model_dir):
     with pytest.raises(ValueError) as info:
         attend.SentenceEncoder(model_dir, precision="f16")

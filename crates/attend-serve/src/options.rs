@@ -20,7 +20,7 @@ pub struct ServeOptions {
     pub host: IpAddr,
     /// The port; 0 picks a free one (the bound address is reported).
     pub port: u16,
-    /// The encoder's dense products in f32 or bf16.
+    /// The encoder's dense products in f32, bf16 or int8.
     pub precision: Precision,
     /// Compute threads; `None` sizes them from the CPUs this process may use
     /// (its cgroup quota and cpuset, [`crate::cpus`]).

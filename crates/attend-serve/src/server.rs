@@ -328,6 +328,7 @@ fn precision_names(p: Precision) -> (&'static str, &'static str) {
     match p {
         Precision::F32 => ("f32", "float32"),
         Precision::Bf16 => ("bf16", "bfloat16"),
+        Precision::Int8 => ("int8", "int8"),
     }
 }
 

@@ -38,6 +38,28 @@ unsafe fn dot2_half(acc: __m256, a: __m256i, b: __m256i) -> __m256 {
     }
 }
 
+/// `acc + Σ a.byte[t] · b.byte[t]` for eight lanes of four bytes (see
+/// [`Simd::dot4`]): the bytes widened to 16 bits, even and odd ones apart, and
+/// multiplied in pairs by `vpmaddwd`, whose sums (at most 2 · 255 · 128) cannot
+/// saturate.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[inline(always)]
+unsafe fn dot4_half(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+    // SAFETY: the caller guarantees AVX2; no memory is touched.
+    unsafe {
+        let low_bytes = _mm256_set1_epi16(0x00FF);
+        let a_even = _mm256_and_si256(a, low_bytes);
+        let a_odd = _mm256_srli_epi16::<8>(a);
+        let b_even = _mm256_srai_epi16::<8>(_mm256_slli_epi16::<8>(b));
+        let b_odd = _mm256_srai_epi16::<8>(b);
+        let even = _mm256_madd_epi16(a_even, b_even);
+        let odd = _mm256_madd_epi16(a_odd, b_odd);
+        _mm256_add_epi32(acc, _mm256_add_epi32(even, odd))
+    }
+}
+
 /// Eight floats rounded to bf16 (see [`super::bf16_bits`]), the result in the high
 /// half of each 32-bit lane.
 ///
@@ -391,5 +413,23 @@ unsafe impl Simd for Avx2 {
     unsafe fn load_bf16(self, p: *const u16) -> V2 {
         // SAFETY: the caller guarantees 16 readable `u16`; the token, AVX2.
         unsafe { V2(load_bf16_half(p), load_bf16_half(p.add(8))) }
+    }
+    #[inline(always)]
+    fn dot4(self, acc: P2, a: P2, b: P2) -> P2 {
+        // SAFETY: the token proves AVX2.
+        unsafe { P2(dot4_half(acc.0, a.0, b.0), dot4_half(acc.1, a.1, b.1)) }
+    }
+    #[inline(always)]
+    fn mul_sub_i32(self, acc: P2, a: P2, b: P2) -> P2 {
+        // SAFETY: the token proves AVX2.
+        unsafe {
+            let half = |acc, a, b| _mm256_sub_epi32(acc, _mm256_mullo_epi32(a, b));
+            P2(half(acc.0, a.0, b.0), half(acc.1, a.1, b.1))
+        }
+    }
+    #[inline(always)]
+    fn i32_to_f32(self, a: P2) -> V2 {
+        // SAFETY: the token proves AVX2.
+        unsafe { V2(_mm256_cvtepi32_ps(a.0), _mm256_cvtepi32_ps(a.1)) }
     }
 }

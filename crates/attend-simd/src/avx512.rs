@@ -1,20 +1,22 @@
-//! [`Simd`] on AVX-512: one `__m512` per vector; with AVX512-BF16, bf16 dot
-//! products by `vdpbf16ps`.
+//! [`Simd`] on AVX-512: one `__m512` per vector; with AVX512-BF16 and
+//! AVX512-VNNI, bf16 dot products by `vdpbf16ps` and int8 ones by `vpdpbusd`.
 
 use std::arch::x86_64::*;
 
 use super::{Simd, EXP2_TABLE, EXP2_TABLE_POLY, EXP_MIN_ARG, LANES, LOG2_E};
 
 /// Proof that the CPU has AVX-512 F, VL, BW and DQ (and AVX2 with FMA), and with
-/// `BF16` also AVX512-BF16: only [`Avx512::new`] and [`Avx512Bf16::new`] make one.
-/// Both share every operation but [`Simd::dot2`].
+/// `BF16` also AVX512-BF16 and AVX512-VNNI (every CPU with the first has the
+/// second: Intel Cooper Lake and Sapphire Rapids on, AMD Zen 4 on): only
+/// [`Avx512::new`] and [`Avx512Bf16::new`] make one. Both share every operation
+/// but [`Simd::dot2`], [`Simd::pack_bf16`] and [`Simd::dot4`].
 #[derive(Clone, Copy, Debug)]
 pub struct Avx512Of<const BF16: bool>(());
 
 /// AVX-512 without AVX512-BF16.
 pub type Avx512 = Avx512Of<false>;
 
-/// AVX-512 with AVX512-BF16.
+/// AVX-512 with AVX512-BF16 and AVX512-VNNI.
 pub type Avx512Bf16 = Avx512Of<true>;
 
 impl Avx512 {
@@ -56,8 +58,9 @@ fn lanes(n: usize) -> __mmask16 {
 }
 
 // SAFETY: an `Avx512Of` exists only on CPUs with AVX-512 F, VL, BW and DQ
-// (`Avx512::new`), which cover every instruction used here but `vdpbf16ps`, used only
-// by `Avx512Bf16`, which exists only on CPUs that also have AVX512-BF16.
+// (`Avx512::new`), which cover every instruction used here but the bf16 ones and
+// `vpdpbusd`, used only by `Avx512Bf16`, which exists only on CPUs that also have
+// AVX512-BF16 and AVX512-VNNI.
 unsafe impl<const BF16: bool> Simd for Avx512Of<BF16> {
     type V = __m512;
     type P = __m512i;
@@ -318,5 +321,34 @@ unsafe impl<const BF16: bool> Simd for Avx512Of<BF16> {
             let wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i));
             _mm512_castsi512_ps(_mm512_slli_epi32::<16>(wide))
         }
+    }
+    #[inline(always)]
+    fn dot4(self, acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+        if BF16 {
+            // SAFETY: `BF16` tokens exist only on CPUs with AVX512-VNNI.
+            return unsafe { _mm512_dpbusd_epi32(acc, a, b) };
+        }
+        // SAFETY: the token proves AVX-512 BW. As AVX2's `dot4_half`: the bytes
+        // widened to 16 bits, even and odd apart, whose pair sums cannot saturate.
+        unsafe {
+            let low_bytes = _mm512_set1_epi16(0x00FF);
+            let a_even = _mm512_and_si512(a, low_bytes);
+            let a_odd = _mm512_srli_epi16::<8>(a);
+            let b_even = _mm512_srai_epi16::<8>(_mm512_slli_epi16::<8>(b));
+            let b_odd = _mm512_srai_epi16::<8>(b);
+            let even = _mm512_madd_epi16(a_even, b_even);
+            let odd = _mm512_madd_epi16(a_odd, b_odd);
+            _mm512_add_epi32(acc, _mm512_add_epi32(even, odd))
+        }
+    }
+    #[inline(always)]
+    fn mul_sub_i32(self, acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+        // SAFETY: the token proves AVX-512F.
+        unsafe { _mm512_sub_epi32(acc, _mm512_mullo_epi32(a, b)) }
+    }
+    #[inline(always)]
+    fn i32_to_f32(self, a: __m512i) -> __m512 {
+        // SAFETY: the token proves AVX-512F; the rounding is MXCSR's, to nearest.
+        unsafe { _mm512_cvtepi32_ps(a) }
     }
 }

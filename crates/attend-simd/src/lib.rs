@@ -94,8 +94,9 @@ pub enum Isa {
     /// x86-64 AVX-512 (F, VL, BW and DQ, as on every AVX-512 server CPU since
     /// Skylake).
     Avx512,
-    /// [`Isa::Avx512`] with AVX512-BF16 (Intel Cooper Lake and Sapphire Rapids on,
-    /// AMD Zen 4 on): bf16 dot products (`vdpbf16ps`) at twice the f32 rate.
+    /// [`Isa::Avx512`] with AVX512-BF16 and AVX512-VNNI (Intel Cooper Lake and
+    /// Sapphire Rapids on, AMD Zen 4 on): bf16 dot products (`vdpbf16ps`) at twice
+    /// the f32 rate, int8 ones (`vpdpbusd`) at four times.
     Avx512Bf16,
 }
 
@@ -222,10 +223,13 @@ fn has_avx512() -> bool {
         && std::arch::is_x86_feature_detected!("avx512dq")
 }
 
-/// Whether the CPU has [`has_avx512`]'s features and AVX512-BF16.
+/// Whether the CPU has [`has_avx512`]'s features, AVX512-BF16 and AVX512-VNNI
+/// (which every CPU with AVX512-BF16 has).
 #[cfg(target_arch = "x86_64")]
 fn has_avx512bf16() -> bool {
-    has_avx512() && std::arch::is_x86_feature_detected!("avx512bf16")
+    has_avx512()
+        && std::arch::is_x86_feature_detected!("avx512bf16")
+        && std::arch::is_x86_feature_detected!("avx512vnni")
 }
 
 /// A detected instruction set: one of the token types, which exist only when the
@@ -241,7 +245,7 @@ pub enum IsaToken {
     /// AVX-512 F, VL, BW and DQ.
     Avx512(Avx512),
     #[cfg(target_arch = "x86_64")]
-    /// AVX-512 with AVX512-BF16.
+    /// AVX-512 with AVX512-BF16 and AVX512-VNNI.
     Avx512Bf16(Avx512Bf16),
 }
 
@@ -339,10 +343,10 @@ unsafe fn run_avx512<J: SimdJob>(token: Avx512, job: J) -> J::Output {
 }
 
 /// # Safety
-/// The CPU must have AVX512-BF16 and [`run_avx512`]'s features (the token proves
-/// it).
+/// The CPU must have AVX512-BF16, AVX512-VNNI and [`run_avx512`]'s features (the
+/// token proves it).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,avx512vnni,avx2,fma")]
 unsafe fn run_avx512bf16<J: SimdJob>(token: Avx512Bf16, job: J) -> J::Output {
     job.run(token)
 }
@@ -362,8 +366,9 @@ pub const LANES: usize = 16;
 pub unsafe trait Simd: Copy + Send + Sync {
     /// The vector.
     type V: Copy;
-    /// Sixteen lanes of bf16 *pairs* (32 bf16 numbers): lane `i` holds elements
-    /// `2i` (low half) and `2i + 1` (high half) of a row, as they lie in memory.
+    /// Sixteen 32-bit integer lanes: bf16 *pairs* (32 bf16 numbers; lane `i`
+    /// holds elements `2i` (low half) and `2i + 1` (high half) of a row, as they
+    /// lie in memory), int8 *quads* (four bytes, the lowest first) or i32 sums.
     type P: Copy;
     /// Sixteen-lane vector registers, for choosing register blocks.
     const REGISTERS: usize;
@@ -460,6 +465,17 @@ pub unsafe trait Simd: Copy + Send + Sync {
     /// # Safety
     /// `p` must be valid for writing 16 `u16`.
     unsafe fn store_bf16(self, p: *mut u16, x: Self::V);
+    /// `acc + Σ a.byte[t] · b.byte[t]` over the four bytes of each lane, `a`'s
+    /// bytes unsigned (0 to 255) and `b`'s signed (−128 to 127), the sum wrapping
+    /// in i32: AVX512-VNNI's `vpdpbusd`, which other instruction sets compute
+    /// exactly by widening the bytes to 16 bits (`vpmaddwd`): no intermediate
+    /// saturates, so every instruction set gives the same sums.
+    fn dot4(self, acc: Self::P, a: Self::P, b: Self::P) -> Self::P;
+    /// `acc − a · b` lane by lane, in i32, wrapping.
+    fn mul_sub_i32(self, acc: Self::P, a: Self::P, b: Self::P) -> Self::P;
+    /// The i32 lanes converted to f32, rounded to nearest (ties to even) as `as
+    /// f32` rounds.
+    fn i32_to_f32(self, a: Self::P) -> Self::V;
 }
 
 #[cfg(test)]
@@ -705,6 +721,83 @@ mod tests {
                         std::any::type_name::<I>(),
                         got[i]
                     );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn int8_quad_operations_agree_with_scalar_code() {
+        for isa in Isa::available() {
+            dispatch(isa.token().expect("available"), CheckQuads);
+        }
+    }
+
+    /// `dot4`, `mul_sub_i32` and `i32_to_f32` against plain integer arithmetic,
+    /// lane by lane, on the bytes' extremes (255 × −128 in every product of some
+    /// lanes, which `vpmaddubsw` would saturate) and on mixed ones.
+    struct CheckQuads;
+
+    impl SimdJob for CheckQuads {
+        type Output = ();
+        #[inline(always)]
+        fn run<I: Simd>(self, isa: I) {
+            let quad = |bytes: [u8; 4]| u32::from_le_bytes(bytes);
+            let a: Vec<u32> = (0..16u32)
+                .map(|i| match i {
+                    0 => quad([255; 4]),
+                    1 => quad([0; 4]),
+                    _ => quad(std::array::from_fn(|t| (i * 37 + t as u32 * 101) as u8)),
+                })
+                .collect();
+            let b: Vec<u32> = (0..16u32)
+                .map(|i| match i {
+                    0 => quad([0x80; 4]),
+                    1 => quad([0x7F; 4]),
+                    _ => quad(std::array::from_fn(|t| (i * 53 + t as u32 * 29) as u8)),
+                })
+                .collect();
+            let acc: Vec<u32> = (0..16)
+                .map(|i: i32| (i * 100_003 - 700_000) as u32)
+                .collect();
+            let mut got = [0u32; 16];
+            // SAFETY: every buffer holds 16 lanes.
+            unsafe {
+                let (va, vb, vacc) = (
+                    isa.load_pairs(a.as_ptr()),
+                    isa.load_pairs(b.as_ptr()),
+                    isa.load_pairs(acc.as_ptr()),
+                );
+                isa.store_pairs(got.as_mut_ptr(), isa.dot4(vacc, va, vb));
+                for i in 0..16 {
+                    let (x, y) = (a[i].to_le_bytes(), b[i].to_le_bytes());
+                    let sum: i64 = (0..4).map(|t| x[t] as i64 * y[t] as i8 as i64).sum();
+                    assert_eq!(
+                        got[i] as i32 as i64,
+                        acc[i] as i32 as i64 + sum,
+                        "dot4 lane {i}"
+                    );
+                }
+                let want0 = 4 * 255 * -128 + acc[0] as i32;
+                assert_eq!(got[0] as i32, want0, "dot4 at the bytes' extremes");
+                isa.store_pairs(
+                    got.as_mut_ptr(),
+                    isa.mul_sub_i32(vacc, vb, isa.splat_pair(3)),
+                );
+                for i in 0..16 {
+                    let want = (acc[i] as i32).wrapping_sub((b[i] as i32).wrapping_mul(3));
+                    assert_eq!(got[i] as i32, want, "mul_sub_i32 lane {i}");
+                }
+                let big: Vec<u32> = (0..16)
+                    .map(|i| ((1i32 << 24) + 1 + i * 7 - 50 * (i % 2) * (1 << 20)) as u32)
+                    .collect();
+                let mut floats = [0.0f32; 16];
+                isa.store(
+                    floats.as_mut_ptr(),
+                    isa.i32_to_f32(isa.load_pairs(big.as_ptr())),
+                );
+                for i in 0..16 {
+                    assert_eq!(floats[i], big[i] as i32 as f32, "i32_to_f32 lane {i}");
                 }
             }
         }

@@ -157,4 +157,20 @@ unsafe impl Simd for Portable {
         let bits = unsafe { std::ptr::read_unaligned(p as *const [u16; LANES]) };
         bits.map(bf16_to_f32)
     }
+    #[inline(always)]
+    fn dot4(self, acc: P, a: P, b: P) -> P {
+        std::array::from_fn(|i| {
+            let (a, b) = (a[i].to_le_bytes(), b[i].to_le_bytes());
+            let sum: i32 = (0..4).map(|t| a[t] as i32 * b[t] as i8 as i32).sum();
+            (acc[i] as i32).wrapping_add(sum) as u32
+        })
+    }
+    #[inline(always)]
+    fn mul_sub_i32(self, acc: P, a: P, b: P) -> P {
+        std::array::from_fn(|i| acc[i].wrapping_sub(a[i].wrapping_mul(b[i])))
+    }
+    #[inline(always)]
+    fn i32_to_f32(self, a: P) -> V {
+        a.map(|x| x as i32 as f32)
+    }
 }

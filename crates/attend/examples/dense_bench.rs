@@ -1,10 +1,10 @@
 //! Times the encoders' dense layers alone: an inference `Linear` (weights packed at
-//! load) on the shapes of all-MiniLM-L6-v2 and all-mpnet-base-v2, f32 and bf16,
-//! for several token counts; `scripts/bench/dense` runs it beside the CPU's peaks
+//! load) on the shapes of all-MiniLM-L6-v2 and all-mpnet-base-v2, f32, bf16 and
+//! int8, for several token counts; `scripts/bench/dense` runs it beside the CPU's peaks
 //! and prints each product's share of them.
 //!
 //! ```text
-//! cargo run --release -p attend --example dense_bench -- [REPS] [f32|bf16]
+//! cargo run --release -p attend --example dense_bench -- [REPS] [f32|bf16|int8]
 //! ```
 //!
 //! Prints one JSON object per line: precision, `m`, `k`, `n`, the median time in
@@ -47,11 +47,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(r) => r.parse()?,
         None => 15,
     };
-    let precisions = match args.get(1).map(String::as_str) {
-        None => vec![Precision::F32, Precision::Bf16],
-        Some("f32") => vec![Precision::F32],
-        Some("bf16") => vec![Precision::Bf16],
-        Some(other) => return Err(format!("unknown precision {other:?} (f32 or bf16)").into()),
+    let precisions = match args.get(1) {
+        None => Precision::ALL.to_vec(),
+        Some(name) => vec![Precision::from_name(name)?],
     };
     for precision in precisions {
         for &(k, n) in &SHAPES {

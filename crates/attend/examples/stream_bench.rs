@@ -54,12 +54,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(r) => r.parse()?,
         None => 200,
     };
-    for precision in [Precision::F32, Precision::Bf16] {
+    for precision in [Precision::F32, Precision::Bf16, Precision::Int8] {
         let encoder = SentenceEncoder::load_with(dir, precision)?;
         let batch = encoder.token_batch(&["A short query."])?;
         let element = match precision {
             Precision::F32 => 4,
             Precision::Bf16 => 2,
+            Precision::Int8 => 1,
         };
         // The products of one forward read each packed weight once.
         let bytes: usize = encoder

@@ -68,6 +68,9 @@ pub enum PrecisionArg {
     F32,
     /// Weights kept in bf16, products of bf16 numbers summed in f32.
     Bf16,
+    /// Weights quantized to int8 (one scale per output), each input row to
+    /// bytes with its own scale and zero point, products summed in i32.
+    Int8,
 }
 
 impl From<PrecisionArg> for attend::attention::Precision {
@@ -75,6 +78,7 @@ impl From<PrecisionArg> for attend::attention::Precision {
         match p {
             PrecisionArg::F32 => attend::attention::Precision::F32,
             PrecisionArg::Bf16 => attend::attention::Precision::Bf16,
+            PrecisionArg::Int8 => attend::attention::Precision::Int8,
         }
     }
 }

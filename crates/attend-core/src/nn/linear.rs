@@ -2,7 +2,7 @@
 
 use ndarray::{Array, Array1, Array2, ArrayView, ArrayView2, Axis, Dimension, Ix2};
 
-use super::matmul::{Epilogue, PackedBf16, PackedWeight};
+use super::matmul::{Epilogue, PackedBf16, PackedInt8, PackedWeight};
 use super::{Activation, LayerNorm};
 use crate::attention::Precision;
 use crate::{Error, Result};
@@ -11,20 +11,21 @@ use crate::{Error, Result};
 #[derive(Clone, Debug)]
 pub struct Linear {
     /// `[out, in]`. Empty (`[0, 0]`) in a layer made by
-    /// [`for_inference_with`](Self::for_inference_with)`(Precision::Bf16)`, which
-    /// keeps its weight in bf16 only ([`weight_f32`](Self::weight_f32) widens it);
-    /// a weight assigned to such a layer afterwards is used, rounded to bf16.
+    /// [`for_inference_with`](Self::for_inference_with) in bf16 or int8, which
+    /// keeps its weight in that precision only ([`weight_f32`](Self::weight_f32)
+    /// widens it); a weight assigned to such a layer afterwards is used, rounded to
+    /// the layer's precision.
     pub weight: Array2<f32>,
     /// `[out]`, if the layer has a bias.
     pub bias: Option<Array1<f32>>,
     /// The weight packed for this CPU's f32 product, made by
     /// [`for_inference`](Self::for_inference); used while it still matches `weight`.
     packed: Option<std::sync::Arc<PackedWeight>>,
-    /// The weight rounded to bf16 and packed for the bf16 product, made by
-    /// [`for_inference_with`](Self::for_inference_with)`(Precision::Bf16)`: its
-    /// presence makes the layer compute in bf16, and while `weight` is empty it is
-    /// the layer's weight.
-    bf16: Option<std::sync::Arc<PackedBf16>>,
+    /// The weight rounded to bf16 or quantized to int8 and packed for that
+    /// product, made by [`for_inference_with`](Self::for_inference_with): its
+    /// presence makes the layer compute in that precision, and while `weight` is
+    /// empty it is the layer's weight.
+    reduced: Option<Reduced>,
 }
 
 /// Layers are equal when their weights and biases are (however they are stored).
@@ -51,7 +52,7 @@ impl Linear {
             weight,
             bias,
             packed: None,
-            bf16: None,
+            reduced: None,
         })
     }
 
@@ -126,26 +127,30 @@ impl Linear {
     /// The layer then holds 2 bytes per weight, against 8 for an f32 inference
     /// layer on AVX2 and AVX-512 (the weight and its packing) and 4 elsewhere;
     /// `weight` is left empty.
+    ///
+    /// With [`Precision::Int8`] the weight is quantized to int8 (symmetric, one
+    /// scale per output) and kept only so, a quarter of the f32 weight's bytes;
+    /// each input row is quantized to unsigned bytes with its own scale and zero
+    /// point, the products are summed exactly in i32 and the output, bias and
+    /// activation stay f32 (`nn::matmul`'s int8 product: `vpdpbusd` where the CPU
+    /// has AVX512-VNNI).
     pub fn for_inference_with(self, precision: Precision) -> Self {
-        let weight = match self.bf16_weight() {
+        let weight = match self.reduced_weight() {
             Some(packed) => packed.unpack(),
             None => self.weight,
         };
         let layer = Linear {
             weight,
             packed: None,
-            bf16: None,
+            reduced: None,
             ..self
         };
         match precision {
-            Precision::Bf16 => {
-                let packed = PackedBf16::new(layer.weight.view(), true);
-                Linear {
-                    weight: Array2::zeros((0, 0)),
-                    bf16: Some(std::sync::Arc::new(packed)),
-                    ..layer
-                }
-            }
+            Precision::Bf16 | Precision::Int8 => Linear {
+                reduced: Some(Reduced::new(precision, layer.weight.view())),
+                weight: Array2::zeros((0, 0)),
+                ..layer
+            },
             Precision::F32 if super::matmul::available() => {
                 let packed = PackedWeight::new(layer.weight.view(), true);
                 Linear {
@@ -157,29 +162,28 @@ impl Linear {
         }
     }
 
-    /// The precision of the layer's products: [`Precision::Bf16`] after
-    /// [`for_inference_with`](Self::for_inference_with)`(Precision::Bf16)`, else
-    /// f32.
+    /// The precision of the layer's products: the one given to
+    /// [`for_inference_with`](Self::for_inference_with), else f32.
     pub fn precision(&self) -> Precision {
-        if self.bf16.is_some() {
-            Precision::Bf16
-        } else {
-            Precision::F32
-        }
+        self.reduced
+            .as_ref()
+            .map_or(Precision::F32, Reduced::precision)
     }
 
-    /// The weight `[out, in]` as f32: `weight`, or, in a bf16 layer that keeps
-    /// its weight in bf16 only, those numbers widened (exactly).
+    /// The weight `[out, in]` as f32: `weight`, or, in a bf16 or int8 layer that
+    /// keeps its weight in that precision only, those numbers widened (exactly
+    /// for bf16; `ŵ · scale` for int8).
     pub fn weight_f32(&self) -> std::borrow::Cow<'_, Array2<f32>> {
-        match self.bf16_weight() {
+        match self.reduced_weight() {
             Some(packed) => std::borrow::Cow::Owned(packed.unpack()),
             None => std::borrow::Cow::Borrowed(&self.weight),
         }
     }
 
-    /// The bf16 packing when it stands for the weight (`weight` left empty).
-    fn bf16_weight(&self) -> Option<&PackedBf16> {
-        self.bf16.as_deref().filter(|_| self.weight.is_empty())
+    /// The bf16 or int8 packing when it stands for the weight (`weight` left
+    /// empty).
+    fn reduced_weight(&self) -> Option<&Reduced> {
+        self.reduced.as_ref().filter(|_| self.weight.is_empty())
     }
 
     /// Bytes of the layer's parameters and of the packed copies it keeps for
@@ -187,19 +191,19 @@ impl Linear {
     pub fn bytes(&self) -> usize {
         let f32s = self.weight.len() + self.bias.as_ref().map_or(0, |b| b.len());
         let packed = self.packed.as_ref().map_or(0, |p| p.bytes());
-        let bf16 = self.bf16.as_ref().map_or(0, |p| p.bytes());
-        f32s * std::mem::size_of::<f32>() + packed + bf16
+        let reduced = self.reduced.as_ref().map_or(0, Reduced::bytes);
+        f32s * std::mem::size_of::<f32>() + packed + reduced
     }
 
     /// Input width.
     pub fn in_features(&self) -> usize {
-        self.bf16_weight()
+        self.reduced_weight()
             .map_or(self.weight.ncols(), |p| p.dim().1)
     }
 
     /// Output width.
     pub fn out_features(&self) -> usize {
-        self.bf16_weight()
+        self.reduced_weight()
             .map_or(self.weight.nrows(), |p| p.dim().0)
     }
 
@@ -271,7 +275,8 @@ impl Linear {
     }
 
     /// `epilogue(x [rows, in] · weightᵀ + bias)` for `x` of any strides: in bf16
-    /// through `nn::matmul`'s bf16 product (every CPU) for a bf16 layer; else
+    /// or int8 through `nn::matmul`'s product in that precision (every CPU) for
+    /// such a layer; else
     /// through this crate's kernel (`nn::matmul`) when the CPU has AVX2 or
     /// AVX-512, else through the `gemm` crate. All are parallel over output
     /// blocks with rayon, so the result does not depend on the thread count.
@@ -282,11 +287,11 @@ impl Linear {
         });
         let bias = bias.as_deref();
         let w = self.weight.view();
-        if let Some(packed) = &self.bf16 {
-            return match self.weight.is_empty() || packed.matches(w) {
-                true => super::matmul::linear_bf16(x, packed, bias, epilogue),
+        if let Some(reduced) = &self.reduced {
+            return match self.weight.is_empty() || reduced.matches(w) {
+                true => reduced.forward(x, bias, epilogue),
                 // Changed since it was packed: pack the weight as it is now.
-                false => super::matmul::linear_bf16(x, &PackedBf16::new(w, true), bias, epilogue),
+                false => Reduced::new(reduced.precision(), w).forward(x, bias, epilogue),
             };
         }
         if super::matmul::available() {
@@ -353,6 +358,78 @@ impl Linear {
             );
         }
         y
+    }
+}
+
+/// A layer's weight in a precision below f32, packed for its product.
+#[derive(Clone, Debug)]
+enum Reduced {
+    /// Rounded to bf16.
+    Bf16(std::sync::Arc<PackedBf16>),
+    /// Quantized to int8.
+    Int8(std::sync::Arc<PackedInt8>),
+}
+
+impl Reduced {
+    /// `w` packed for `precision`'s product (bf16 or int8).
+    fn new(precision: Precision, w: ArrayView2<'_, f32>) -> Self {
+        match precision {
+            Precision::Int8 => Reduced::Int8(std::sync::Arc::new(PackedInt8::new(w, true))),
+            Precision::Bf16 | Precision::F32 => {
+                debug_assert_eq!(precision, Precision::Bf16, "f32 weights are not reduced");
+                Reduced::Bf16(std::sync::Arc::new(PackedBf16::new(w, true)))
+            }
+        }
+    }
+
+    fn precision(&self) -> Precision {
+        match self {
+            Reduced::Bf16(_) => Precision::Bf16,
+            Reduced::Int8(_) => Precision::Int8,
+        }
+    }
+
+    fn dim(&self) -> (usize, usize) {
+        match self {
+            Reduced::Bf16(p) => p.dim(),
+            Reduced::Int8(p) => p.dim(),
+        }
+    }
+
+    fn unpack(&self) -> Array2<f32> {
+        match self {
+            Reduced::Bf16(p) => p.unpack(),
+            Reduced::Int8(p) => p.unpack(),
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Reduced::Bf16(p) => p.bytes(),
+            Reduced::Int8(p) => p.bytes(),
+        }
+    }
+
+    /// Whether this is still `w`'s packing. A bf16 packing checks a sample of
+    /// entries; an int8 one cannot (a weight's scale depends on its whole row),
+    /// so a weight assigned to an int8 layer is quantized again at every call.
+    fn matches(&self, w: ArrayView2<'_, f32>) -> bool {
+        match self {
+            Reduced::Bf16(p) => p.matches(w),
+            Reduced::Int8(_) => false,
+        }
+    }
+
+    fn forward(
+        &self,
+        x: ArrayView2<'_, f32>,
+        bias: Option<&[f32]>,
+        epilogue: Epilogue<'_>,
+    ) -> Array2<f32> {
+        match self {
+            Reduced::Bf16(p) => super::matmul::linear_bf16(x, p, bias, epilogue),
+            Reduced::Int8(p) => super::matmul::linear_int8(x, p, bias, epilogue),
+        }
     }
 }
 

@@ -84,6 +84,39 @@ pub enum Precision {
     /// before they multiply `v` (PyTorch's autocast to bf16). For f32 tensors the
     /// output is the bf16 result widened back to f32.
     Bf16,
+    /// A precision of dense layers only (`nn::Linear::for_inference_with`):
+    /// weights quantized to int8 (symmetric, one scale per output), each input
+    /// row to unsigned bytes with its own scale and zero point, products summed
+    /// exactly in i32. Attention rejects it: its products stay f32 or bf16.
+    Int8,
+}
+
+impl Precision {
+    /// Every precision, in the order [`Precision::name`]'s errors list them.
+    pub const ALL: [Precision; 3] = [Precision::F32, Precision::Bf16, Precision::Int8];
+
+    /// Lower-case name: `f32`, `bf16` or `int8` (as `attend embed --precision`
+    /// spells it).
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+            Precision::Int8 => "int8",
+        }
+    }
+
+    /// The precision named `name` (as [`Precision::name`] spells it); an error
+    /// listing the names otherwise.
+    pub fn from_name(name: &str) -> Result<Precision> {
+        Precision::ALL
+            .into_iter()
+            .find(|p| p.name() == name)
+            .ok_or_else(|| {
+                Error::value(format!(
+                    "unknown precision {name:?}; expected f32, bf16 or int8"
+                ))
+            })
+    }
 }
 
 /// A checked attention call, ready for any kernel.
@@ -271,6 +304,12 @@ impl<'a, Q, KV> Problem<'a, Q, KV> {
                     kp.shape()
                 )));
             }
+        }
+        if opts.precision == Precision::Int8 {
+            return Err(Error::Unsupported {
+                kernel: "attention",
+                reason: "computes in f32 or bf16; int8 is a precision of the dense layers",
+            });
         }
         let scale = d.scale(opts.scale)?;
         Ok(Problem {

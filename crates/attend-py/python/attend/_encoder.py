@@ -34,7 +34,11 @@ class SentenceEncoder:
     ``precision="bf16"`` runs the encoder's dense layers as PyTorch's autocast to
     bf16 does (weights and inputs rounded to bf16, f32 sums; ``vdpbf16ps`` where
     the CPU has AVX512-BF16): about twice as fast there, with vectors within a
-    cosine of 0.999 of f32's. The vectors are float32 either way.
+    cosine of 0.999 of f32's. ``precision="int8"`` quantizes their weights to int8
+    at load (one scale per output) and each token's inputs to bytes at run time,
+    with exact integer sums (``vpdpbusd`` where the CPU has AVX512-VNNI): vectors
+    within a cosine of about 0.998 of f32's (docs/int8.md). The vectors are
+    float32 either way.
 
     Example::
 
@@ -50,7 +54,7 @@ class SentenceEncoder:
 
     @property
     def precision(self) -> str:
-        """The precision of the encoder's dense products: ``"f32"`` or ``"bf16"``."""
+        """The precision of the encoder's dense products: ``"f32"``, ``"bf16"`` or ``"int8"``."""
         return self._inner.precision
 
     @property

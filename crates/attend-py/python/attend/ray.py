@@ -157,7 +157,7 @@ class OpenAIEmbeddings:
             path on every node that runs a replica.
         model_name: the name clients pass as ``model``; by default the directory's
             last component (``all-minilm-l6-v2``).
-        precision: ``"f32"`` or ``"bf16"``, as ``SentenceEncoder``'s.
+        precision: ``"f32"``, ``"bf16"`` or ``"int8"``, as ``SentenceEncoder``'s.
         num_threads: attend's threads in this replica; by default the CPUs Ray
             reserved for it (``num_cpus``, at least 1).
         batch_size: texts per forward pass.

@@ -26,7 +26,9 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     model: Option<PathBuf>,
     /// Precision of the encoder's dense layers: `bf16` keeps their weights in bf16
-    /// (half the model's memory) and multiplies bf16 numbers with f32 sums.
+    /// (half the model's memory) and multiplies bf16 numbers with f32 sums; `int8`
+    /// quantizes their weights to int8 (a quarter) and each input row to bytes at
+    /// run time, with i32 sums.
     #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
     precision: PrecisionArg,
     /// Sentences: `text` (one line of numbers per sentence) or `json`

@@ -34,11 +34,13 @@ use crate::memory::LargePageArray;
 
 mod bf16;
 mod epilogue;
+mod int8;
 
 use crate::kernels::tile::{self, Init, Tile, MR, NR, WIDE};
 
 pub(crate) use bf16::{linear_bf16, PackedBf16};
 pub(crate) use epilogue::Epilogue;
+pub(crate) use int8::{linear_int8, PackedInt8};
 
 /// Depth of a block of `k`: a `KC × NR` weight panel is 24 KiB, within L1.
 const KC: usize = 384;
@@ -378,14 +380,14 @@ impl Panels<'_> {
 }
 
 /// Where a product's operands come from, and the register tile that multiplies
-/// them: f32 rows against f32 panels, or bf16 pairs against bf16 pairs
-/// ([`bf16`]).
+/// them: f32 rows against f32 panels, bf16 pairs against bf16 pairs ([`bf16`]),
+/// or int8 quads against int8 quads ([`int8`]).
 trait Operands: Sync {
     /// Steps of the sum per block, so that a block's panel stays in L1; a
     /// multiple of every tile's partial-sum length, so that the order of
     /// operations does not depend on the blocking.
     const BLOCK: usize;
-    /// Steps of the sum (`k` for f32, its pairs for bf16).
+    /// Steps of the sum (`k` for f32, its pairs for bf16, its quads for int8).
     fn depth(&self) -> usize;
     /// `c[rows, 16·P] = init + x[r .. r + rows] · panels p .. p + P`, over steps
     /// `s0 .. s0 + sc`, each panel with its own `init` and its output 16 floats right

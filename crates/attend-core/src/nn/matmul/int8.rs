@@ -1,0 +1,759 @@
+//! The dense layers' product in int8: `y = act(x · wᵀ + bias)` with the weight
+//! quantized once, at load, and each row of `x` at every call, products of bytes
+//! summed exactly in i32 and the sums turned back into f32 with the bias, before
+//! the f32 product's epilogues.
+//!
+//! - **Weights**: symmetric, one scale per output (`s_w[j] = max|w[j]| / 127`,
+//!   `ŵ = round(w / s_w)` in −127 ..= 127), packed as the f32 product's 16-output
+//!   panels with each row a *quad* of four adjacent `k` (`[k/4][16]` quads, a
+//!   quarter of the f32 panel's bytes), zero past `n` and past `k`
+//!   ([`PackedInt8`]). Each output's sum of its quantized weights is kept too.
+//! - **Inputs**: asymmetric, one scale and zero point per row (per token), chosen
+//!   at run time from the row's range (dynamic quantization, no calibration):
+//!   `s_x = (max − min) / 255` over the row and 0, `z = round(−min / s_x)`,
+//!   `x̂ = clamp(round(x / s_x) + z, 0, 255)` ([`quantize_row`]). A row of
+//!   activations after GELU is nearly all positive; its own zero point spends
+//!   all 256 levels on its range where a symmetric scale would waste half.
+//! - **Product**: [`Simd::dot4`] (`vpdpbusd` on AVX512-VNNI, unsigned bytes of
+//!   `x` against signed ones of `w`; exact 16-bit widening elsewhere) sums
+//!   `Σ x̂ ŵ` in i32 over the whole depth in one register tile, exactly (at most
+//!   `255 · 127 · k`, far from overflow for any encoder's `k`). The zero point
+//!   comes off in i32, `Σ x̂ ŵ − z · Σ ŵ`, and one rounding to f32 and a fused
+//!   multiply-add give `y = f32(Σ (x̂ − z) ŵ) · (s_x · s_w) + bias`.
+//!
+//! The integer sums are exact, so the output is the same bits on every
+//! instruction set, whatever the blocking, the batch or the thread count; the
+//! tests check them against an i64 reference. The error is the quantization's:
+//! each input moves by up to `s_x / 2` and each weight by `s_w / 2`.
+
+use std::mem::MaybeUninit;
+
+use ndarray::{Array2, ArrayView2};
+use rayon::prelude::*;
+
+use super::{bias_only, Epilogue, Init, Operands, Problem, NR, PARALLEL_MIN};
+use crate::isa::{dispatch, IsaToken, Scalar, Simd};
+use crate::kernels::tile::{self, MR};
+use crate::memory::LargePageArray;
+
+/// Quads in a row of `k` numbers.
+fn quads(k: usize) -> usize {
+    k.div_ceil(4)
+}
+
+/// Largest quantized weight magnitude (symmetric: −127 ..= 127, so that
+/// negating a weight keeps its size).
+const WEIGHT_LEVELS: f32 = 127.0;
+/// Levels of a quantized input: 0 ..= 255.
+const INPUT_LEVELS: f32 = 255.0;
+/// Rows a 16-register instruction set takes in one tile: three rows of one panel
+/// are six accumulators of two halves, with the widened bytes beside them.
+const ROWS_16: usize = 3;
+/// Steps ahead of the sum at which a tile asks for its panels' next lines.
+const PREFETCH: usize = 16;
+
+/// `act(x · wᵀ + bias)` in int8 for `x [m, k]` (any strides) and the weight
+/// quantized and packed in `w`, `bias [n]`. Runs on the best instruction set of
+/// this CPU, whichever it is.
+pub(crate) fn linear_int8(
+    x: ArrayView2<'_, f32>,
+    w: &PackedInt8,
+    bias: Option<&[f32]>,
+    epilogue: Epilogue<'_>,
+) -> Array2<f32> {
+    linear_int8_on(IsaToken::best(), x, w, bias, epilogue)
+}
+
+/// [`linear_int8`] on the instruction set `isa`.
+fn linear_int8_on(
+    isa: IsaToken,
+    x: ArrayView2<'_, f32>,
+    w: &PackedInt8,
+    bias: Option<&[f32]>,
+    epilogue: Epilogue<'_>,
+) -> Array2<f32> {
+    let (m, k) = x.dim();
+    let n = w.n;
+    assert_eq!(w.k, k, "inner dimensions");
+    assert!(bias.is_none_or(|b| b.len() == n), "bias length");
+    if m == 0 || n == 0 || k == 0 {
+        return bias_only(m, n, bias, epilogue);
+    }
+    let parallel = m * n * k >= PARALLEL_MIN && rayon::current_num_threads() > 1;
+    let rows = QuantizedRows::new(isa, x, parallel);
+    let operands = QuadOperands { x: &rows, w };
+    let problem = Problem {
+        n,
+        bias,
+        epilogue,
+        operands: &operands,
+    };
+    problem.run(isa, m, parallel)
+}
+
+/// A row's quantization: `x ≈ scale · (x̂ − zero)`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct RowScale {
+    scale: f32,
+    zero: i32,
+}
+
+/// Quantizes `src` to bytes (see the module docs), written to all
+/// `src.len().div_ceil(4)` quads of `dst` (the last one padded with zeros, which
+/// meet zero weights), and returns the scale and zero point. A row that is all
+/// zeros gets scale 1; one holding an infinity or a NaN gets a NaN scale, so that
+/// its outputs are NaN, as the f32 product's would be.
+///
+/// Written in 16 independent lanes, selects and plain arithmetic, so that the
+/// compiler vectorises it: in scalar code (a library call per rounding) the
+/// quantization took longer than a 384-wide product.
+#[inline(always)]
+fn quantize_row(src: &[f32], dst: &mut [MaybeUninit<u32>]) -> RowScale {
+    const LANES: usize = 16;
+    let (mut lo, mut hi, mut poison) = ([0.0f32; LANES], [0.0f32; LANES], [0.0f32; LANES]);
+    let mut take = |t: usize, x: f32| {
+        lo[t] = if x < lo[t] { x } else { lo[t] };
+        hi[t] = if x > hi[t] { x } else { hi[t] };
+        // NaN for a NaN or an infinity, which the comparisons skip.
+        poison[t] += x * 0.0;
+    };
+    let chunks = src.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for chunk in chunks {
+        for (t, &x) in chunk.iter().enumerate() {
+            take(t, x);
+        }
+    }
+    for (t, &x) in rest.iter().enumerate() {
+        take(t, x);
+    }
+    let lo = lo.into_iter().fold(0.0f32, f32::min);
+    let hi = hi.into_iter().fold(0.0f32, f32::max);
+    let range = hi - lo;
+    let (scale, zero) = if poison.iter().any(|p| p.is_nan()) || !range.is_finite() {
+        (f32::NAN, 0)
+    } else if range == 0.0 {
+        (1.0, 0)
+    } else {
+        let scale = range / INPUT_LEVELS;
+        (
+            scale,
+            (-lo / scale).round_ties_even().clamp(0.0, INPUT_LEVELS) as i32,
+        )
+    };
+    let (inverse, zero_f) = (1.0 / scale, zero as f32);
+    let level = |x: f32| {
+        // Rounded to nearest, ties to even, by adding and taking away 1.5 · 2²³
+        // (exact for |x / scale| ≤ 255): the same as `round_ties_even`, in two
+        // vector additions.
+        const ROUND: f32 = 12_582_912.0;
+        let q = (x * inverse + ROUND) - ROUND + zero_f;
+        // A NaN (the poisoned row's) fails the first comparison and becomes 0.
+        let q = if q > 0.0 { q } else { 0.0 };
+        let q = if q < INPUT_LEVELS { q } else { INPUT_LEVELS };
+        // SAFETY: 0 ≤ q ≤ 255, a whole number.
+        unsafe { q.to_int_unchecked::<i32>() as u8 }
+    };
+    let mut bytes = [0u8; 4 * LANES];
+    for (quads, chunk) in dst.chunks_mut(LANES).zip(src.chunks(4 * LANES)) {
+        for (b, &x) in bytes.iter_mut().zip(chunk) {
+            *b = level(x);
+        }
+        bytes[chunk.len()..].fill(0);
+        for (d, q) in quads.iter_mut().zip(bytes.chunks_exact(4)) {
+            d.write(u32::from_le_bytes([q[0], q[1], q[2], q[3]]));
+        }
+    }
+    RowScale { scale, zero }
+}
+
+/// The rows of `x` quantized: bytes as quads `[m][k/4]`, and each row's scale
+/// and zero point.
+struct QuantizedRows {
+    quads: Vec<u32>,
+    /// Quads per row.
+    lda: usize,
+    scales: Vec<RowScale>,
+}
+
+impl QuantizedRows {
+    /// Quantizes every row of `x [m, k]`. `O(m·k)` against the product's
+    /// `O(m·n·k)`: scalar code, vectorised by the compiler for `isa`.
+    fn new(isa: IsaToken, x: ArrayView2<'_, f32>, parallel: bool) -> Self {
+        let (m, k) = x.dim();
+        let lda = quads(k);
+        // Written once, not zeroed first: every quad of every row is set below.
+        let mut quads = Vec::with_capacity(m * lda);
+        let mut scales = vec![
+            RowScale {
+                scale: 0.0,
+                zero: 0
+            };
+            m
+        ];
+        let quantize = |(i, (dst, scale)): (usize, (&mut [MaybeUninit<u32>], &mut RowScale))| {
+            let row = x.row(i);
+            *scale = match row.as_slice() {
+                Some(src) => dispatch(isa, Scalar(|| quantize_row(src, dst))),
+                None => quantize_row(&row.to_vec(), dst),
+            };
+        };
+        let rows = &mut quads.spare_capacity_mut()[..m * lda];
+        if parallel {
+            rows.par_chunks_mut(lda)
+                .zip(scales.par_iter_mut())
+                .enumerate()
+                .for_each(quantize);
+        } else {
+            rows.chunks_mut(lda)
+                .zip(scales.iter_mut())
+                .enumerate()
+                .for_each(quantize);
+        }
+        // SAFETY: `quantize_row` wrote all `lda` quads of each of the `m` rows.
+        unsafe { quads.set_len(m * lda) };
+        QuantizedRows { quads, lda, scales }
+    }
+}
+
+/// A weight `w [n, k]` quantized to int8 (symmetric, one scale per output) in
+/// the product's layout: 16-output panels, each `[k/4][16]` quads (row `q`, lane
+/// `j`: `ŵ[16p + j][4q ..= 4q + 3]`, the first in the low byte), zero past `n`
+/// and past `k`; with each output's scale and sum of quantized weights, padded to
+/// whole panels. A quarter of the f32 packing's bytes, on huge pages as it is
+/// ([`LargePageArray`]).
+pub(crate) struct PackedInt8 {
+    n: usize,
+    k: usize,
+    data: LargePageArray<u32>,
+    /// `s_w[j]`, 0 past `n`.
+    scales: Vec<f32>,
+    /// `Σ_k ŵ[j][k]`, 0 past `n`.
+    sums: Vec<i32>,
+}
+
+impl std::fmt::Debug for PackedInt8 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PackedInt8([{}, {}])", self.n, self.k)
+    }
+}
+
+/// Output `j`'s scale, from its weights' largest magnitude (1 for a row of zeros,
+/// whose weights all quantize to 0 either way; NaN for one holding a NaN or an
+/// infinity, so that its outputs are NaN).
+fn weight_scale(row: ndarray::ArrayView1<'_, f32>) -> f32 {
+    let largest = row.iter().fold(0.0f32, |m, &x| m.max(x.abs()));
+    if row.iter().any(|x| !x.is_finite()) {
+        f32::NAN
+    } else if largest == 0.0 {
+        1.0
+    } else {
+        largest / WEIGHT_LEVELS
+    }
+}
+
+/// `x` quantized with `scale` (symmetric, −127 ..= 127).
+fn weight_level(x: f32, scale: f32) -> i8 {
+    (x / scale)
+        .round_ties_even()
+        .clamp(-WEIGHT_LEVELS, WEIGHT_LEVELS) as i8
+}
+
+impl PackedInt8 {
+    /// Quantizes and packs `w [n, k]` (any strides), in parallel if `parallel`.
+    pub(crate) fn new(w: ArrayView2<'_, f32>, parallel: bool) -> Self {
+        let (n, k) = w.dim();
+        let panels = n.div_ceil(NR);
+        let mut scales = vec![0.0f32; panels * NR];
+        scales[..n]
+            .iter_mut()
+            .zip(w.rows())
+            .for_each(|(s, row)| *s = weight_scale(row));
+        let mut sums = vec![0i32; panels * NR];
+        for (j, sum) in sums[..n].iter_mut().enumerate() {
+            *sum = w
+                .row(j)
+                .iter()
+                .map(|&x| weight_level(x, scales[j]) as i32)
+                .sum();
+        }
+        let panel = quads(k) * NR;
+        // Not zeroed first (as the f32 packing): each panel writes all of its part,
+        // zeros in the lanes past `n`.
+        let fill = |(p, dst): (usize, &mut [MaybeUninit<u32>])| {
+            for lane in 0..NR {
+                let j = p * NR + lane;
+                let slots = dst.iter_mut().skip(lane).step_by(NR);
+                if j >= n {
+                    slots.for_each(|slot| {
+                        slot.write(0);
+                    });
+                    continue;
+                }
+                let (row, scale) = (w.row(j), scales[j]);
+                for (q, slot) in slots.enumerate() {
+                    let byte = |t: usize| {
+                        let kk = 4 * q + t;
+                        if kk < k {
+                            weight_level(row[kk], scale) as u8
+                        } else {
+                            0
+                        }
+                    };
+                    slot.write(u32::from_le_bytes([byte(0), byte(1), byte(2), byte(3)]));
+                }
+            }
+        };
+        // SAFETY: every panel's lanes are all written (or `panel` is 0).
+        let data = unsafe {
+            LargePageArray::filled(panels * panel, |dst| {
+                if panel > 0 && parallel {
+                    dst.par_chunks_mut(panel).enumerate().for_each(fill);
+                } else if panel > 0 {
+                    dst.chunks_mut(panel).enumerate().for_each(fill);
+                }
+            })
+        };
+        PackedInt8 {
+            n,
+            k,
+            data,
+            scales,
+            sums,
+        }
+    }
+
+    /// `[n, k]`.
+    pub(crate) fn dim(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+
+    /// The quantized weight `[n, k]`, dequantized to f32 (`ŵ · s_w`).
+    pub(crate) fn unpack(&self) -> Array2<f32> {
+        Array2::from_shape_fn((self.n, self.k), |(j, kk)| {
+            self.level(j, kk) as f32 * self.scales[j]
+        })
+    }
+
+    /// Bytes held.
+    pub(crate) fn bytes(&self) -> usize {
+        self.data.len() * std::mem::size_of::<u32>()
+            + self.scales.len() * std::mem::size_of::<f32>()
+            + self.sums.len() * std::mem::size_of::<i32>()
+    }
+
+    /// The quantized weight `ŵ[j, kk]`.
+    fn level(&self, j: usize, kk: usize) -> i8 {
+        let word = self.data[((j / NR) * quads(self.k) + kk / 4) * NR + j % NR];
+        (word >> (8 * (kk % 4))) as u8 as i8
+    }
+}
+
+/// The int8 product's operands: the quantized rows of `x` and the packed weight.
+struct QuadOperands<'a> {
+    x: &'a QuantizedRows,
+    w: &'a PackedInt8,
+}
+
+impl Operands for QuadOperands<'_> {
+    /// The whole sum in one block: the i32 sums are exact only until they are
+    /// turned into f32, which needs them whole. A tile's panels (`k/4 × 64`
+    /// bytes each, 24 KiB at `k = 1536`) then come from L2, which keeps up with
+    /// a tile's `vpdpbusd` (four panel loads per 24 of them).
+    const BLOCK: usize = usize::MAX;
+
+    fn depth(&self) -> usize {
+        self.x.lda
+    }
+
+    #[inline(always)]
+    unsafe fn tile<I: Simd, const P: usize>(
+        &self,
+        isa: I,
+        r: usize,
+        rows: usize,
+        p: usize,
+        s0: usize,
+        sc: usize,
+        c: *mut f32,
+        ldc: usize,
+        init: [Init<'_>; P],
+    ) {
+        debug_assert!(s0 == 0 && sc == self.x.lda, "one block holds the whole sum");
+        const ZERO: [f32; NR] = [0.0; NR];
+        let bias = init.map(|i| match i {
+            Init::Bias(b) => b,
+            Init::Zero => &ZERO,
+            Init::Add => unreachable!("the sum is never split"),
+        });
+        // SAFETY: the caller's guarantees (rows of `x`, panels of `w`, `c`'s rows),
+        // split by panel and by rows below for 16-register instruction sets (no
+        // recursion: it could not be inlined into the instruction set's entry point).
+        unsafe {
+            if I::REGISTERS < 32 {
+                for (q, bias) in bias.iter().enumerate() {
+                    for top in (0..rows).step_by(ROWS_16) {
+                        let (r, c) = (r + top, c.add(top * ldc + q * NR));
+                        let bias = [*bias];
+                        match rows - top {
+                            1 => self.rows::<I, 1, 1>(isa, r, p + q, c, ldc, bias),
+                            2 => self.rows::<I, 2, 1>(isa, r, p + q, c, ldc, bias),
+                            _ => self.rows::<I, 3, 1>(isa, r, p + q, c, ldc, bias),
+                        }
+                    }
+                }
+                return;
+            }
+            if rows > MR {
+                debug_assert!(P == 2 && tile::tall::<I>(rows));
+                let bias = [bias[0], bias[P - 1]];
+                match rows {
+                    12 => self.rows::<I, 12, 2>(isa, r, p, c, ldc, bias),
+                    11 => self.rows::<I, 11, 2>(isa, r, p, c, ldc, bias),
+                    10 => self.rows::<I, 10, 2>(isa, r, p, c, ldc, bias),
+                    9 => self.rows::<I, 9, 2>(isa, r, p, c, ldc, bias),
+                    8 => self.rows::<I, 8, 2>(isa, r, p, c, ldc, bias),
+                    _ => self.rows::<I, 7, 2>(isa, r, p, c, ldc, bias),
+                }
+                return;
+            }
+            match rows {
+                6 => self.rows::<I, 6, P>(isa, r, p, c, ldc, bias),
+                5 => self.rows::<I, 5, P>(isa, r, p, c, ldc, bias),
+                4 => self.rows::<I, 4, P>(isa, r, p, c, ldc, bias),
+                3 => self.rows::<I, 3, P>(isa, r, p, c, ldc, bias),
+                2 => self.rows::<I, 2, P>(isa, r, p, c, ldc, bias),
+                _ => self.rows::<I, 1, P>(isa, r, p, c, ldc, bias),
+            }
+        }
+    }
+}
+
+impl QuadOperands<'_> {
+    /// `c[R, 16·P]` = rows `r .. r + R` of `x` times panels `p .. p + P`, the
+    /// whole sum, dequantized, plus `bias`. `R · P ≤ 24` (`R ≤ 6`, or `P = 2` and
+    /// `R ≤ tile::TALL_ROWS`) on 32-register instruction sets, `R · P ≤ 3`
+    /// elsewhere, so that the accumulators stay in registers.
+    ///
+    /// # Safety
+    /// Rows `r .. r + R` of `x` and panels `p .. p + P` of `w` must exist, and `c`
+    /// be writable for `R` rows of `16·P` floats `ldc` apart.
+    #[inline(always)]
+    unsafe fn rows<I: Simd, const R: usize, const P: usize>(
+        &self,
+        isa: I,
+        r: usize,
+        p: usize,
+        c: *mut f32,
+        ldc: usize,
+        bias: [&[f32; NR]; P],
+    ) {
+        debug_assert!(R * P <= 2 * tile::TALL_ROWS && (R <= MR || P <= 2));
+        let (lda, x, w) = (self.x.lda, self.x, self.w);
+        // SAFETY: every read is inside rows `r .. r + R` of `x` (`lda` quads each)
+        // and the `lda` rows of 16 quads of panels `p .. p + P`; every write inside
+        // the caller's `R` rows of `c`.
+        unsafe {
+            let a: [*const u32; R] = std::array::from_fn(|i| x.quads.as_ptr().add((r + i) * lda));
+            let panel = |q: usize| w.data.as_ptr().add((p + q) * lda * NR);
+            let b: [*const u32; P] = std::array::from_fn(panel);
+            let mut acc = [[isa.splat_pair(0); R]; P];
+            for s in 0..lda {
+                // The weights stream from memory (a short text) or L2: asking for
+                // each panel's line ahead keeps more reads in flight. A prefetch
+                // past the panel is harmless (no fault, no UB with `wrapping_add`).
+                #[cfg(target_arch = "x86_64")]
+                for bq in &b {
+                    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                    _mm_prefetch::<_MM_HINT_T0>(bq.wrapping_add((s + PREFETCH) * NR).cast());
+                }
+                let bv: [I::P; P] = std::array::from_fn(|q| isa.load_pairs(b[q].add(s * NR)));
+                // Indices, not iterators: they keep the accumulators in registers
+                // (as in `Tile::rows`).
+                #[allow(clippy::needless_range_loop)]
+                for i in 0..R {
+                    let ai = isa.splat_pair(*a[i].add(s));
+                    for q in 0..P {
+                        acc[q][i] = isa.dot4(acc[q][i], ai, bv[q]);
+                    }
+                }
+            }
+            #[allow(clippy::needless_range_loop)]
+            for q in 0..P {
+                let j0 = (p + q) * NR;
+                let sums = isa.load_pairs(w.sums[j0..].as_ptr().cast());
+                let w_scale = isa.load(w.scales[j0..].as_ptr());
+                let b = isa.load(bias[q].as_ptr());
+                for i in 0..R {
+                    let RowScale { scale, zero } = x.scales[r + i];
+                    let exact = isa.mul_sub_i32(acc[q][i], isa.splat_pair(zero as u32), sums);
+                    let y = isa.fma(isa.i32_to_f32(exact), isa.mul(isa.splat(scale), w_scale), b);
+                    isa.store(c.add(i * ldc + q * NR), y);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::isa::Isa;
+    use crate::nn::Activation;
+    use ndarray::{s, Array};
+
+    /// Numbers of a few sizes and both signs, from a fixed generator; `shift`
+    /// moves them (rows of one sign, as after a GELU).
+    fn numbers(len: usize, seed: u64, shift: f32) -> Vec<f32> {
+        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..len)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let u = (state >> 40) as f32 / (1u64 << 24) as f32;
+                let scale = [0.03, 0.5, 2.0][(state >> 8) as usize % 3];
+                (u - 0.5) * scale + shift
+            })
+            .collect()
+    }
+
+    fn operands(m: usize, k: usize, n: usize) -> (Array2<f32>, Array2<f32>, Vec<f32>) {
+        let x = Array::from_shape_vec((m, k), numbers(m * k, 1 + m as u64, 0.1)).unwrap();
+        let w = Array::from_shape_vec((n, k), numbers(n * k, 2 + k as u64, 0.0)).unwrap();
+        (x, w, numbers(n, 3, 0.0))
+    }
+
+    /// Each row of `x` quantized by the scalar code, and its scale.
+    fn quantized(x: &Array2<f32>) -> (Vec<Vec<u8>>, Vec<RowScale>) {
+        x.rows()
+            .into_iter()
+            .map(|row| {
+                let src = row.to_vec();
+                let mut dst = vec![MaybeUninit::new(0u32); quads(src.len())];
+                let scale = quantize_row(&src, &mut dst);
+                // SAFETY: `quantize_row` wrote every quad.
+                let words = dst.iter().map(|d| unsafe { d.assume_init() });
+                let bytes = words.flat_map(u32::to_le_bytes).take(src.len()).collect();
+                (bytes, scale)
+            })
+            .unzip()
+    }
+
+    /// The int8 product by its definition: the sums of products of the quantized
+    /// numbers in i64, less the zero point's share, then the one rounding to f32
+    /// and the fused multiply-add of the module docs. The exact answer every
+    /// instruction set must give, bit for bit.
+    fn reference(x: &Array2<f32>, w: &PackedInt8, bias: &[f32]) -> Array2<f32> {
+        let (levels, scales) = quantized(x);
+        Array2::from_shape_fn((x.nrows(), w.n), |(i, j)| {
+            let sum: i64 = (0..x.ncols())
+                .map(|kk| (levels[i][kk] as i64 - scales[i].zero as i64) * w.level(j, kk) as i64)
+                .sum();
+            let exact = i32::try_from(sum).expect("fits i32");
+            (exact as f32).mul_add(scales[i].scale * w.scales[j], bias[j])
+        })
+    }
+
+    #[test]
+    fn the_bits_of_the_i64_reference_on_every_edge_and_instruction_set() {
+        // Row counts on both sides of the 6-row tile, of the two-panel tile of up
+        // to 12 rows and of the 3-row one of 16-register instruction sets; partial
+        // panels; depths not a multiple of 4; depths of the encoders.
+        for &(m, k, n) in &[
+            (1, 1, 1),
+            (1, 4, 16),
+            (2, 5, 17),
+            (3, 7, 31),
+            (5, 33, 16),
+            (6, 384, 64),
+            (7, 385, 40),
+            (12, 768, 48),
+            (13, 769, 33),
+            (50, 1000, 70),
+            (97, 1536, 384),
+            (487, 130, 40),
+        ] {
+            let (x, w, bias) = operands(m, k, n);
+            let packed = PackedInt8::new(w.view(), false);
+            let want = reference(&x, &packed, &bias);
+            for isa in Isa::available() {
+                let token = isa.token().unwrap();
+                let y = linear_int8_on(token, x.view(), &packed, Some(&bias), Epilogue::None);
+                assert_eq!(y, want, "{isa} {m}x{k}x{n}");
+            }
+        }
+    }
+
+    #[test]
+    fn within_the_quantization_error_of_the_f64_product() {
+        // Each input moves by at most half its row's step (`s_x / 2`, the f32
+        // arithmetic of the quantization adding a few ulps of 255 steps: 0.51),
+        // each weight by half its output's (`s_w / 2`, likewise 0.51), so
+        // |y − x·w| ≤ Σ_k 0.51 s_x |ŵ_k s_w| + |x_k| · 0.51 s_w, plus the final
+        // f32 rounding of a few ulps of the sum's terms.
+        for &(m, k, n) in &[(3, 64, 20), (13, 768, 48), (40, 1536, 33)] {
+            let (x, w, bias) = operands(m, k, n);
+            let packed = PackedInt8::new(w.view(), false);
+            let y = linear_int8(x.view(), &packed, Some(&bias), Epilogue::None);
+            let (_, scales) = quantized(&x);
+            let dequantized = packed.unpack();
+            for i in 0..m {
+                for j in 0..n {
+                    let exact = (0..k).fold(bias[j] as f64, |s, kk| {
+                        s + x[[i, kk]] as f64 * w[[j, kk]] as f64
+                    });
+                    let s_x = scales[i].scale as f64;
+                    let s_w = packed.scales[j] as f64;
+                    let (mut bound, mut size) = (0.0f64, bias[j].abs() as f64);
+                    for kk in 0..k {
+                        let (xv, wv) = (x[[i, kk]].abs() as f64, dequantized[[j, kk]].abs() as f64);
+                        bound += 0.51 * s_x * wv + xv * 0.51 * s_w;
+                        size += (xv + s_x) * wv;
+                    }
+                    let bound = bound + 4.0 * f32::EPSILON as f64 * size;
+                    let err = (y[[i, j]] as f64 - exact).abs();
+                    assert!(err <= bound, "{m}x{k}x{n} [{i}, {j}]: {err:e} > {bound:e}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_row_is_quantized_within_half_a_step_with_zero_exact() {
+        let rows = [
+            numbers(37, 5, 0.0),
+            numbers(64, 6, 1.5),
+            numbers(9, 7, -3.0),
+            vec![0.0; 5],
+            vec![0.25; 6],
+        ];
+        for src in rows {
+            let x = Array2::from_shape_vec((1, src.len()), src.clone()).unwrap();
+            let (levels, scales) = quantized(&x);
+            let RowScale { scale, zero } = scales[0];
+            assert!((0..=255).contains(&zero));
+            for (&v, &q) in src.iter().zip(&levels[0]) {
+                let back = scale * (q as f32 - zero as f32);
+                assert!((back - v).abs() <= 0.51 * scale, "{v} -> {q} -> {back}");
+                if v == 0.0 {
+                    assert_eq!(q as i32, zero, "zero is a level");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_non_finite_input_or_weight_gives_nan_outputs() {
+        let (mut x, mut w, bias) = operands(3, 10, 20);
+        x[[1, 4]] = f32::INFINITY;
+        w[[5, 2]] = f32::NAN;
+        let packed = PackedInt8::new(w.view(), false);
+        let y = linear_int8(x.view(), &packed, Some(&bias), Epilogue::None);
+        for ((i, j), v) in y.indexed_iter() {
+            assert_eq!(v.is_nan(), i == 1 || j == 5, "[{i}, {j}] = {v}");
+        }
+    }
+
+    #[test]
+    fn a_row_gives_the_same_bits_alone_in_a_batch_and_strided() {
+        for &(k, n) in &[(400, 40), (1536, 48)] {
+            let (x, w, bias) = operands(30, k, n);
+            let packed = PackedInt8::new(w.view(), false);
+            let all = linear_int8(x.view(), &packed, Some(&bias), Epilogue::None);
+            for m in [1, 5, 6, 7, 12, 13, 30] {
+                let y = linear_int8(x.slice(s![..m, ..]), &packed, Some(&bias), Epilogue::None);
+                assert_eq!(y, all.slice(s![..m, ..]), "{m} rows of {k}x{n}");
+            }
+            let xt = x.t().as_standard_layout().into_owned();
+            assert_eq!(
+                linear_int8(xt.t(), &packed, Some(&bias), Epilogue::None),
+                all
+            );
+        }
+    }
+
+    #[test]
+    fn same_bits_whatever_the_thread_count() {
+        // One row block, and three (`MC`).
+        for m in [5, 200, 3 * super::super::MC - 7] {
+            let (x, w, bias) = operands(m, 1536, 384);
+            let packed = PackedInt8::new(w.view(), true);
+            for isa in Isa::available() {
+                let token = isa.token().unwrap();
+                let run = |threads: usize| {
+                    rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .unwrap()
+                        .install(|| {
+                            linear_int8_on(token, x.view(), &packed, Some(&bias), Epilogue::None)
+                        })
+                };
+                let one = run(1);
+                assert_eq!(run(2), one, "{isa}");
+                assert_eq!(run(3), one, "{isa}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_fused_activation_equals_the_separate_one() {
+        for m in [3, 40] {
+            let (x, w, bias) = operands(m, 64, 50);
+            let packed = PackedInt8::new(w.view(), false);
+            let fused = linear_int8(
+                x.view(),
+                &packed,
+                Some(&bias),
+                Epilogue::Act(Activation::Gelu),
+            );
+            let mut separate = linear_int8(x.view(), &packed, Some(&bias), Epilogue::None);
+            Activation::Gelu.apply(separate.as_slice_mut().unwrap());
+            assert_eq!(fused, separate);
+        }
+    }
+
+    #[test]
+    fn packing_keeps_levels_scales_and_sums() {
+        let (_, mut w, _) = operands(1, 21, 24);
+        w.row_mut(7).fill(0.0);
+        let packed = PackedInt8::new(w.view(), false);
+        for j in 0..24 {
+            let largest = w.row(j).iter().fold(0.0f32, |m, &v| m.max(v.abs()));
+            let scale = packed.scales[j];
+            if largest == 0.0 {
+                assert_eq!(scale, 1.0);
+            } else {
+                assert_eq!(scale, largest / 127.0);
+            }
+            let mut sum = 0;
+            for kk in 0..21 {
+                let level = packed.level(j, kk);
+                assert_eq!(level as f32, (w[[j, kk]] / scale).round_ties_even());
+                sum += level as i32;
+            }
+            assert_eq!(packed.sums[j], sum);
+            assert!((-127..=127).contains(&packed.level(j, 0)));
+        }
+        assert!(packed.sums[24..].iter().all(|&s| s == 0));
+    }
+
+    #[test]
+    fn no_rows_no_depth_and_no_bias() {
+        let (x, w, bias) = operands(4, 0, 5);
+        let packed = PackedInt8::new(w.view(), false);
+        let y = linear_int8(x.view(), &packed, Some(&bias), Epilogue::None);
+        assert_eq!(y, Array2::from_shape_fn((4, 5), |(_, j)| bias[j]));
+        let (x, w, _) = operands(0, 9, 5);
+        let packed = PackedInt8::new(w.view(), false);
+        assert_eq!(
+            linear_int8(x.view(), &packed, None, Epilogue::None).dim(),
+            (0, 5)
+        );
+        let (x, w, _) = operands(3, 9, 5);
+        let packed = PackedInt8::new(w.view(), false);
+        let y = linear_int8(x.view(), &packed, None, Epilogue::None);
+        assert_eq!(y, reference(&x, &packed, &[0.0; 5]));
+    }
+}
