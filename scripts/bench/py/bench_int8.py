@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_openvino import BATCH, SHORT, Peer, alternate, attend_cli, pipeline  # noqa: E402
 from bench_ort import export, optimise, session  # noqa: E402
 from model_rounds import OtherLoad, cpu_name  # noqa: E402
+import record  # noqa: E402
 from timing import median_ms  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -166,6 +167,10 @@ def bench_model(model_dir, args, corpus, tmp):
              "ORT int8": lambda: peers["ORT int8"].encode([SHORT])}
     ms = alternate({s: (lambda f=f: median_ms(f, 30)) for s, f in short.items()}, args.rounds)
     print("one short sentence, median ms: " + ", ".join(f"{s} {np.median(v):.2f}" for s, v in ms.items()))
+    return [record.row(f"{name}, corpus of {len(lines)} lines, int8", med["attend int8"], peer, med[peer])
+            for peer in ("ORT int8", "attend f32", "ORT f32")] + [
+        record.row(f"{name}, one short sentence, int8", float(np.median(ms["attend int8"])), "ORT int8",
+                   float(np.median(ms["ORT int8"])))]
 
 
 def _seconds(run):
@@ -191,10 +196,16 @@ def main():
           f"load average before: {os.getloadavg()}")
     print("OpenVINO int8: not measured: it needs NNCF (PyPI nncf), which is not installed here.")
     others = OtherLoad()
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for model_dir in args.model_dirs:
-            bench_model(model_dir, args, corpus, tmp)
+            rows += bench_model(model_dir, args, corpus, tmp)
     share = others.share()
+    # Seconds for the corpora and milliseconds for the short sentence: one record each.
+    for unit, what, part in (("s", "a corpus", [r for r in rows if "corpus" in r["workload"]]),
+                             ("ms", "one short sentence", [r for r in rows if "corpus" not in r["workload"]])):
+        record.write("int8", f"int8 encoders on {what} against ONNX Runtime's quantize_dynamic model, and f32", unit=unit, better="lower",
+                     threads=args.threads, peers={"onnxruntime": ort.__version__}, rows=part, other_load=share)
     if share is not None:
         print(f"other processes took {100 * share:.0f} % of the CPUs while this ran")
 
