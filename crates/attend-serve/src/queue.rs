@@ -519,7 +519,10 @@ mod tests {
             .collect();
         // 30, 5 (7 is the first request's third text: passed over), 12, 3: 50
         // tokens; 40 does not fit, and the pass ends there.
-        assert_eq!(lens(&q.next_pass(budget(50, 2)).unwrap()), vec![30, 5, 12, 3]);
+        assert_eq!(
+            lens(&q.next_pass(budget(50, 2)).unwrap()),
+            vec![30, 5, 12, 3]
+        );
         // The passed-over 7 kept its place: first in the next pass; then 40 and
         // 2 (49 tokens), and the next 2 does not fit.
         assert_eq!(lens(&q.next_pass(budget(50, 2)).unwrap()), vec![7, 40, 2]);
