@@ -16,6 +16,8 @@ from html import escape
 from pathlib import Path
 from typing import Dict, List, Tuple
 
+import record
+
 ROOT = Path(__file__).resolve().parents[3]
 FLAG_NAMES = {
     "avx512f": "AVX-512",
@@ -52,10 +54,7 @@ def cpu_title(r: dict) -> str:
 def cpu_slug(r: dict) -> str:
     c = r["cpu"]
     flags = "avx512" if c["flags"].get("avx512f") else "avx2" if c["flags"].get("avx2") else "base"
-    name = "".join(ch if ch.isalnum() else "-" for ch in c["name"].lower()).strip("-")
-    while "--" in name:
-        name = name.replace("--", "-")
-    return f"{name}-f{c['family']}m{c['model']}-{flags}"
+    return f"{record.slug(c['name'])}-f{c['family']}m{c['model']}-{flags}"
 
 
 def fmt(x: float) -> str:
