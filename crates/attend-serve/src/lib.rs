@@ -7,8 +7,10 @@
 //!
 //! * [`prepare`]: inputs tokenised on worker threads of their own;
 //! * [`queue`]: one entry per text, bounded in tokens (past the bound, 429);
-//!   each pass is the oldest text and then the shortest, within
+//!   each pass takes the texts in the order they came, within
 //!   `--max-batch-tokens` tokens counted unpadded;
+//! * [`rate`]: the engine's speed measured at start, which sizes the queue's
+//!   bound when none is given;
 //! * [`scheduler`]: one thread taking those passes and running them through the
 //!   engine ([`attend_models::models::Engine`], the same
 //!   call `attend embed` and the Python package make) on the compute threads;
@@ -33,6 +35,7 @@ pub mod metrics;
 mod options;
 pub mod prepare;
 pub mod queue;
+pub mod rate;
 pub mod scheduler;
 mod server;
 pub mod service;

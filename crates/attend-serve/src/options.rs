@@ -36,8 +36,9 @@ pub struct ServeOptions {
     /// across passes, not refused.
     pub max_client_batch_size: usize,
     /// Tokens waiting in the queue at most; a request that would pass it is
-    /// answered 429 with `Retry-After`.
-    pub max_queue_tokens: usize,
+    /// answered 429 with `Retry-After`. `None` makes it [`crate::rate::QUEUE_WORK`]
+    /// of the engine's work at the rate measured at start ([`crate::rate`]).
+    pub max_queue_tokens: Option<usize>,
     /// A request not answered by then gets 503.
     pub request_timeout: Duration,
     /// After SIGTERM or SIGINT, how long accepted requests have to finish.
@@ -72,7 +73,7 @@ impl Default for ServeOptions {
             max_batch_tokens: 2_048,
             max_wait: Duration::ZERO,
             max_client_batch_size: 32,
-            max_queue_tokens: 262_144,
+            max_queue_tokens: None,
             request_timeout: Duration::from_secs(30),
             drain_timeout: Duration::from_secs(30),
             auto_truncate: true,

@@ -249,6 +249,11 @@ impl Queue {
             return Err(Refusal::Closed);
         }
         if st.admitted_tokens > 0 && st.admitted_tokens + tokens > self.limit {
+            // Texts nobody waits for any more leave now rather than when the
+            // scheduler reaches them: they must not turn live requests away.
+            st.drop_abandoned();
+        }
+        if st.admitted_tokens > 0 && st.admitted_tokens + tokens > self.limit {
             return Err(Refusal::Overloaded {
                 queued: st.admitted_tokens,
                 limit: self.limit,
@@ -352,6 +357,23 @@ impl Queue {
 }
 
 impl QueueState {
+    /// Removes the waiting texts of requests nobody waits for, releasing their
+    /// tokens (and the requests that are then settled).
+    fn drop_abandoned(&mut self) {
+        let (mut tokens, mut settled) = (0, 0);
+        self.waiting.retain(|e| {
+            if !e.job.abandoned() {
+                return true;
+            }
+            tokens += e.len;
+            settled += usize::from(e.job.skip());
+            false
+        });
+        self.waiting_tokens -= tokens;
+        self.admitted_tokens = self.admitted_tokens.saturating_sub(tokens);
+        self.admitted_requests = self.admitted_requests.saturating_sub(settled);
+    }
+
     /// Takes the next pass (see [`Queue::next_pass`]).
     fn take_pass(&mut self, batching: Batching) -> Vec<Entry> {
         let per_request = batching.max_client_batch_size.max(1);
@@ -450,7 +472,7 @@ mod tests {
     #[test]
     fn a_request_larger_than_the_bound_gets_an_empty_queue() {
         let q = Queue::new(10);
-        assert!(q.submit(Want::Sentence, texts(&[50])).is_ok());
+        let _waiting = q.submit(Want::Sentence, texts(&[50])).unwrap();
         assert!(q.submit(Want::Sentence, texts(&[1])).is_err());
     }
 
@@ -471,6 +493,24 @@ mod tests {
         let pass = q.next_pass(ALL).unwrap();
         drop(rx);
         assert!(pass[0].job.abandoned());
+    }
+
+    #[test]
+    fn texts_nobody_waits_for_do_not_turn_a_request_away() {
+        let q = Queue::new(100);
+        let gone = q.submit(Want::Sentence, texts(&[50, 40])).unwrap();
+        let _live = q.submit(Want::Sentence, texts(&[5])).unwrap();
+        assert!(q.submit(Want::Sentence, texts(&[20])).is_err());
+        drop(gone);
+        assert!(q.submit(Want::Sentence, texts(&[20])).is_ok());
+        assert_eq!(
+            q.depth(),
+            Depth {
+                requests: 2,
+                tokens: 25
+            }
+        );
+        assert_eq!(lens(&q.next_pass(ALL).unwrap()), vec![5, 20]);
     }
 
     #[test]

@@ -29,6 +29,7 @@ use crate::metrics::Metrics;
 use crate::options::ServeOptions;
 use crate::prepare::Tokenization;
 use crate::queue::{Batching, Queue};
+use crate::rate;
 use crate::scheduler;
 use crate::service::Service;
 
@@ -71,6 +72,10 @@ pub struct Startup {
     pub threads_source: String,
     /// Tokenization workers.
     pub tokenization_workers: usize,
+    /// The queue's bound in tokens.
+    pub max_queue_tokens: usize,
+    /// Where the bound came from: the flag, or the rate measured at start.
+    pub queue_source: String,
     /// The address it listens on.
     pub address: SocketAddr,
 }
@@ -79,7 +84,7 @@ impl std::fmt::Display for Startup {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "serving {} ({}) in {} on {} with {} compute threads (from {}) and {} tokenization workers; listening on http://{}",
+            "serving {} ({}) in {} on {} with {} compute threads (from {}) and {} tokenization workers; queue of {} tokens ({}); listening on http://{}",
             self.model_name,
             self.model_dir.display(),
             self.precision,
@@ -87,6 +92,8 @@ impl std::fmt::Display for Startup {
             self.threads,
             self.threads_source,
             self.tokenization_workers,
+            self.max_queue_tokens,
+            self.queue_source,
             self.address
         )
     }
@@ -209,6 +216,8 @@ impl Server {
             threads: self.cpus.threads,
             threads_source: self.cpus.source.clone(),
             tokenization_workers: info.tokenization_workers,
+            max_queue_tokens: info.max_queue_tokens,
+            queue_source: info.queue_source.clone(),
             address: self.address,
         });
 
@@ -247,14 +256,18 @@ fn check(o: &ServeOptions) -> Result<(), ServeError> {
     let positive = [
         ("--max-batch-tokens", o.max_batch_tokens),
         ("--max-client-batch-size", o.max_client_batch_size),
-        ("--max-queue-tokens", o.max_queue_tokens),
         ("--max-body-bytes", o.max_body_bytes),
     ];
     if let Some((flag, _)) = positive.iter().find(|(_, v)| *v == 0) {
         return Err(ServeError::Options(format!("{flag} must be at least 1")));
     }
-    if o.threads == Some(0) {
-        return Err(ServeError::Options("--threads must be at least 1".into()));
+    for (flag, value) in [
+        ("--threads", o.threads),
+        ("--max-queue-tokens", o.max_queue_tokens),
+    ] {
+        if value == Some(0) {
+            return Err(ServeError::Options(format!("{flag} must be at least 1")));
+        }
     }
     if o.api_key.as_deref().is_some_and(str::is_empty) {
         return Err(ServeError::Options("--api-key must not be empty".into()));
@@ -283,6 +296,22 @@ async fn load(
     let tokenization =
         Tokenization::new(Arc::clone(&encoder), &o.model, workers).map_err(ServeError::Model)?;
     let max_batch_tokens = o.max_batch_tokens.max(tokenization.max_tokens());
+    let (max_queue_tokens, queue_source) = match o.max_queue_tokens {
+        Some(n) => (n, "--max-queue-tokens".to_string()),
+        None => {
+            let (encoder, pool) = (Arc::clone(&encoder), Arc::clone(&compute));
+            let rate = tokio::task::spawn_blocking(move || rate::measure(&encoder, &pool))
+                .await
+                .map_err(|e| ServeError::Runtime(format!("measuring the engine failed: {e}")))?
+                .map_err(ServeError::Model)?;
+            let bound = rate::queue_bound(rate, o.request_timeout, max_batch_tokens);
+            let seconds = bound as f64 / rate;
+            (
+                bound,
+                format!("{seconds:.1} s of work at the {rate:.0} tokens/s measured at start"),
+            )
+        }
+    };
     let info = ModelInfo {
         dimension: encoder.dimension(),
         hidden_size: encoder.model.config.hidden_size,
@@ -299,9 +328,10 @@ async fn load(
         max_batch_tokens,
         max_client_batch_size: o.max_client_batch_size,
         tokenization_workers: workers,
-        max_queue_tokens: o.max_queue_tokens,
+        max_queue_tokens,
+        queue_source,
     };
-    let queue = Arc::new(Queue::new(o.max_queue_tokens));
+    let queue = Arc::new(Queue::new(max_queue_tokens));
     let scheduler = scheduler::spawn(
         Arc::clone(&queue),
         encoder,

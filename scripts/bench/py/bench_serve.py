@@ -365,21 +365,29 @@ class Bench:
             oha_cores = (self.oha_cpu_s - oha_cpu0) / max(self.oha_wall_s - oha_wall0, 1e-9)
 
         if "latency" in phases:
-            log("latency at 25/50/75 % of each side's saturation on the mix, constant rate, latency-corrected")
-            for pct in (25, 50, 75):
-                for s in servers:
-                    r = self.latency(s, statistics.median(rates[s.label]) * pct / 100, self.bodies(s), None)
-                    latency[s.label]["mix"][pct] = r
-                    log(f"  {s.label} {pct}%: {r['rate']:.1f}/s p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms")
-            log("short texts alone: saturation, then 25/50/75 % of it")
+            log(f"latency at 25/50/75 % of each side's saturation, constant rate, latency-corrected, {a.rounds} rounds "
+                "(the median of the rounds' percentiles: one stall in a run moves its p99, not the figure)")
+            log("short texts alone: first each side's saturation on them")
             for s in servers:
                 self.only(s)
                 extra = ["-z", f"{a.seconds}s", "-w", "-c", str(a.connections)]
                 short_rates[s.label] = self.oha(s, extra, None, self.short_body(s))["rps_ok"]
-                for pct in (25, 50, 75):
-                    r = self.latency(s, short_rates[s.label] * pct / 100, None, self.short_body(s))
-                    latency[s.label]["short"][pct] = r
-                    log(f"  {s.label} short {pct}%: {r['rate']:.1f}/s p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms")
+            runs: Dict[str, Dict[str, Dict[int, List[dict]]]] = {
+                s.label: {load: {pct: [] for pct in (25, 50, 75)} for load in ("mix", "short")} for s in servers
+            }
+            for r in range(a.rounds):
+                for load in ("mix", "short"):
+                    for pct in (25, 50, 75):
+                        for s in servers[r % len(servers):] + servers[: r % len(servers)]:
+                            if load == "mix":
+                                res = self.latency(s, statistics.median(rates[s.label]) * pct / 100, self.bodies(s), None)
+                            else:
+                                res = self.latency(s, short_rates[s.label] * pct / 100, None, self.short_body(s))
+                            runs[s.label][load][pct].append(res)
+                            log(f"  round {r + 1} {s.label} {load} {pct}%: {res['rate']:.1f}/s p50 {res['p50_ms']:.2f} ms p99 {res['p99_ms']:.2f} ms")
+            for s in servers:
+                for load, levels in runs[s.label].items():
+                    latency[s.label][load] = {pct: median_run(rs) for pct, rs in levels.items()}
             log(f"idle: one connection, {a.idle_requests} requests of one short text, then of the mix")
             for s in servers:
                 self.only(s)
@@ -471,13 +479,14 @@ class Bench:
                 print(f"  {label:<14} {m:8.1f} texts/s {m * tokens:10.0f} tokens/s  [{runs}]{note}")
         if "latency" in phases:
             print()
-            print("latency at a constant request rate (a fraction of the side's own saturation on that load), ms:")
+            print(f"latency at a constant request rate (a fraction of the side's own saturation on that load), ms, median of {a.rounds} rounds (each round's p99 in brackets):")
             for load, title in (("mix", "the mix"), ("short", f"one short text ({SHORT_TEXT!r}) a request")):
                 print(f"  {title}:")
                 for s in servers:
                     for pct, r in latency[s.label][load].items():
                         other = f"; non-200/errors: {r['other']}" if r["other"] else ""
-                        print(f"    {s.label:<14} {pct:3d} % ({r['rate']:7.1f}/s): p50 {r['p50_ms']:8.2f}  p99 {r['p99_ms']:8.2f}{other}")
+                        rounds = ", ".join(f"{x:.1f}" for x in r["p99_rounds_ms"])
+                        print(f"    {s.label:<14} {pct:3d} % ({r['rate']:7.1f}/s): p50 {r['p50_ms']:8.2f}  p99 {r['p99_ms']:8.2f} [{rounds}]{other}")
             print()
             print(f"idle server, one connection, {a.idle_requests} requests one after another, ms:")
             for s in servers:
@@ -532,6 +541,22 @@ class Bench:
                 if not s.label.startswith("attend"):
                     small, large = (m for m, _, _ in rss[s.label])
                     print(f"  {s.label} RSS after {s.rss_at[1]} / after {s.rss_at[0]} requests: {large / small:.3f}")
+
+
+def median_run(runs: List[dict]) -> dict:
+    """One latency level's rounds as one: the medians of their p50s and p99s, each
+    round's p99 kept, and every round's non-200 answers and errors added up."""
+    other: Dict[str, int] = {}
+    for r in runs:
+        for k, v in r["other"].items():
+            other[k] = other.get(k, 0) + v
+    return {
+        "rate": runs[0]["rate"],
+        "p50_ms": statistics.median(r["p50_ms"] for r in runs),
+        "p99_ms": statistics.median(r["p99_ms"] for r in runs),
+        "p99_rounds_ms": [r["p99_ms"] for r in runs],
+        "other": other,
+    }
 
 
 def request_counts(text: str) -> List[int]:

@@ -45,9 +45,11 @@ pub struct Args {
     /// across passes.
     #[arg(long, value_name = "N", default_value_t = 32)]
     max_client_batch_size: usize,
-    /// Tokens queued at most; past it, requests get 429 with Retry-After.
-    #[arg(long, value_name = "N", default_value_t = 262_144)]
-    max_queue_tokens: usize,
+    /// Tokens queued at most; past it, requests get 429 with Retry-After. `auto`:
+    /// five seconds of the engine's work at the rate measured at start (at most
+    /// half of --request-timeout).
+    #[arg(long, value_name = "N|auto", default_value = "auto", value_parser = queue_bound)]
+    max_queue_tokens: QueueBound,
     /// Seconds before an unanswered request gets 503.
     #[arg(long, value_name = "S", default_value_t = 30)]
     request_timeout: u64,
@@ -80,6 +82,22 @@ pub struct Args {
     /// Also log each request: method, route, status, failure reason, milliseconds.
     #[arg(long)]
     access_log: bool,
+}
+
+/// `--max-queue-tokens`: a count of tokens, or `auto` (`None`).
+#[derive(Clone, Copy, Debug)]
+struct QueueBound(Option<usize>);
+
+fn queue_bound(value: &str) -> Result<QueueBound, String> {
+    if value == "auto" {
+        return Ok(QueueBound(None));
+    }
+    match value.parse::<usize>() {
+        Ok(0) | Err(_) => Err(format!(
+            "expected a positive number of tokens or `auto`, got {value:?}"
+        )),
+        Ok(n) => Ok(QueueBound(Some(n))),
+    }
 }
 
 /// `--log-format`.
@@ -124,7 +142,7 @@ pub fn run(args: Args) -> Result<(), Error> {
         max_batch_tokens: args.max_batch_tokens,
         max_wait: Duration::from_millis(args.max_wait_ms),
         max_client_batch_size: args.max_client_batch_size,
-        max_queue_tokens: args.max_queue_tokens,
+        max_queue_tokens: args.max_queue_tokens.0,
         request_timeout: Duration::from_secs(args.request_timeout),
         drain_timeout: Duration::from_secs(args.drain_timeout),
         auto_truncate: args.auto_truncate,

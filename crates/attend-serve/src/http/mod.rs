@@ -85,6 +85,8 @@ pub struct ModelInfo {
     pub tokenization_workers: usize,
     /// Queue bound in tokens.
     pub max_queue_tokens: usize,
+    /// Where the bound came from: the flag, or the rate measured at start.
+    pub queue_source: String,
 }
 
 impl AppState {

@@ -173,6 +173,28 @@ def test_overload_gives_429_with_retry_after_and_no_crash(serve):
     assert requests.post(s.url + "/embed", json={"inputs": "still alive"}).status_code == 200
 
 
+QUEUE_LINE = re.compile(r"queue of (\d+) tokens \(([0-9.]+) s of work at the (\d+) tokens/s measured at start\)")
+
+
+def test_the_default_queue_bound_is_seconds_of_the_measured_work(serve):
+    """Without --max-queue-tokens the bound is five seconds of the engine's work at
+    the rate it measured at start, at most half the request timeout, and never less
+    than two passes; /info reports the bound in force."""
+    for timeout, most in (("30", 5.0), ("2", 1.0)):
+        s = serve("--request-timeout", timeout)
+        found = next(m for m in map(QUEUE_LINE.search, s.lines) if m)
+        bound, seconds, rate = int(found.group(1)), float(found.group(2)), int(found.group(3))
+        info = requests.get(s.url + "/info").json()
+        assert info["max_queue_tokens"] == bound
+        assert bound >= 2 * info["max_batch_tokens"]
+        assert rate > 0 and abs(bound / rate - seconds) < 0.05
+        # Two passes may be more than the seconds allow on a slow engine.
+        assert seconds <= most + 0.05 or bound == 2 * info["max_batch_tokens"], s.lines
+    given = serve("--max-queue-tokens", "777")
+    assert requests.get(given.url + "/info").json()["max_queue_tokens"] == 777
+    assert any("queue of 777 tokens (--max-queue-tokens)" in line for line in given.lines)
+
+
 def test_a_request_past_the_timeout_gets_503(serve):
     s = serve("--request-timeout", "1", "--max-client-batch-size", "8")
     r = requests.post(s.url + "/embed", json={"inputs": [LONG] * 192}, timeout=60)
