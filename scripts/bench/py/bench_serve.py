@@ -416,14 +416,20 @@ class Bench:
         other_share = max(0.0, busy - ours) / total if total else 0.0
 
         self.report(servers, phases, rates, short_rates, latency, idle, rss, overload, oha_cores, with_embed)
-        self.record(servers, phases, rates, latency, idle, with_embed, other_share)
+        self.record(servers, phases, rates, latency, idle, overload, with_embed, other_share)
         print(f"CPU taken by other processes during the run: {100 * other_share:.0f} % of all CPUs (load average after: {os.getloadavg()[0]:.1f})")
         if other_share > 0.05:
             print("WARNING: the machine was not quiet; these timings are not trustworthy" + (" (memory figures are)" if "rss" in phases else ""))
 
+    def drain_ms(self, attend_rates: List[float]) -> float:
+        """Milliseconds to work off a full overload queue and one pass at attend's
+        saturation rate: what a text admitted into a full queue waits at most."""
+        tokens_per_s = statistics.median(attend_rates) * self.args.mean_tokens
+        return 1e3 * (self.args.overload_queue_tokens + self.args.max_batch_tokens) / tokens_per_s
+
     # -- record ------------------------------------------------------------------
 
-    def record(self, servers, phases, rates, latency, idle, with_embed, other_share) -> None:
+    def record(self, servers, phases, rates, latency, idle, overload, with_embed, other_share) -> None:
         """The comparisons as two records (scripts/bench/py/record.py): throughput
         (texts/s, higher is better) and latency (ms, lower is better)."""
         a = self.args
@@ -446,11 +452,22 @@ class Bench:
             rows = []
             for s in servers[1:]:
                 rows.append(record.row("one short text, idle, median", idle[attend]["short"]["p50_ms"], s.label, idle[s.label]["short"]["p50_ms"]))
+                rows.append(record.row("the mix, idle, p99", idle[attend]["mix"]["p99_ms"], s.label, idle[s.label]["mix"]["p99_ms"]))
                 for load in ("short", "mix"):
                     # 50 % of each side's own saturation on that load.
-                    rows.append(record.row(f"{'short texts' if load == 'short' else 'the mix'}, p99 at 50 % load",
-                                           latency[attend][load][50]["p99_ms"], s.label, latency[s.label][load][50]["p99_ms"]))
+                    for q in ("p50", "p99"):
+                        rows.append(record.row(f"{'short texts' if load == 'short' else 'the mix'}, {q} at 50 % load",
+                                               latency[attend][load][50][f"{q}_ms"], s.label, latency[s.label][load][50][f"{q}_ms"]))
             record.write("serve", f"attend serve's latency, {model}, f32", unit="ms", better="lower", rows=rows, **common)
+        if overload is not None:
+            drain_ms = self.drain_ms(rates[attend])
+            refused = sum(v for k, v in overload["other"].items() if k in ("429", "503"))
+            failed = sum(v for k, v in overload["other"].items() if k not in ("429", "503"))
+            rows = [record.row("twice the saturation: p99 of the answered", overload["p99_answered_ms"],
+                               "time to work off a full queue and one pass", drain_ms,
+                               answered=overload["ok"], refused=refused, failed=failed)]
+            record.write("serve", f"attend serve overloaded, {model}, f32, --max-queue-tokens {a.overload_queue_tokens}",
+                         unit="ms", better="lower", rows=rows, **common)
 
     # -- report ------------------------------------------------------------------
 
@@ -493,10 +510,7 @@ class Bench:
                 sh, mix = idle[s.label]["short"], idle[s.label]["mix"]
                 print(f"  {s.label:<14} one short text: median {sh['p50_ms']:.2f}  p99 {sh['p99_ms']:.2f};  the mix: median {mix['p50_ms']:.2f}  p99 {mix['p99_ms']:.2f}")
         if overload is not None:
-            # A text admitted into a full queue waits for the queue ahead of it and
-            # for the pass running when it came: both at the saturation rate.
-            tokens_per_s = statistics.median(rates[attend]) * tokens
-            drain_ms = 1e3 * (a.overload_queue_tokens + a.max_batch_tokens) / tokens_per_s
+            drain_ms = self.drain_ms(rates[attend])
             refused = sum(v for k, v in overload["other"].items() if k in ("429", "503"))
             failed = {k: v for k, v in overload["other"].items() if k not in ("429", "503")}
             print()
