@@ -181,6 +181,7 @@ class Bench:
         self.oha_cpu_s = 0.0
         self.oha_wall_s = 0.0
         self.embed_cpu_s = 0.0
+        self.overload_cpu_s = 0.0  # the overload phase's own server
 
     # -- oha ---------------------------------------------------------------------
 
@@ -305,6 +306,7 @@ class Bench:
             with sqlite3.connect(db) as c:
                 answered = sorted(d for (d,) in c.execute("SELECT duration FROM oha WHERE status = 200"))
         finally:
+            self.overload_cpu_s += bound.cpu_s()
             bound.stop()
             self.servers.remove(bound)
         p99 = answered[min(len(answered) - 1, int(0.99 * len(answered)))] * 1e3 if answered else float("nan")
@@ -411,7 +413,7 @@ class Bench:
         for s in servers:
             s.signal(signal.SIGCONT)
         busy, total = (b - a for a, b in zip(machine0, machine_cpu()))
-        ours = sum(s.cpu_s() for s in servers) - servers0 + self.oha_cpu_s + self.embed_cpu_s
+        ours = sum(s.cpu_s() for s in servers) - servers0 + self.oha_cpu_s + self.embed_cpu_s + self.overload_cpu_s
         ours += time.process_time() - self0
         other_share = max(0.0, busy - ours) / total if total else 0.0
 
