@@ -418,7 +418,7 @@ class Bench:
         other_share = max(0.0, busy - ours) / total if total else 0.0
 
         self.report(servers, phases, rates, short_rates, latency, idle, rss, overload, oha_cores, with_embed)
-        self.record(servers, phases, rates, latency, idle, overload, with_embed, other_share)
+        self.record(servers, phases, rates, latency, idle, rss, overload, with_embed, other_share)
         print(f"CPU taken by other processes during the run: {100 * other_share:.0f} % of all CPUs (load average after: {os.getloadavg()[0]:.1f})")
         if other_share > 0.05:
             print("WARNING: the machine was not quiet; these timings are not trustworthy" + (" (memory figures are)" if "rss" in phases else ""))
@@ -431,9 +431,11 @@ class Bench:
 
     # -- record ------------------------------------------------------------------
 
-    def record(self, servers, phases, rates, latency, idle, overload, with_embed, other_share) -> None:
-        """The comparisons as two records (scripts/bench/py/record.py): throughput
-        (texts/s, higher is better) and latency (ms, lower is better)."""
+    def record(self, servers, phases, rates, latency, idle, rss, overload, with_embed, other_share) -> None:
+        """The comparisons as records (scripts/bench/py/record.py), one per phase
+        run: throughput (texts/s, higher is better), latency (ms), attend's memory
+        after its second request count against its first (MiB), and the overload
+        phase's p99 against the time to work off a full queue (ms)."""
         a = self.args
         if not servers[0].label.startswith("attend"):
             return
@@ -461,6 +463,12 @@ class Bench:
                         rows.append(record.row(f"{'short texts' if load == 'short' else 'the mix'}, {q} at 50 % load",
                                                latency[attend][load][50][f"{q}_ms"], s.label, latency[s.label][load][50][f"{q}_ms"]))
             record.write("serve", f"attend serve's latency, {model}, f32", unit="ms", better="lower", rows=rows, **common)
+        if "rss" in phases:
+            (small, _, _), (large, _, _) = rss[attend]
+            counts = servers[0].rss_at
+            rows = [record.row(f"resident memory after {counts[1]:,} requests of the mix", large,
+                               f"the same server after {counts[0]:,}", small)]
+            record.write("serve", f"attend serve's memory, {model}, f32", unit="MiB", better="lower", rows=rows, **common)
         if overload is not None:
             drain_ms = self.drain_ms(rates[attend])
             refused = sum(v for k, v in overload["other"].items() if k in ("429", "503"))

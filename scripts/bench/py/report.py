@@ -69,6 +69,16 @@ def peers_line(r: dict) -> str:
     return ", ".join(f"{name} {v}" if v else name for name, v in sorted(r["peers"].items()))
 
 
+def busy(r: dict) -> bool:
+    """Whether other work shared the machine: by the share of the CPUs other
+    processes took where the script measured it, else by the load average (which
+    also counts the benchmark's own threads: a server and its load generator pass
+    the CPU count by themselves)."""
+    if r.get("other_load") is not None:
+        return r["other_load"] > 0.05
+    return r["load_average"] > r["cpu"]["cpus"]
+
+
 def context(r: dict) -> str:
     parts = [f"`scripts/bench/{r['script']}{(' ' + ' '.join(r['args'])) if r['args'] else ''}`",
              f"commit {r['commit'][:7]}{' (with uncommitted changes)' if r['dirty'] else ''}",
@@ -78,7 +88,7 @@ def context(r: dict) -> str:
     if r.get("other_load") is not None:
         parts.append(f"other processes took {100 * r['other_load']:.0f} % of the CPUs")
     parts.append(f"load average {r['load_average']:.1f} at its end")
-    if r["load_average"] > r["cpu"]["cpus"] or (r.get("other_load") or 0) > 0.05:
+    if busy(r):
         parts.append("**other work shared the machine: the shares of the peak, and the ratios less so, are not to be trusted**")
     if r["peers"]:
         parts.append(f"peers: {peers_line(r)}")

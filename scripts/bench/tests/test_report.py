@@ -177,3 +177,13 @@ def rgb_pixels(png: bytes) -> list:
         out.extend(tuple(line[i : i + 3]) for i in range(0, stride, bpp))
         prev = line
     return out
+
+
+def test_a_run_is_busy_by_what_others_took_where_measured_else_by_the_load_average():
+    def rec(other_load, load_average):
+        return {"other_load": other_load, "load_average": load_average, "cpu": {"cpus": 2}}
+
+    # A server benchmark's own threads push the load average past the CPUs.
+    assert not report.busy(rec(0.01, 2.8))
+    assert report.busy(rec(0.15, 1.0))
+    assert report.busy(rec(None, 2.5)) and not report.busy(rec(None, 1.5))
