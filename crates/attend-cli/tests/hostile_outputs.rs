@@ -83,6 +83,12 @@ fn leftovers(dir: &Path, pid: u32) -> Vec<String> {
     left
 }
 
+/// Nothing of `pid`'s temporary files is left in `dir` or the temporary folder.
+fn assert_no_leftovers(dir: &Path, pid: u32) {
+    let left = leftovers(dir, pid);
+    assert!(left.is_empty(), "{left:?}");
+}
+
 /// One line on stderr, no panic, no backtrace.
 fn assert_one_line(err: &str, words: &[&str]) {
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
@@ -145,11 +151,7 @@ fn a_character_device_stays_a_device_and_a_full_one_is_one_line() {
             .unwrap()
             .file_type();
         assert!(kind.is_char_device(), "{kind:?}");
-        assert!(
-            leftovers(&dir, pid).is_empty(),
-            "{:?}",
-            leftovers(&dir, pid)
-        );
+        assert_no_leftovers(&dir, pid);
     } else {
         eprintln!("mknod is not permitted here: the device case is skipped");
     }
@@ -157,11 +159,7 @@ fn a_character_device_stays_a_device_and_a_full_one_is_one_line() {
     let (code, _, err, pid) = attend(&strs(&args), &dir);
     assert_eq!(code, 2, "{err}");
     assert_one_line(&err, &["/dev/full", "No space left on device"]);
-    assert!(
-        leftovers(&dir, pid).is_empty(),
-        "{:?}",
-        leftovers(&dir, pid)
-    );
+    assert_no_leftovers(&dir, pid);
     fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -196,11 +194,7 @@ fn a_fifos_reader_receives_the_output() {
         .unwrap();
     assert_eq!(got, expected);
     assert!(fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
-    assert!(
-        leftovers(&dir, pid).is_empty(),
-        "{:?}",
-        leftovers(&dir, pid)
-    );
+    assert_no_leftovers(&dir, pid);
     fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -259,11 +253,7 @@ fn a_read_only_file_is_refused_and_a_replaced_file_keeps_its_mode() {
         fs::metadata(&ro).unwrap().permissions().mode() & 0o777,
         0o444
     );
-    assert!(
-        leftovers(&dir, pid).is_empty(),
-        "{:?}",
-        leftovers(&dir, pid)
-    );
+    assert_no_leftovers(&dir, pid);
 
     let private = dir.join("private.npy");
     fs::write(&private, "old").unwrap();
@@ -300,20 +290,12 @@ fn a_directory_is_refused_before_any_work_and_leaves_nothing() {
     );
     assert_eq!(code, 2, "{err}");
     assert_one_line(&err, &["--out", "out.npy", "directory"]);
-    assert!(
-        leftovers(&dir, pid).is_empty(),
-        "{:?}",
-        leftovers(&dir, pid)
-    );
+    assert_no_leftovers(&dir, pid);
     let args = sdpa(&dir, &["--out", "out.npy", "--lse", "lse.npy"]);
     let (code, _, err, pid) = attend(&strs(&args), &dir);
     assert_eq!(code, 2, "{err}");
     assert_one_line(&err, &["--out", "directory"]);
-    assert!(
-        leftovers(&dir, pid).is_empty(),
-        "{:?}",
-        leftovers(&dir, pid)
-    );
+    assert_no_leftovers(&dir, pid);
     assert!(!dir.join("lse.npy").exists());
     fs::remove_dir_all(&dir).unwrap();
 }
@@ -374,11 +356,7 @@ fn a_signal_during_a_corpus_run_leaves_no_temporary_file() {
         drop(stdin);
         assert_eq!(code, 128 + number, "SIG{signal}: {err}");
         assert!(!temp.exists(), "SIG{signal} left {}", temp.display());
-        assert!(
-            leftovers(&dir, pid).is_empty(),
-            "{:?}",
-            leftovers(&dir, pid)
-        );
+        assert_no_leftovers(&dir, pid);
         assert!(!dir.join("out.npy").exists());
         fs::remove_dir_all(&dir).unwrap();
     }
