@@ -2,7 +2,7 @@
 
 use ndarray::{Array, Array1, Array2, ArrayView, ArrayView2, Axis, Dimension, Ix2};
 
-use super::matmul::{Epilogue, PackedBf16, PackedInt8, PackedWeight};
+use super::matmul::{Epilogue, PackedBf16, PackedInt8, PackedWeight, Weight};
 use super::{Activation, LayerNorm};
 use crate::attention::Precision;
 use crate::{Error, Result};
@@ -11,15 +11,17 @@ use crate::{Error, Result};
 #[derive(Clone, Debug)]
 pub struct Linear {
     /// `[out, in]`. Empty (`[0, 0]`) in a layer made by
-    /// [`for_inference_with`](Self::for_inference_with) in bf16 or int8, which
-    /// keeps its weight in that precision only ([`weight_f32`](Self::weight_f32)
-    /// widens it); a weight assigned to such a layer afterwards is used, rounded to
-    /// the layer's precision.
+    /// [`for_inference_with`](Self::for_inference_with) that keeps its weight only
+    /// packed for its product (in bf16 or int8, or in f32 where `nn::matmul`'s
+    /// kernel runs; [`weight_f32`](Self::weight_f32) gives it back); a weight
+    /// assigned to such a layer afterwards is used, rounded to the layer's
+    /// precision.
     pub weight: Array2<f32>,
     /// `[out]`, if the layer has a bias.
     pub bias: Option<Array1<f32>>,
     /// The weight packed for this CPU's f32 product, made by
-    /// [`for_inference`](Self::for_inference); used while it still matches `weight`.
+    /// [`for_inference`](Self::for_inference): the layer's weight while `weight`
+    /// is empty, else used while it still matches `weight`.
     packed: Option<std::sync::Arc<PackedWeight>>,
     /// The weight rounded to bf16 or quantized to int8 and packed for that
     /// product, made by [`for_inference_with`](Self::for_inference_with): its
@@ -109,11 +111,13 @@ impl Linear {
     }
 
     /// The same layer made ready for inference: on CPUs where `nn::matmul`'s
-    /// kernel runs (AVX2 or AVX-512), it keeps a copy of the weight packed in that
-    /// kernel's layout (each 16-output panel one sequential stream; twice the
-    /// weight's memory), else the weight is made [`column_major`](Self::column_major)
-    /// for the `gemm` crate. For weights loaded once and used many times. Changing `weight`
-    /// afterwards is safe but slow: a packing that no longer matches is not used.
+    /// kernel runs (AVX2 or AVX-512), the weight is kept only packed in that
+    /// kernel's layout (each 16-output panel one sequential stream; `weight` is
+    /// left empty and [`weight_f32`](Self::weight_f32) unpacks it, to the bit),
+    /// else it is made [`column_major`](Self::column_major) for the `gemm` crate.
+    /// For weights loaded once and used many times. A weight assigned afterwards
+    /// is used (packed again at every call: slow), as is one changed in place on a
+    /// CPU without the kernel.
     pub fn for_inference(self) -> Self {
         self.for_inference_with(Precision::F32)
     }
@@ -124,9 +128,8 @@ impl Linear {
     /// packed for the bf16 product (`vdpbf16ps` where the CPU has AVX512-BF16, two
     /// fused multiply-adds per pair elsewhere); each input is rounded to bf16,
     /// products are summed in f32 and the output, bias and activation stay f32.
-    /// The layer then holds 2 bytes per weight, against 8 for an f32 inference
-    /// layer on AVX2 and AVX-512 (the weight and its packing) and 4 elsewhere;
-    /// `weight` is left empty.
+    /// The layer then holds 2 bytes per weight, against 4 for an f32 inference
+    /// layer; `weight` is left empty.
     ///
     /// With [`Precision::Int8`] the weight is quantized to int8 (symmetric, one
     /// scale per output) and kept only so, a quarter of the f32 weight's bytes;
@@ -135,8 +138,8 @@ impl Linear {
     /// activation stay f32 (`nn::matmul`'s int8 product: `vpdpbusd` where the CPU
     /// has AVX512-VNNI).
     pub fn for_inference_with(self, precision: Precision) -> Self {
-        let weight = match self.reduced_weight() {
-            Some(packed) => packed.unpack(),
+        let weight = match self.unpacked() {
+            Some(w) => w,
             None => self.weight,
         };
         let layer = Linear {
@@ -155,6 +158,7 @@ impl Linear {
                 let packed = PackedWeight::new(layer.weight.view(), true);
                 Linear {
                     packed: Some(std::sync::Arc::new(packed)),
+                    weight: Array2::zeros((0, 0)),
                     ..layer
                 }
             }
@@ -170,13 +174,22 @@ impl Linear {
             .map_or(Precision::F32, Reduced::precision)
     }
 
-    /// The weight `[out, in]` as f32: `weight`, or, in a bf16 or int8 layer that
-    /// keeps its weight in that precision only, those numbers widened (exactly
-    /// for bf16; `ŵ · scale` for int8).
+    /// The weight `[out, in]` as f32: `weight`, or, in a layer that keeps its
+    /// weight only packed, its packing unpacked (to the bit for f32 and bf16;
+    /// `ŵ · scale` for int8).
     pub fn weight_f32(&self) -> std::borrow::Cow<'_, Array2<f32>> {
-        match self.reduced_weight() {
-            Some(packed) => std::borrow::Cow::Owned(packed.unpack()),
+        match self.unpacked() {
+            Some(w) => std::borrow::Cow::Owned(w),
             None => std::borrow::Cow::Borrowed(&self.weight),
+        }
+    }
+
+    /// The packing that stands for the weight (`weight` left empty), unpacked.
+    fn unpacked(&self) -> Option<Array2<f32>> {
+        match (self.reduced_weight(), self.packed_weight()) {
+            (Some(r), _) => Some(r.unpack()),
+            (None, Some(p)) => Some(p.unpack()),
+            (None, None) => None,
         }
     }
 
@@ -184,6 +197,20 @@ impl Linear {
     /// empty).
     fn reduced_weight(&self) -> Option<&Reduced> {
         self.reduced.as_ref().filter(|_| self.weight.is_empty())
+    }
+
+    /// The f32 packing when it stands for the weight (`weight` left empty).
+    fn packed_weight(&self) -> Option<&PackedWeight> {
+        self.packed.as_deref().filter(|_| self.weight.is_empty())
+    }
+
+    /// `(out, in)`, wherever the weight is kept.
+    fn dim(&self) -> (usize, usize) {
+        match (self.reduced_weight(), self.packed_weight()) {
+            (Some(r), _) => r.dim(),
+            (None, Some(p)) => p.dim(),
+            (None, None) => self.weight.dim(),
+        }
     }
 
     /// Bytes of the layer's parameters and of the packed copies it keeps for
@@ -197,14 +224,12 @@ impl Linear {
 
     /// Input width.
     pub fn in_features(&self) -> usize {
-        self.reduced_weight()
-            .map_or(self.weight.ncols(), |p| p.dim().1)
+        self.dim().1
     }
 
     /// Output width.
     pub fn out_features(&self) -> usize {
-        self.reduced_weight()
-            .map_or(self.weight.nrows(), |p| p.dim().0)
+        self.dim().0
     }
 
     /// Applies the layer to the last axis of `x` (any number of leading axes).
@@ -295,9 +320,14 @@ impl Linear {
             };
         }
         if super::matmul::available() {
-            let packed = self.packed.as_deref().filter(|p| p.matches(w));
-            return super::matmul::linear(x, w, packed, bias, epilogue);
+            let weight = match self.packed_weight() {
+                Some(p) => Weight::Packed(p),
+                None => Weight::Plain(w, self.packed.as_deref().filter(|p| p.matches(w))),
+            };
+            return super::matmul::linear(x, weight, bias, epilogue);
         }
+        // Without the kernel nothing was packed (`available` does not change in a
+        // process): the weight is where it lies.
         let mut y = self.forward_gemm(x);
         epilogue.apply_all(y.view_mut());
         y
@@ -530,19 +560,29 @@ mod tests {
     }
 
     #[test]
-    fn an_inference_layer_follows_a_weight_changed_after_packing() {
+    fn an_f32_inference_layer_keeps_its_weight_once_and_uses_an_assigned_one() {
         let w = Array::from_shape_fn((40, 30), |(i, j)| ((i * 7 + j * 3) % 17) as f32 / 8.0 - 1.0);
         let x = Array::from_shape_fn((9, 30), |(i, j)| ((i + 2 * j) % 5) as f32 - 2.0);
         let l = Linear::new(w, Some(Array::from_elem(40, 0.5))).unwrap();
         let mut fast = l.clone().for_inference();
+        // The same layer, its weight given back to the bit.
         assert_eq!(fast, l);
+        assert_eq!((fast.in_features(), fast.out_features()), (30, 40));
+        if super::super::matmul::available() {
+            // Only the packing: four bytes per weight (the panels padded to 16
+            // outputs) and the f32 bias.
+            assert!(fast.weight.is_empty());
+            assert_eq!(fast.bytes(), 48 * 30 * 4 + 40 * 4);
+        }
         let err = |a: &Array2<f32>, b: &Array2<f32>| {
             (a - b).mapv(f32::abs).fold(0.0f32, |m, &v| m.max(v))
         };
         let (y, want) = (fast.forward(x.view()).unwrap(), naive(&x, &l));
         assert!(err(&y, &want) < 1e-4, "{}", err(&y, &want));
+        // Made again for inference, it is the same layer.
+        assert_eq!(fast.clone().for_inference(), l);
         // An optimiser step after packing: the result must be the new weight's.
-        fast.weight.mapv_inplace(|v| v * 0.5);
+        fast.weight = l.weight.mapv(|v| v * 0.5);
         let changed = Linear::new(fast.weight.clone(), fast.bias.clone()).unwrap();
         let (y, want) = (fast.forward(x.view()).unwrap(), naive(&x, &changed));
         assert!(err(&y, &want) < 1e-4, "{}", err(&y, &want));
@@ -581,7 +621,7 @@ mod tests {
         assert!(f32_err.fold(0.0f32, |a, &v| a.max(v)) > 1e-3);
         // Made again for inference (in either precision), it is the same layer.
         assert_eq!(b.clone().for_inference_with(Precision::Bf16), b);
-        assert_eq!(b.clone().for_inference().weight, *b.weight_f32());
+        assert_eq!(*b.clone().for_inference().weight_f32(), *b.weight_f32());
         // A weight assigned afterwards is the one used, rounded to bf16.
         let mut changed = b.clone();
         changed.weight = l.weight.mapv(|v| v * 0.5);

@@ -71,31 +71,47 @@ pub(crate) fn available() -> bool {
     )
 }
 
-/// `act(x · wᵀ + bias)` for `x [m, k]` and `w [n, k]` (any strides), `bias [n]`;
-/// the weight is read from `packed`, its packing, when given. Call only when
-/// [`available`] says so.
-pub(crate) fn linear<'a>(
+/// Where a product's f32 weight `[n, k]` comes from.
+#[derive(Clone, Copy)]
+pub(crate) enum Weight<'a> {
+    /// The matrix as it lies (any strides), with its packing when one matches it.
+    Plain(ArrayView2<'a, f32>, Option<&'a PackedWeight>),
+    /// Its packing alone (an inference layer keeps nothing else).
+    Packed(&'a PackedWeight),
+}
+
+impl Weight<'_> {
+    /// `(n, k)`.
+    fn dim(&self) -> (usize, usize) {
+        match self {
+            Weight::Plain(w, _) => w.dim(),
+            Weight::Packed(p) => p.dim(),
+        }
+    }
+}
+
+/// `act(x · wᵀ + bias)` for `x [m, k]` and a weight `w [n, k]`, `bias [n]`. Call
+/// only when [`available`] says so.
+pub(crate) fn linear(
     x: ArrayView2<'_, f32>,
-    w: ArrayView2<'a, f32>,
-    packed: Option<&'a PackedWeight>,
+    w: Weight<'_>,
     bias: Option<&[f32]>,
     epilogue: Epilogue<'_>,
 ) -> Array2<f32> {
-    linear_on(IsaToken::best(), x, w, packed, bias, epilogue)
+    linear_on(IsaToken::best(), x, w, bias, epilogue)
 }
 
 /// [`linear`] on the instruction set `isa`.
-fn linear_on<'a>(
+fn linear_on(
     isa: IsaToken,
     x: ArrayView2<'_, f32>,
-    w: ArrayView2<'a, f32>,
-    packed: Option<&'a PackedWeight>,
+    w: Weight<'_>,
     bias: Option<&[f32]>,
     epilogue: Epilogue<'_>,
 ) -> Array2<f32> {
     let (m, k) = x.dim();
-    let n = w.nrows();
-    assert_eq!(w.ncols(), k, "inner dimensions");
+    let (n, wk) = w.dim();
+    assert_eq!(wk, k, "inner dimensions");
     assert!(bias.is_none_or(|b| b.len() == n), "bias length");
     if m == 0 || n == 0 || k == 0 {
         return bias_only(m, n, bias, epilogue);
@@ -105,18 +121,18 @@ fn linear_on<'a>(
     let lda = k;
     let parallel = m * n * k >= PARALLEL_MIN && rayon::current_num_threads() > 1;
     let panels = n.div_ceil(NR);
-    let source = match packed {
-        Some(p) => {
+    let source = match w {
+        Weight::Packed(p) | Weight::Plain(_, Some(p)) => {
             assert_eq!((p.n, p.k), (n, k), "packed weight's shape");
             Panels::Packed(p)
         }
         // Few rows use each weight element once: read a column-major weight where
         // it lies (its rows are the panels' rows) rather than copy it first.
-        None if m <= FEW_ROWS && w.strides()[0] == 1 => {
+        Weight::Plain(w, None) if m <= FEW_ROWS && w.strides()[0] == 1 => {
             let tail = (!n.is_multiple_of(NR)).then(|| pack_panels(w, panels - 1..panels, false));
             Panels::InPlace { w, tail }
         }
-        None => Panels::Owned {
+        Weight::Plain(w, None) => Panels::Owned {
             data: pack_panels(w, 0..panels, parallel),
             k,
         },
@@ -264,6 +280,21 @@ impl PackedWeight {
         self.data.len() * std::mem::size_of::<f32>()
     }
 
+    /// `(n, k)`.
+    pub(crate) fn dim(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+
+    /// Element `[j, kk]` of the weight.
+    fn at(&self, j: usize, kk: usize) -> f32 {
+        self.data[((j / NR) * self.k + kk) * NR + j % NR]
+    }
+
+    /// The weight `[n, k]` again, to the bit.
+    pub(crate) fn unpack(&self) -> Array2<f32> {
+        Array2::from_shape_fn((self.n, self.k), |(j, kk)| self.at(j, kk))
+    }
+
     /// Whether this is still `w`'s packing: the shape, and 64 entries spread over
     /// the matrix, so that a weight changed in place after packing (an optimiser
     /// step changes every entry) is noticed rather than silently ignored, at a
@@ -275,10 +306,9 @@ impl PackedWeight {
         if self.n == 0 || self.k == 0 {
             return true;
         }
-        let at = |j: usize, kk: usize| self.data[((j / NR) * self.k + kk) * NR + j % NR];
         (0..64).all(|i| {
             let (j, kk) = (i * self.n / 64, (i * 7919 + self.k - 1) % self.k);
-            at(j, kk).to_bits() == w[[j, kk]].to_bits()
+            self.at(j, kk).to_bits() == w[[j, kk]].to_bits()
         })
     }
 }
@@ -692,7 +722,13 @@ mod tests {
             for isa in Isa::available() {
                 let token = isa.token().expect("available");
                 for w in layouts(&w) {
-                    let y = linear_on(token, x.view(), w.view(), None, Some(&bias), Epilogue::None);
+                    let y = linear_on(
+                        token,
+                        x.view(),
+                        Weight::Plain(w.view(), None),
+                        Some(&bias),
+                        Epilogue::None,
+                    );
                     let err = y
                         .iter()
                         .zip(want.iter())
@@ -717,15 +753,19 @@ mod tests {
             let packed = PackedWeight::new(w.view(), false);
             let all = linear(
                 x.view(),
-                w.view(),
-                Some(&packed),
+                Weight::Packed(&packed),
                 Some(&bias),
                 Epilogue::None,
             );
             for stored in layouts(&w) {
                 for m in [1, 5, 6, 7, 12, 13, 30] {
                     let rows = x.slice(ndarray::s![..m, ..]);
-                    let y = linear(rows, stored.view(), None, Some(&bias), Epilogue::None);
+                    let y = linear(
+                        rows,
+                        Weight::Plain(stored.view(), None),
+                        Some(&bias),
+                        Epilogue::None,
+                    );
                     assert_eq!(y, all.slice(ndarray::s![..m, ..]), "{m} rows of {k}x{n}");
                 }
             }
@@ -736,6 +776,7 @@ mod tests {
     fn a_packing_notices_a_changed_weight() {
         let (_, mut w, _) = operands(1, 20, 24);
         let packed = PackedWeight::new(w.view(), false);
+        assert_eq!(packed.unpack(), w);
         assert!(packed.matches(w.view()));
         assert!(!packed.matches(w.slice(ndarray::s![..23, ..])));
         w.mapv_inplace(|v| v - 0.01);
@@ -760,7 +801,7 @@ mod tests {
             for stored in layouts(&w) {
                 let strided = wide.slice(ndarray::s![.., ..;2]);
                 for w in [stored.view(), strided] {
-                    let y = linear(xt.t(), w, None, None, Epilogue::None);
+                    let y = linear(xt.t(), Weight::Plain(w, None), None, Epilogue::None);
                     let err = y
                         .iter()
                         .zip(want.iter())
@@ -781,12 +822,16 @@ mod tests {
             for w in layouts(&w) {
                 let fused = linear(
                     x.view(),
-                    w.view(),
-                    None,
+                    Weight::Plain(w.view(), None),
                     Some(&bias),
                     Epilogue::Act(Activation::Gelu),
                 );
-                let mut separate = linear(x.view(), w.view(), None, Some(&bias), Epilogue::None);
+                let mut separate = linear(
+                    x.view(),
+                    Weight::Plain(w.view(), None),
+                    Some(&bias),
+                    Epilogue::None,
+                );
                 Activation::Gelu.apply(separate.as_slice_mut().unwrap());
                 assert_eq!(fused, separate);
             }
@@ -813,8 +858,7 @@ mod tests {
                                 linear_on(
                                     token,
                                     x.view(),
-                                    w.view(),
-                                    None,
+                                    Weight::Plain(w.view(), None),
                                     Some(&bias),
                                     Epilogue::None,
                                 )
