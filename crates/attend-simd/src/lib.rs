@@ -144,6 +144,15 @@ impl Isa {
         isa.token().map(|_| isa)
     }
 
+    /// Whether `self` multiplies bf16 numbers faster than f32 ones ([`Simd::dot2`]
+    /// in one `vdpbf16ps`, at twice the f32 rate): only [`Isa::Avx512Bf16`].
+    /// Elsewhere `dot2` is two fused multiply-adds behind the shifts that widen
+    /// its pairs, slower than the f32 kernels on the same numbers widened once, so
+    /// bf16 work runs those there (docs/design.md, "Precision").
+    pub fn has_bf16_products(self) -> bool {
+        self == Isa::Avx512Bf16
+    }
+
     /// Whether this CPU can run kernels built for `self`.
     pub fn is_available(self) -> bool {
         self.token().is_ok()

@@ -79,8 +79,8 @@ fn report_which_bf16_paths_ran() {
     eprintln!("bf16 forward exercised on: {}", names.join(", "));
     if !isas.contains(&Isa::Avx512Bf16) {
         eprintln!(
-            "vdpbf16ps path NOT exercised: this CPU lacks AVX512-BF16 (its pairs were \
-             multiplied with two f32 FMAs instead)"
+            "vdpbf16ps path NOT exercised: this CPU lacks AVX512-BF16 (bf16 inputs were \
+             widened for the f32 kernel instead)"
         );
     }
     // A CPU that has the instructions must not skip their path.
@@ -98,6 +98,43 @@ fn report_which_bf16_paths_ran() {
             "avx512bf16 listed iff the CPU has {}",
             has.join(", ")
         );
+    }
+}
+
+/// Where the instruction set has no bf16 products, the bf16 forward is the f32
+/// fused kernel on the inputs widened, its output rounded to bf16 once
+/// (docs/design.md, "Precision"): the same bits and log-sum-exp, masks and strided
+/// views included.
+#[test]
+fn without_bf16_products_the_forward_is_the_f32_kernel_on_the_widened_inputs() {
+    let [q, k, v] = qkv(71, [1, 4, 2, 70, 150, 40, 24]);
+    let bias = ArrayD::from_shape_fn(IxDyn(&[70, 150]), |i| (i[0] + 3 * i[1]) as f32 % 7.0 - 3.0);
+    let opts = AttentionOptions {
+        causal: Some(Causal::BottomRight),
+        bias: Some(bias.view()),
+        ..Default::default()
+    };
+    let [qf, kf, vf] = [&q, &k, &v].map(widened);
+    // The keys again in a `[B, T, H, D]` buffer.
+    let kt = k
+        .view()
+        .permuted_axes([0, 2, 1, 3])
+        .as_standard_layout()
+        .into_owned();
+    for isa in Isa::available()
+        .into_iter()
+        .filter(|i| !i.has_bf16_products())
+    {
+        let cfg = config(Kernel::Fused, isa, 2);
+        let (out, lse) = attention_with(q.view(), k.view(), v.view(), &opts, &cfg).unwrap();
+        let (want, want_lse) =
+            attention_with(qf.view(), kf.view(), vf.view(), &opts, &cfg).unwrap();
+        assert!(same_bits(&out, &want.mapv(bf16::from_f32)), "{isa}");
+        assert_eq!(lse, want_lse, "{isa}");
+        // Read through other strides: the same numbers, the same result.
+        let strided = kt.view().permuted_axes([0, 2, 1, 3]);
+        let (out, _) = attention_with(q.view(), strided, v.view(), &opts, &cfg).unwrap();
+        assert!(same_bits(&out, &want.mapv(bf16::from_f32)), "{isa} strided");
     }
 }
 

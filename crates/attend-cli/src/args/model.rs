@@ -82,3 +82,18 @@ impl From<PrecisionArg> for attend::attention::Precision {
         }
     }
 }
+
+impl PrecisionArg {
+    /// Says once, on stderr, what `--precision bf16` does where the instruction
+    /// set the kernels run on has no bf16 products (AVX512-BF16): there the bf16
+    /// numbers are widened to f32 for the f32 kernels, so bf16 saves memory, not
+    /// time (docs/design.md, "Precision").
+    pub fn announce(self) {
+        let isa = attend::kernels::Isa::detect();
+        if self == PrecisionArg::Bf16 && !isa.has_bf16_products() {
+            errln!(
+                "note: --precision bf16 on {isa}, which has no bf16 products (AVX512-BF16): the weights stay in bf16 (half the memory) and are widened to f32 for the f32 kernels: the speed of f32, not faster"
+            );
+        }
+    }
+}

@@ -132,6 +132,7 @@ fn init_logging(format: LogFormat, access_log: bool) {
 
 /// Runs `attend serve` until SIGTERM or SIGINT, then drains and returns.
 pub fn run(args: Args) -> Result<(), Error> {
+    args.precision.announce();
     let options = ServeOptions {
         model: model_dir::resolve(args.model)?,
         served_model_name: args.served_model_name,

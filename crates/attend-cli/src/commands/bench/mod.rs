@@ -3,15 +3,17 @@
 //! can be run side by side and compared as a ratio.
 //!
 //! `--dtype bf16` times the forward on bf16 tensors (`torch_sdpa.py --dtype bf16`'s
-//! pair). The output names the instruction set that ran: only `avx512bf16` multiplies
-//! bf16 pairs with `vdpbf16ps`; elsewhere the same kernel widens the pairs to f32
-//! and multiplies them with f32 FMAs.
+//! pair); with `--backward`, the bf16 forward and then the backward as the Python
+//! binding computes a bf16 one (the f32 backward of the bf16 numbers widened, its
+//! gradients rounded to bf16). The output names the instruction set that ran: only
+//! `avx512bf16` multiplies bf16 pairs with `vdpbf16ps`; elsewhere the inputs are
+//! widened to f32 and the f32 kernel runs.
 
 use attend::attention::{attention_backward_with, BackwardConfig, BackwardKernel, Exec, Saved};
 use attend::attention::{
     attention_with, attention_with_lse_parts, AttentionOptions, Causal, Config, Kernel,
 };
-use attend::element::{bf16, from_f32, Dtype};
+use attend::element::{bf16, from_f32, to_f32, Dtype};
 use attend::kernels::Isa;
 use attend::timing::median_seconds;
 use attend::{limits, Error};
@@ -70,7 +72,8 @@ pub struct Args {
     #[arg(long, conflicts_with_all = ["backward", "causal", "reference"])]
     decode: bool,
     /// Time forward + backward (dQ, dK, dV from a random dO), like
-    /// `torch_sdpa.py --backward`.
+    /// `torch_sdpa.py --backward`; with `--dtype bf16`, dO and the gradients are
+    /// bf16 too.
     #[arg(long)]
     backward: bool,
     /// Run the f64 reference instead of the fused kernel.
@@ -177,11 +180,6 @@ pub fn run(args: Args) -> Result<(), Error> {
     )?;
     let isa = args.isa.unwrap_or_else(Isa::detect);
     let bf16 = args.dtype == Dtype::Bf16;
-    if bf16 && args.backward {
-        return Err(Error::value(
-            "--dtype bf16 times the forward only (there is no bf16 backward): drop --backward",
-        ));
-    }
     if args.decode {
         let record = decode::run(&decode::DecodeArgs {
             batch: args.batch,
@@ -264,9 +262,34 @@ pub fn run(args: Args) -> Result<(), Error> {
         exec: config.exec,
         ..Default::default()
     };
+    let dout_b = if bf16 && args.backward {
+        from_f32::<bf16, _>(dout.view())
+    } else {
+        Array4::from_elem((0, 0, 0, 0), bf16::ZERO)
+    };
     let step = || -> Result<(), Error> {
-        if bf16 {
+        if bf16 && !args.backward {
             attention_with(qb.view(), kb.view(), vb.view(), &opts, &config)?;
+            return Ok(());
+        }
+        if bf16 {
+            let (out, lse) =
+                attention_with_lse_parts(qb.view(), kb.view(), vb.view(), &opts, &config)?;
+            // The Python binding's bf16 backward: the f32 backward of the bf16
+            // numbers, widened exactly, its gradients rounded to bf16.
+            let [q, k, v, out, dout] = [&qb, &kb, &vb, &out, &dout_b].map(|a| to_f32(a.view()));
+            let saved =
+                Saved::new(out.view(), lse.value.view()).with_lse_residual(lse.residual.view());
+            let g = attention_backward_with(
+                q.view(),
+                k.view(),
+                v.view(),
+                saved,
+                dout.view(),
+                &opts,
+                &bconfig,
+            )?;
+            let _: [Array4<bf16>; 3] = [g.dq, g.dk, g.dv].map(|g| from_f32(g.view()));
             return Ok(());
         }
         let forward = attention_with_lse_parts(q.view(), k.view(), v.view(), &opts, &config)?;
@@ -309,7 +332,7 @@ pub fn run(args: Args) -> Result<(), Error> {
             gflops,
             match (bf16, isa) {
                 (false, _) | (true, Isa::Avx512Bf16) => "",
-                (true, _) => " (bf16 pairs widened to f32: no vdpbf16ps on this path)",
+                (true, _) => " (bf16 widened to f32 for the f32 kernel: no vdpbf16ps on this path)",
             }
         )?;
     }

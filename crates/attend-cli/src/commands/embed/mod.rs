@@ -66,6 +66,7 @@ pub struct Args {
 
 /// Runs `attend embed`.
 pub fn run(args: Args) -> Result<(), Error> {
+    args.precision.announce();
     if let (Some(input), Some(output)) = (&args.input, &args.output) {
         let job = corpus::Job {
             model: model_dir::resolve(args.model)?,

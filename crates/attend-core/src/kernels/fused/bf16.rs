@@ -1,7 +1,9 @@
 //! The fused forward on bf16 tensors: the f32 kernel's tiling and online softmax,
 //! with both products taken on bf16 *pairs* ([`Simd::dot2`]), which AVX512-BF16
 //! computes at twice the f32 rate (`vdpbf16ps`) and other instruction sets with
-//! two fused multiply-adds, to the same sums.
+//! two fused multiply-adds, to the same sums. Attention runs it only where the
+//! instruction set has bf16 products; elsewhere bf16 inputs are widened for the
+//! f32 kernel, which is faster there (`attention::bf16`).
 //!
 //! `dot2` multiplies lane by lane two vectors of pairs adjacent along the sum, so
 //! each product needs its operands paired along its own sum:
