@@ -250,7 +250,7 @@ def main():
     # Seconds for the corpora and milliseconds for the short sentence: one record each.
     for unit, what, part in (("s", "a corpus", [r for r in rows if "corpus" in r["workload"]]),
                              ("ms", "one short sentence", [r for r in rows if "corpus" not in r["workload"]])):
-        record.write("int8", f"int8 encoders on {what} against ONNX Runtime's quantize_dynamic model, and f32", unit=unit, better="lower",
+        record.write("int8", f"int8 encoders on {what} against ONNX Runtime's and OpenVINO's int8, and f32", unit=unit, better="lower",
                      threads=args.threads, peers={"onnxruntime": ort.__version__, "openvino": ov.__version__,
                                                                       "nncf": record.version("nncf")}, rows=part, other_load=share)
     if share is not None:
