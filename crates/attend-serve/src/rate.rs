@@ -15,15 +15,15 @@ pub const QUEUE_WORK: Duration = Duration::from_secs(5);
 
 /// Tokens of the timed pass: from a few hundred rows the dense layers run at
 /// their full speed, so a larger pass would only lengthen the start.
-const TIMED_TOKENS: usize = 512;
+pub const TIMED_TOKENS: usize = 512;
 
 /// Tokens of each text of the timed pass, where the model allows that many: the
 /// length of a paragraph, so that attention weighs as it does in real traffic.
-const TEXT_TOKENS: usize = 128;
+pub const TEXT_TOKENS: usize = 128;
 
 /// Timed passes; the fastest is the engine's own speed, the others having been
 /// slowed by whatever else the machine ran meanwhile.
-const TIMED_PASSES: usize = 3;
+pub const TIMED_PASSES: usize = 3;
 
 /// The engine's rate in tokens per second: one pass of a short text first (it
 /// touches every weight once, as the first request would), then the fastest of
