@@ -335,9 +335,7 @@ impl Queue {
     /// `tokens` of admitted texts are done (computed or dropped), and with them
     /// `requests` whole requests.
     pub fn release(&self, tokens: usize, requests: usize) {
-        let mut st = lock(&self.state);
-        st.admitted_tokens = st.admitted_tokens.saturating_sub(tokens);
-        st.admitted_requests = st.admitted_requests.saturating_sub(requests);
+        lock(&self.state).release(tokens, requests);
     }
 
     /// Admits nothing more; the scheduler finishes what was admitted, then stops.
@@ -360,18 +358,20 @@ impl QueueState {
     /// Removes the waiting texts of requests nobody waits for, releasing their
     /// tokens (and the requests that are then settled).
     fn drop_abandoned(&mut self) {
-        let (mut tokens, mut settled) = (0, 0);
-        self.waiting.retain(|e| {
-            if !e.job.abandoned() {
-                return true;
-            }
-            tokens += e.len;
-            settled += usize::from(e.job.skip());
-            false
-        });
+        let (mut gone, waiting): (VecDeque<Entry>, VecDeque<Entry>) =
+            std::mem::take(&mut self.waiting)
+                .into_iter()
+                .partition(|e| e.job.abandoned());
+        self.waiting = waiting;
+        let (tokens, settled) = skip(gone.make_contiguous());
         self.waiting_tokens -= tokens;
+        self.release(tokens, settled);
+    }
+
+    /// See [`Queue::release`].
+    fn release(&mut self, tokens: usize, requests: usize) {
         self.admitted_tokens = self.admitted_tokens.saturating_sub(tokens);
-        self.admitted_requests = self.admitted_requests.saturating_sub(settled);
+        self.admitted_requests = self.admitted_requests.saturating_sub(requests);
     }
 
     /// Takes the next pass (see [`Queue::next_pass`]).
@@ -402,6 +402,14 @@ impl QueueState {
         self.waiting_tokens -= tokens;
         pass
     }
+}
+
+/// Skips `entries`, texts that will not be computed: their tokens, and how many
+/// requests that settles (for [`Queue::release`]).
+pub fn skip(entries: &[Entry]) -> (usize, usize) {
+    let tokens = entries.iter().map(|e| e.len).sum();
+    let settled = entries.iter().filter(|e| e.job.skip()).count();
+    (tokens, settled)
 }
 
 /// A lock that a panic elsewhere did not make unusable: the state it guards is

@@ -14,7 +14,7 @@ use ndarray::{s, Array2};
 use rayon::ThreadPool;
 
 use crate::metrics::Metrics;
-use crate::queue::{Batching, Entry, Queue, Want};
+use crate::queue::{self, Batching, Entry, Queue, Want};
 
 /// Starts the scheduler's thread; it stops once `queue` is closed and empty.
 pub fn spawn(
@@ -61,7 +61,8 @@ fn run_pass(
     metrics: &Metrics,
 ) {
     let (live, gone): (Vec<Entry>, Vec<Entry>) = pass.into_iter().partition(|e| !e.job.abandoned());
-    settle_skipped(queue, &gone);
+    let (tokens, settled) = queue::skip(&gone);
+    queue.release(tokens, settled);
     for want in [Want::Sentence, Want::Unnormalized, Want::Tokens] {
         let group: Vec<&Entry> = live.iter().filter(|e| e.job.want() == want).collect();
         if group.is_empty() {
@@ -117,13 +118,6 @@ fn run_pass(
         }
         queue.release(tokens, settled);
     }
-}
-
-/// Drops texts whose request nobody waits for any more.
-fn settle_skipped(queue: &Queue, gone: &[Entry]) {
-    let tokens = gone.iter().map(|e| e.len).sum();
-    let settled = gone.iter().filter(|e| e.job.skip()).count();
-    queue.release(tokens, settled);
 }
 
 /// One pass through the engine: a `[1, dimension]` array per text for sentence
