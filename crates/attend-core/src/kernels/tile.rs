@@ -293,6 +293,13 @@ pub(crate) struct Tile<E> {
     /// dense layers' and the backward's products, shorter where a caller wants
     /// shorter sums (the fused forward's scores).
     pub partial: usize,
+    /// Lines of another tile's panels (laid out as `b`'s: rows `ldb` apart,
+    /// panels `next` apart) to bring into the L2 cache while this tile runs, or
+    /// null: step `s` asks for row `s / P` of panel `s % P`, so a tile covers
+    /// `kc / P` rows of each. A dense layer's tiles after the first of a group
+    /// read its panels from the cache, while memory would sit idle: they fetch
+    /// the next group's instead (only where `STREAM`).
+    pub ahead: *const E,
 }
 
 impl<E: Step> Tile<E> {
@@ -424,6 +431,7 @@ impl<E: Step> Tile<E> {
             let mut b = self.b;
             let mut init = init;
             let mut left = self.kc;
+            let mut step = 0;
             init.prefetch::<R>(c, ldc);
             // Partial sums of `partial` steps, each added to the output: the error
             // of an f32 sum of k terms then grows like SUM_BLOCK + k/SUM_BLOCK, not
@@ -441,13 +449,18 @@ impl<E: Step> Tile<E> {
                     // per panel and step.
                     #[cfg(target_arch = "x86_64")]
                     if STREAM {
-                        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
                         for q in 0..P {
                             _mm_prefetch::<_MM_HINT_T0>(
                                 b.wrapping_add(q * self.next + PREFETCH * self.ldb).cast(),
                             );
                         }
+                        if !self.ahead.is_null() {
+                            let line = (step % P) * self.next + (step / P) * self.ldb;
+                            _mm_prefetch::<_MM_HINT_T1>(self.ahead.wrapping_add(line).cast());
+                        }
                     }
+                    step += 1;
                     let mut bv = [E::splat(isa, *rows[0].offset(at)); P];
                     for (q, v) in bv.iter_mut().enumerate() {
                         *v = E::load(isa, b.add(q * self.next));

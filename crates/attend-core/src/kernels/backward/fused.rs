@@ -698,6 +698,7 @@ impl Product {
                     next: NR,
                     kc: k,
                     partial: self.partial,
+                    ahead: std::ptr::null(),
                 };
                 tile.run::<I, P>(isa, rows, c.add(i * ldc + j), ldc, [self.init; P]);
                 i += rows;

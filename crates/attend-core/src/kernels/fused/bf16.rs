@@ -426,6 +426,7 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
                 next: LANES,
                 kc: pairs(j1 - j0),
                 partial: PAIR_SUM_BLOCK,
+                ahead: std::ptr::null(),
             };
             // α = 1 where the tile's early weights held: `o + Σ` is `fma(o, 1, Σ)`
             // bit for bit, on the adding pipes instead of the products'.

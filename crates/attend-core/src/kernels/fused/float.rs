@@ -193,6 +193,7 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
                 next: LANES,
                 kc: u.e,
                 partial: DOT_CHUNK,
+                ahead: std::ptr::null(),
             };
             over_panels::<I, MR, NQ>(isa, tile, s, Rescale::None);
             if !mask.is_none() {
@@ -316,6 +317,7 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
                 next: LANES,
                 kc: j1 - j0,
                 partial: SUM_BLOCK,
+                ahead: std::ptr::null(),
             };
             over_panels::<I, MC, NQ>(isa, tile, ot, rescale);
         }

@@ -342,6 +342,7 @@ impl Operands for PairOperands<'_> {
         c: *mut f32,
         ldc: usize,
         init: [Init<'_>; P],
+        ahead: Option<(usize, usize)>,
     ) {
         let tile = Tile {
             a: self.x[r * self.lda + s0..].as_ptr(),
@@ -353,6 +354,9 @@ impl Operands for PairOperands<'_> {
             next: self.lda * NR,
             kc: sc,
             partial: tile::PAIR_SUM_BLOCK,
+            ahead: ahead.map_or(std::ptr::null(), |(p, s)| {
+                self.w.data[(p * self.lda + s) * NR..].as_ptr()
+            }),
         };
         // SAFETY: the caller's guarantees (rows of `x`, panels of `w`, steps within
         // the depth) are the tile's.
@@ -390,6 +394,7 @@ impl Operands for WidenedOperands<'_> {
         c: *mut f32,
         ldc: usize,
         init: [Init<'_>; P],
+        ahead: Option<(usize, usize)>,
     ) {
         let tile = Tile {
             a: self.x[r * self.lda + s0..].as_ptr(),
@@ -400,6 +405,9 @@ impl Operands for WidenedOperands<'_> {
             next: self.lda * NR,
             kc: sc,
             partial: 2 * tile::PAIR_SUM_BLOCK,
+            ahead: ahead.map_or(std::ptr::null(), |(p, s)| {
+                self.panels[(p * self.lda + s) * NR..].as_ptr()
+            }),
         };
         // SAFETY: the caller's guarantees (rows of `x`, panels of `w`, steps within
         // the depth) are the tile's.

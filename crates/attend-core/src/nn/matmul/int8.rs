@@ -378,6 +378,7 @@ impl Operands for QuadOperands<'_> {
         c: *mut f32,
         ldc: usize,
         init: [Init<'_>; P],
+        _ahead: Option<(usize, usize)>,
     ) {
         debug_assert!(s0 == 0 && sc == self.x.lda, "one block holds the whole sum");
         const ZERO: [f32; NR] = [0.0; NR];

@@ -13,7 +13,12 @@
 //! `Linear::for_inference`, on huge pages where the system gives them), so that
 //! each panel is one sequential stream: with one short sentence the product is
 //! bound by reading the weights from memory, and a sequential stream reads
-//! fastest. Other layers pack per call, or, with few rows
+//! fastest. In a block of more rows, the first tile over a group of panels
+//! reads them from memory and the others from cache; those others fetch the
+//! next group's lines meanwhile (`Tile::ahead`), so that memory does not sit
+//! idle while the cache is read (the commit that made this gives the A/B:
+//! 58-69 % of the FMA peak became 82-91 % from 64 rows on an AMD EPYC Zen 5).
+//! Other layers pack per call, or, with few rows
 //! and a column-major weight, read it where it lies. The bias is the accumulators'
 //! starting point, and an [`Epilogue`] (an activation, or the residual and a
 //! LayerNorm) is applied to each block while it is still in cache.
@@ -423,7 +428,8 @@ trait Operands: Sync {
     /// `s0 .. s0 + sc`, each panel with its own `init` and its output 16 floats right
     /// of the one before. Every output's sum is the same, in the same order, whatever
     /// `P` (`Tile` takes four full panels in one register tile where there are
-    /// registers for it).
+    /// registers for it). `ahead`: panel and step of the first line of
+    /// [`Tile::ahead`], the lines of later panels to fetch meanwhile.
     ///
     /// # Safety
     /// `r + rows` must be within the input's rows (`rows ≤ 6`, or up to
@@ -442,6 +448,7 @@ trait Operands: Sync {
         c: *mut f32,
         ldc: usize,
         init: [Init<'_>; P],
+        ahead: Option<(usize, usize)>,
     );
 }
 
@@ -475,6 +482,7 @@ impl Operands for F32Operands<'_, '_> {
         c: *mut f32,
         ldc: usize,
         init: [Init<'_>; P],
+        ahead: Option<(usize, usize)>,
     ) {
         let (b, ldb) = self.panels.at(p, s0);
         // Full panels lie in one buffer (packed) or one weight (in place), each
@@ -496,6 +504,7 @@ impl Operands for F32Operands<'_, '_> {
             next,
             kc: sc,
             partial: tile::SUM_BLOCK,
+            ahead: ahead.map_or(std::ptr::null(), |(p, s)| self.panels.at(p, s).0),
         };
         // SAFETY: the caller's guarantees are the tile's.
         unsafe { tile.run::<I, P>(isa, rows, c, ldc, init) }
@@ -600,13 +609,29 @@ impl<O: Operands> Problem<'_, O> {
             } else {
                 MR
             };
+            // The next group of panels (this block's next one of as many full
+            // panels, else its first at the next steps of the sum): tiles after
+            // the first fetch it while theirs come from cache.
+            let depth = self.operands.depth();
+            let full = |q: usize| q + P <= b.panels.end && (q + P) * NR <= n;
+            let next = if full(p + P) {
+                Some((p + P, s0))
+            } else if s0 + sc < depth && full(b.panels.start) {
+                Some((b.panels.start, s0 + sc))
+            } else {
+                None
+            };
             let mut r = b.rows.start;
             while r < b.rows.end {
                 let rows = step.min(b.rows.end - r);
                 let c = out.0.add(r * n + j0);
+                let t = (r - b.rows.start) / step;
+                let ahead = next
+                    .filter(|_| (1..=P).contains(&t))
+                    .map(|(q, s)| (q, s + (t - 1) * sc.min(depth - s) / P));
                 let tile = |c, ldc| {
                     self.operands
-                        .tile::<I, P>(isa, r, rows, p, s0, sc, c, ldc, init)
+                        .tile::<I, P>(isa, r, rows, p, s0, sc, c, ldc, init, ahead)
                 };
                 if cols == width {
                     tile(c, n);
