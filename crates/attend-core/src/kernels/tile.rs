@@ -58,8 +58,8 @@ pub(crate) fn tall<I: Simd>(rows: usize) -> bool {
     I::REGISTERS >= 32 && rows <= TALL_ROWS
 }
 
-/// Steps ahead of the sum at which a tile asks for its panels' next lines.
-const PREFETCH: usize = 16;
+/// Lines a streaming tile keeps asked for ahead of its sum, over all its panels.
+const PREFETCH_LINES: usize = 128;
 
 /// One step of a dot product: what `a` and `b` hold and how they multiply.
 pub(crate) trait Step: Copy {
@@ -441,7 +441,7 @@ impl<E: Step> Tile<E> {
                 let mut acc = [[isa.splat(0.0); R]; P];
                 for _ in 0..steps {
                     // A short text reads each weight once, straight from memory:
-                    // asking for each panel's line PREFETCH steps ahead keeps more
+                    // asking for each panel's lines PREFETCH_LINES / P steps ahead keeps more
                     // reads in flight than the hardware prefetcher does alone. A
                     // prefetch past the panel's end is harmless (no fault, no UB
                     // with `wrapping_add`). Panels already in the L1 cache (the
@@ -452,7 +452,8 @@ impl<E: Step> Tile<E> {
                         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
                         for q in 0..P {
                             _mm_prefetch::<_MM_HINT_T0>(
-                                b.wrapping_add(q * self.next + PREFETCH * self.ldb).cast(),
+                                b.wrapping_add(q * self.next + PREFETCH_LINES / P * self.ldb)
+                                    .cast(),
                             );
                         }
                         if !self.ahead.is_null() {
