@@ -12,13 +12,13 @@
 
 use std::mem::MaybeUninit;
 
-use ndarray::{Array4, ArrayView4};
+use ndarray::Array4;
 use rayon::prelude::*;
 
 use super::{choose_kernel, Config, Kernel};
 use crate::element::sealed::{Computed, Sealed};
-use crate::element::{bf16, round_to_bf16};
-use crate::isa::{dispatch, IsaToken, Scalar, Simd, SimdJob};
+use crate::element::{bf16, round_to_bf16, to_f32_on};
+use crate::isa::{dispatch, IsaToken, Simd, SimdJob};
 use crate::kernels::fused::{self, bf16 as fused_bf16};
 use crate::kernels::round::round_into;
 use crate::kernels::{decode, reference};
@@ -32,7 +32,8 @@ impl Sealed for bf16 {
         // The fused kernel writes bf16 itself; the others' f32 output is rounded.
         let run = || match which {
             Kernel::Fused if !isa.isa().has_bf16_products() => {
-                let [q, k, v] = [&problem.q, &problem.k, &problem.v].map(|a| widen(a, isa));
+                let [q, k, v] =
+                    [&problem.q, &problem.k, &problem.v].map(|a| to_f32_on(isa, a.view()));
                 let p = problem.with_tensors(q.view(), k.view(), v.view());
                 let (out, lse) = fused::run(&p, isa, None);
                 (round_output(&out, isa), lse)
@@ -115,31 +116,4 @@ pub(super) fn compute_rounded(problem: &Problem<'_>, config: &Config) -> Result<
     let rounded = problem.with_tensors(q.view(), k.view(), v.view());
     let (out, lse) = bf16::compute(&rounded, config)?;
     Ok((out.mapv(bf16::to_f32), lse))
-}
-
-/// `a` widened to f32 (exact), on the current rayon pool with `isa`'s vectors
-/// where it is contiguous: one thread widening element by element would be a
-/// serial pass over all three inputs before the kernel starts.
-fn widen(a: &ArrayView4<'_, bf16>, isa: IsaToken) -> Array4<f32> {
-    let Some(src) = a.as_slice() else {
-        return a.mapv(bf16::to_f32);
-    };
-    // Written uninitialised: every value is set below.
-    let mut values: Vec<f32> = Vec::with_capacity(src.len());
-    values.spare_capacity_mut()[..src.len()]
-        .par_chunks_mut(ROUND_CHUNK)
-        .zip(src.par_chunks(ROUND_CHUNK))
-        .for_each(|(dst, src)| {
-            dispatch(
-                isa,
-                Scalar(|| {
-                    for (d, s) in dst.iter_mut().zip(src) {
-                        d.write(s.to_f32());
-                    }
-                }),
-            )
-        });
-    // SAFETY: the chunks cover the first `src.len()` values, each written above.
-    unsafe { values.set_len(src.len()) };
-    Array4::from_shape_vec(a.raw_dim(), values).expect("one value per input")
 }
