@@ -227,6 +227,7 @@ unsafe impl<const VNNI: bool> Simd for Avx2Of<VNNI> {
     type V = V2;
     type P = P2;
     const REGISTERS: usize = 8;
+    const NATIVE_DOT4: bool = VNNI;
     #[inline(always)]
     unsafe fn load(self, p: *const f32) -> V2 {
         // SAFETY: the caller guarantees 16 readable floats; the token, AVX2.

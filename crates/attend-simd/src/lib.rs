@@ -418,6 +418,9 @@ pub unsafe trait Simd: Copy + Send + Sync {
     type P: Copy;
     /// Sixteen-lane vector registers, for choosing register blocks.
     const REGISTERS: usize;
+    /// Whether [`Simd::dot4`] is one instruction (`vpdpbusd`), which needs no
+    /// registers for bytes widened to 16 bits: int8 tiles can take more rows.
+    const NATIVE_DOT4: bool;
     /// Loads 16 contiguous floats.
     ///
     /// # Safety
