@@ -1,17 +1,26 @@
-/* The machine's int8 dot-product peak, three ways, each thread running independent
- * chains so that the rate, not the latency, is measured:
+/* The machine's int8 dot-product peak, several ways, each thread running
+ * independent chains so that the rate, not the latency, is measured:
  *   vnni     24 chains of 512-bit vpdpbusd (AVX512-VNNI), the instruction attend's
  *            int8 product multiplies with: 16 lanes x 4 byte products, 128 ops;
+ *   avxvnni  12 chains of 256-bit vpdpbusd (AVX-VNNI), attend's avx2vnni level:
+ *            8 lanes x 4 byte products, 64 ops.
+ * The AVX2 ways run in the shape of attend's 16-register tile (3 rows x the two
+ * halves of a panel, 6 chains; STEP below), each product on its own inputs:
  *   avx2     attend's int8 step without VNNI (Simd::dot4 on AVX2): the bytes
  *            widened to 16 bits, even and odd apart, two vpmaddwd and two adds
- *            per 8 lanes x 4 products (64 ops), 8 chains;
+ *            per 8 lanes x 4 products (64 ops);
  *   maddubs  the u8 x s8 pair that saturates (vpmaddubsw, vpmaddwd by ones,
- *            vpaddd: 64 ops per 256 bits), which ONNX Runtime's AVX2 kernels use,
- *            8 chains: the rate attend's exact widening gives up.
+ *            vpaddd), which ONNX Runtime's AVX2 kernels use: the rate attend's
+ *            exact widening gives up;
+ *   exact    the same pair kept exact: the unsigned bytes split into a >> 1 and
+ *            a - (a >> 1) (each <= 128, so 2 x 128 x 127 fits i16), each half
+ *            through vpmaddubsw and vpmaddwd, then two adds;
+ *   avxvnni_tile  vpdpbusd (AVX-VNNI) in that tile: its 6 chains are fewer than
+ *            the instruction's latency times its rate.
  * An op is a multiply or an add (a byte product and its sum: 2 ops), as a flop.
  *
- *   gcc -O2 -mavx512f -mavx512bw -mavx512vnni -mavx2 -pthread -o int8_peak int8_peak.c
- *   ./int8_peak vnni|avx2|maddubs [THREADS]
+ *   gcc -O2 -mavx512f -mavx512bw -mavx512vnni -mavxvnni -mavx2 -pthread -o int8_peak int8_peak.c
+ *   ./int8_peak vnni|avxvnni|avx2|maddubs|exact|avxvnni_tile [THREADS]
  *
  * Prints one JSON line: what, threads, GOP/s. */
 #include <immintrin.h>
@@ -51,44 +60,80 @@ static void *vnni(void *out) {
   return NULL;
 }
 
-/* attend's AVX2 dot4: the broadcast row's bytes are widened once per step (shared
- * by the tile's panels), the panel's per product, as the kernel does. */
-#define WIDEN(x)                                                                   \
-  {                                                                                \
-    __m256i be = _mm256_srai_epi16(_mm256_slli_epi16(w, 8), 8);                    \
-    __m256i bo = _mm256_srai_epi16(w, 8);                                          \
-    x = _mm256_add_epi32(x, _mm256_add_epi32(_mm256_madd_epi16(ae, be),            \
-                                             _mm256_madd_epi16(ao, bo)));          \
-  }
-static void *avx2(void *out) {
-  __m256i a = _mm256_set1_epi32(0x01010101), w = a;
-  __m256i ae = _mm256_and_si256(a, _mm256_set1_epi16(0xFF)), ao = _mm256_srli_epi16(a, 8);
-  __m256i c0 = _mm256_setzero_si256(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;
-  __m256i c6 = c0, c7 = c0;
+#define AVXVNNI(x) x = _mm256_dpbusd_avx_epi32(x, p, q);
+static void *avxvnni(void *out) {
+  __m256i p = _mm256_set1_epi32(0x01010101), q = p;
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0;
+  __m256i a6 = a0, a7 = a0, a8 = a0, a9 = a0, a10 = a0, a11 = a0;
   for (long i = 0; i < ITERS / 2; i++) {
-    WIDEN(c0) WIDEN(c1) WIDEN(c2) WIDEN(c3) WIDEN(c4) WIDEN(c5) WIDEN(c6) WIDEN(c7)
-    __asm__ volatile("" : "+x"(c0), "+x"(c1), "+x"(c2), "+x"(c3), "+x"(c4), "+x"(c5),
-                     "+x"(c6), "+x"(c7), "+x"(w));
+    AVXVNNI(a0) AVXVNNI(a1) AVXVNNI(a2) AVXVNNI(a3) AVXVNNI(a4) AVXVNNI(a5)
+    AVXVNNI(a6) AVXVNNI(a7) AVXVNNI(a8) AVXVNNI(a9) AVXVNNI(a10) AVXVNNI(a11)
+    __asm__ volatile("" : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5),
+                     "+x"(a6), "+x"(a7), "+x"(a8), "+x"(a9), "+x"(a10), "+x"(a11));
   }
-  __m256i s = _mm256_add_epi32(_mm256_add_epi32(c0, c7), _mm256_add_epi32(c3, c4));
+  __m256i s = _mm256_add_epi32(_mm256_add_epi32(a0, a11), _mm256_add_epi32(a5, a6));
   *(int *)out = _mm256_extract_epi32(s, 0);
   return NULL;
 }
 
-#define PAIR(x) x = _mm256_add_epi32(x, _mm256_madd_epi16(_mm256_maddubs_epi16(a, w), ones));
-static void *maddubs(void *out) {
-  __m256i a = _mm256_set1_epi32(0x01010101), w = a, ones = _mm256_set1_epi16(1);
-  __m256i c0 = _mm256_setzero_si256(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;
-  __m256i c6 = c0, c7 = c0;
-  for (long i = 0; i < ITERS / 2; i++) {
-    PAIR(c0) PAIR(c1) PAIR(c2) PAIR(c3) PAIR(c4) PAIR(c5) PAIR(c6) PAIR(c7)
-    __asm__ volatile("" : "+x"(c0), "+x"(c1), "+x"(c2), "+x"(c3), "+x"(c4), "+x"(c5),
-                     "+x"(c6), "+x"(c7), "+x"(w));
-  }
-  __m256i s = _mm256_add_epi32(_mm256_add_epi32(c0, c7), _mm256_add_epi32(c3, c4));
-  *(int *)out = _mm256_extract_epi32(s, 0);
+/* The AVX2 steps as attend's tile runs them on 16 registers: 3 rows of x (each
+ * quad broadcast) against the two halves of one 16-output panel, 6 accumulators;
+ * a row's bytes are prepared once per step (shared by both halves) and a half's
+ * once (shared by the 3 rows). The inputs pass an empty asm each step, so that no
+ * product is computed once for several chains or hoisted out of the loop. */
+#define STEP(PREP_ROW, PREP_HALF, PRODUCT)                                         \
+  __m256i x0 = _mm256_set1_epi32(0x01010101), x1 = x0, x2 = x0;                    \
+  __m256i w0 = x0, w1 = x0;                                                        \
+  __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00;           \
+  __m256i c20 = c00, c21 = c00;                                                    \
+  for (long i = 0; i < ITERS / 2; i++) {                                           \
+    __asm__ volatile("" : "+x"(x0), "+x"(x1), "+x"(x2), "+x"(w0), "+x"(w1));       \
+    PREP_ROW(0) PREP_ROW(1) PREP_ROW(2) PREP_HALF(0) PREP_HALF(1)                  \
+    PRODUCT(0, 0) PRODUCT(0, 1) PRODUCT(1, 0) PRODUCT(1, 1) PRODUCT(2, 0)          \
+    PRODUCT(2, 1)                                                                  \
+  }                                                                                \
+  __m256i s = _mm256_add_epi32(_mm256_add_epi32(c00, c01),                         \
+                               _mm256_add_epi32(_mm256_add_epi32(c10, c11),        \
+                                                _mm256_add_epi32(c20, c21)));      \
+  *(int *)out = _mm256_extract_epi32(s, 0);                                        \
   return NULL;
-}
+/* 6 accumulators x 8 lanes x 4 byte products x 2 ops per loop trip. */
+#define STEP_OPS (6 * 64.0)
+
+/* attend's AVX2 dot4: the bytes widened to 16 bits, even and odd apart, two
+ * vpmaddwd and two adds per 8 lanes x 4 products. */
+#define WIDEN_ROW(r)                                                               \
+  __m256i xe##r = _mm256_and_si256(x##r, _mm256_set1_epi16(0xFF));                 \
+  __m256i xo##r = _mm256_srli_epi16(x##r, 8);
+#define WIDEN_HALF(h)                                                              \
+  __m256i we##h = _mm256_srai_epi16(_mm256_slli_epi16(w##h, 8), 8);                \
+  __m256i wo##h = _mm256_srai_epi16(w##h, 8);
+#define WIDEN(r, h)                                                                \
+  c##r##h = _mm256_add_epi32(c##r##h, _mm256_add_epi32(_mm256_madd_epi16(xe##r, we##h), \
+                                                       _mm256_madd_epi16(xo##r, wo##h)));
+static void *avx2(void *out) { STEP(WIDEN_ROW, WIDEN_HALF, WIDEN) }
+
+/* ONNX Runtime's pair, which saturates: vpmaddubsw, vpmaddwd by ones, vpaddd. */
+#define NONE(r)
+#define PAIR(r, h)                                                                 \
+  c##r##h = _mm256_add_epi32(c##r##h, _mm256_madd_epi16(_mm256_maddubs_epi16(x##r, w##h), \
+                                                       _mm256_set1_epi16(1)));
+static void *maddubs(void *out) { STEP(NONE, NONE, PAIR) }
+
+/* The same pair kept exact: the row's bytes split once per step. */
+#define SPLIT_ROW(r)                                                               \
+  __m256i lo##r = _mm256_and_si256(_mm256_srli_epi16(x##r, 1), _mm256_set1_epi8(0x7F)); \
+  __m256i hi##r = _mm256_sub_epi8(x##r, lo##r);
+#define EXACT(r, h)                                                                \
+  c##r##h = _mm256_add_epi32(                                                      \
+      c##r##h,                                                                     \
+      _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo##r, w##h), _mm256_set1_epi16(1)), \
+                       _mm256_madd_epi16(_mm256_maddubs_epi16(hi##r, w##h), _mm256_set1_epi16(1))));
+static void *exact(void *out) { STEP(SPLIT_ROW, NONE, EXACT) }
+
+/* AVX-VNNI in the same tile: one vpdpbusd per 8 lanes x 4 products. */
+#define DPBUSD(r, h) c##r##h = _mm256_dpbusd_avx_epi32(c##r##h, x##r, w##h);
+static void *avxvnni_tile(void *out) { STEP(NONE, NONE, DPBUSD) }
 
 int main(int argc, char **argv) {
   const char *what = argc > 1 ? argv[1] : "vnni";
@@ -97,12 +142,18 @@ int main(int argc, char **argv) {
   double ops_per_iter; /* per ITERS/2 loop trip */
   if (strcmp(what, "vnni") == 0) {
     work = vnni, ops_per_iter = 24 * 128.0;
+  } else if (strcmp(what, "avxvnni") == 0) {
+    work = avxvnni, ops_per_iter = 12 * 64.0;
+  } else if (strcmp(what, "avxvnni_tile") == 0) {
+    work = avxvnni_tile, ops_per_iter = STEP_OPS;
+  } else if (strcmp(what, "exact") == 0) {
+    work = exact, ops_per_iter = STEP_OPS;
   } else if (strcmp(what, "avx2") == 0) {
-    work = avx2, ops_per_iter = 8 * 64.0;
+    work = avx2, ops_per_iter = STEP_OPS;
   } else if (strcmp(what, "maddubs") == 0) {
-    work = maddubs, ops_per_iter = 8 * 64.0;
+    work = maddubs, ops_per_iter = STEP_OPS;
   } else {
-    fprintf(stderr, "error: unknown peak %s (vnni, avx2 or maddubs)\n", what);
+    fprintf(stderr, "error: unknown peak %s (vnni, avxvnni, avx2, maddubs, exact or avxvnni_tile)\n", what);
     return 2;
   }
   if (threads < 1 || threads > 256) {

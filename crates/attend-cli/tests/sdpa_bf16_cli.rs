@@ -313,6 +313,6 @@ fn bench_isa_takes_every_name_and_refuses_the_rest() {
     }
     fails(
         &["bench", "--isa", "sse2"],
-        "expected one of portable, avx2, avx512, avx512bf16",
+        "expected one of portable, avx2, avx2vnni, avx512, avx512bf16",
     );
 }

@@ -41,8 +41,8 @@ pub fn run<R: Send>(
 }
 
 /// The instruction set the kernels run on this CPU (`"avx512bf16"`, `"avx512"`,
-/// `"avx2"`, `"portable"`; at most the one `ATTEND_MAX_ISA` names), so benchmarks
-/// can say which path ran.
+/// `"avx2vnni"`, `"avx2"`, `"portable"`; at most the one `ATTEND_MAX_ISA` names),
+/// so benchmarks can say which path ran.
 #[pyfunction]
 pub fn isa() -> String {
     attend::kernels::Isa::detect().name().to_owned()

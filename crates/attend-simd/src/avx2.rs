@@ -1,17 +1,33 @@
-//! [`Simd`] on AVX2 + FMA: two `__m256` per 16-lane vector.
+//! [`Simd`] on AVX2 + FMA: two `__m256` per 16-lane vector; with AVX-VNNI, int8
+//! dot products by the 256-bit `vpdpbusd`.
 
 use std::arch::x86_64::*;
 
 use super::{Simd, EXP2_POLY, LANES, LOG2_E};
 
-/// Proof that the CPU has AVX2 and FMA: only [`Avx2::new`] makes one.
+/// Proof that the CPU has AVX2 and FMA, and with `VNNI` also AVX-VNNI (Intel
+/// Alder Lake on, AMD Zen 5): only [`Avx2::new`] and [`Avx2Vnni::new`] make one.
+/// Both share every operation but [`Simd::dot4`].
 #[derive(Clone, Copy, Debug)]
-pub struct Avx2(());
+pub struct Avx2Of<const VNNI: bool>(());
+
+/// AVX2 and FMA.
+pub type Avx2 = Avx2Of<false>;
+
+/// AVX2 and FMA with AVX-VNNI.
+pub type Avx2Vnni = Avx2Of<true>;
 
 impl Avx2 {
     /// The token, if this CPU has AVX2 and FMA.
     pub fn new() -> Option<Self> {
-        super::has_avx2().then_some(Avx2(()))
+        super::has_avx2().then_some(Avx2Of(()))
+    }
+}
+
+impl Avx2Vnni {
+    /// The token, if this CPU has AVX2, FMA and AVX-VNNI.
+    pub fn new() -> Option<Self> {
+        super::has_avx2vnni().then_some(Avx2Of(()))
     }
 }
 
@@ -204,12 +220,14 @@ macro_rules! halves {
     };
 }
 
-// SAFETY: an `Avx2` exists only on CPUs with AVX2 and FMA (`Avx2::new`), the only
-// instructions used here.
-unsafe impl Simd for Avx2 {
+// SAFETY: an `Avx2Of` exists only on CPUs with AVX2 and FMA (`Avx2::new`), the
+// only instructions used here but `vpdpbusd`, used only by `Avx2Vnni`, which
+// exists only on CPUs that also have AVX-VNNI.
+unsafe impl<const VNNI: bool> Simd for Avx2Of<VNNI> {
     type V = V2;
     type P = P2;
     const REGISTERS: usize = 8;
+    const NATIVE_DOT4: bool = VNNI;
     #[inline(always)]
     unsafe fn load(self, p: *const f32) -> V2 {
         // SAFETY: the caller guarantees 16 readable floats; the token, AVX2.
@@ -416,6 +434,15 @@ unsafe impl Simd for Avx2 {
     }
     #[inline(always)]
     fn dot4(self, acc: P2, a: P2, b: P2) -> P2 {
+        if VNNI {
+            // SAFETY: `VNNI` tokens exist only on CPUs with AVX-VNNI.
+            return unsafe {
+                P2(
+                    _mm256_dpbusd_avx_epi32(acc.0, a.0, b.0),
+                    _mm256_dpbusd_avx_epi32(acc.1, a.1, b.1),
+                )
+            };
+        }
         // SAFETY: the token proves AVX2.
         unsafe { P2(dot4_half(acc.0, a.0, b.0), dot4_half(acc.1, a.1, b.1)) }
     }

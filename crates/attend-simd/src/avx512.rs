@@ -65,6 +65,7 @@ unsafe impl<const BF16: bool> Simd for Avx512Of<BF16> {
     type V = __m512;
     type P = __m512i;
     const REGISTERS: usize = 32;
+    const NATIVE_DOT4: bool = BF16;
     #[inline(always)]
     unsafe fn load(self, p: *const f32) -> __m512 {
         // SAFETY: the caller guarantees 16 readable floats; the token, AVX-512F.

@@ -3,8 +3,8 @@
 //! lowest layer of `attend`: it depends on no other part of it, and the kernels of
 //! every layer above are written in its [`Simd`] vectors.
 //!
-//! Each instruction set is a *token* type ([`Portable`], `Avx2`, `Avx512`,
-//! `Avx512Bf16`) that implements [`Simd`], sixteen-lane f32 vectors and sixteen-lane
+//! Each instruction set is a *token* type ([`Portable`], `Avx2`, `Avx2Vnni`,
+//! `Avx512`, `Avx512Bf16`) that implements [`Simd`], sixteen-lane f32 vectors and sixteen-lane
 //! vectors of bf16 pairs. A token of a SIMD type can only be
 //! made by [`Isa::token`] after the CPU was found to have its features, so the
 //! vector operations are safe to call given the token; only raw-pointer loads and
@@ -59,7 +59,7 @@ pub use erf::erf;
 pub use exp::{exp, exp_scalar, EXP2_POLY, EXP2_TABLE, EXP2_TABLE_POLY, EXP_MIN_ARG, LOG2_E};
 
 #[cfg(target_arch = "x86_64")]
-pub use avx2::Avx2;
+pub use avx2::{Avx2, Avx2Of, Avx2Vnni};
 #[cfg(target_arch = "x86_64")]
 pub use avx512::{Avx512, Avx512Bf16, Avx512Of};
 pub use portable::Portable;
@@ -79,8 +79,8 @@ pub enum IsaError {
 pub type Result<T> = std::result::Result<T, IsaError>;
 
 /// The environment variable that caps the instruction set [`Isa::detect`] picks
-/// (`portable`, `avx2`, `avx512` or `avx512bf16`), for measuring a lesser path on
-/// a CPU that has a better one.
+/// (`portable`, `avx2`, `avx2vnni`, `avx512` or `avx512bf16`), for measuring a
+/// lesser path on a CPU that has a better one.
 pub const MAX_ISA_VAR: &str = "ATTEND_MAX_ISA";
 
 /// An instruction set the kernels can run on, by name; ordered worst first, as
@@ -91,6 +91,10 @@ pub enum Isa {
     Portable,
     /// x86-64 AVX2 with FMA.
     Avx2,
+    /// [`Isa::Avx2`] with AVX-VNNI (Intel Alder Lake on, AMD Zen 5): int8 dot
+    /// products by the 256-bit `vpdpbusd`, where AVX2 alone widens the bytes to
+    /// 16 bits first. Everything else runs as on [`Isa::Avx2`].
+    Avx2Vnni,
     /// x86-64 AVX-512 (F, VL, BW and DQ, as on every AVX-512 server CPU since
     /// Skylake).
     Avx512,
@@ -102,7 +106,13 @@ pub enum Isa {
 
 impl Isa {
     /// Every instruction set, worst first.
-    pub const ALL: [Isa; 4] = [Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16];
+    pub const ALL: [Isa; 5] = [
+        Isa::Portable,
+        Isa::Avx2,
+        Isa::Avx2Vnni,
+        Isa::Avx512,
+        Isa::Avx512Bf16,
+    ];
 
     /// The best instruction set this CPU supports, at most the one named by
     /// [`MAX_ISA_VAR`] when that is set (a valid name; see [`Isa::env_cap`]).
@@ -166,11 +176,12 @@ impl Isa {
             .collect()
     }
 
-    /// Lower-case name (`portable`, `avx2`, `avx512`, `avx512bf16`).
+    /// Lower-case name (`portable`, `avx2`, `avx2vnni`, `avx512`, `avx512bf16`).
     pub fn name(self) -> &'static str {
         match self {
             Isa::Portable => "portable",
             Isa::Avx2 => "avx2",
+            Isa::Avx2Vnni => "avx2vnni",
             Isa::Avx512 => "avx512",
             Isa::Avx512Bf16 => "avx512bf16",
         }
@@ -199,11 +210,13 @@ impl Isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => Avx2::new().map(IsaToken::Avx2),
             #[cfg(target_arch = "x86_64")]
+            Isa::Avx2Vnni => Avx2Vnni::new().map(IsaToken::Avx2Vnni),
+            #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => Avx512::new().map(IsaToken::Avx512),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Bf16 => Avx512Bf16::new().map(IsaToken::Avx512Bf16),
             #[cfg(not(target_arch = "x86_64"))]
-            Isa::Avx2 | Isa::Avx512 | Isa::Avx512Bf16 => None,
+            Isa::Avx2 | Isa::Avx2Vnni | Isa::Avx512 | Isa::Avx512Bf16 => None,
         };
         token.ok_or(IsaError::Unavailable(self))
     }
@@ -219,6 +232,12 @@ impl std::fmt::Display for Isa {
 #[cfg(target_arch = "x86_64")]
 fn has_avx2() -> bool {
     std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+}
+
+/// Whether the CPU has AVX2, FMA and AVX-VNNI.
+#[cfg(target_arch = "x86_64")]
+fn has_avx2vnni() -> bool {
+    has_avx2() && std::arch::is_x86_feature_detected!("avxvnni")
 }
 
 /// Whether the CPU has AVX-512 F, VL, BW and DQ (and AVX2 with FMA, which every
@@ -251,6 +270,9 @@ pub enum IsaToken {
     /// AVX2 with FMA.
     Avx2(Avx2),
     #[cfg(target_arch = "x86_64")]
+    /// AVX2 with FMA and AVX-VNNI.
+    Avx2Vnni(Avx2Vnni),
+    #[cfg(target_arch = "x86_64")]
     /// AVX-512 F, VL, BW and DQ.
     Avx512(Avx512),
     #[cfg(target_arch = "x86_64")]
@@ -266,6 +288,8 @@ impl IsaToken {
             #[cfg(target_arch = "x86_64")]
             IsaToken::Avx2(_) => Isa::Avx2,
             #[cfg(target_arch = "x86_64")]
+            IsaToken::Avx2Vnni(_) => Isa::Avx2Vnni,
+            #[cfg(target_arch = "x86_64")]
             IsaToken::Avx512(_) => Isa::Avx512,
             #[cfg(target_arch = "x86_64")]
             IsaToken::Avx512Bf16(_) => Isa::Avx512Bf16,
@@ -278,6 +302,8 @@ impl IsaToken {
             IsaToken::Portable(_) => Portable::REGISTERS,
             #[cfg(target_arch = "x86_64")]
             IsaToken::Avx2(_) => Avx2::REGISTERS,
+            #[cfg(target_arch = "x86_64")]
+            IsaToken::Avx2Vnni(_) => Avx2Vnni::REGISTERS,
             #[cfg(target_arch = "x86_64")]
             IsaToken::Avx512(_) => Avx512::REGISTERS,
             #[cfg(target_arch = "x86_64")]
@@ -328,6 +354,9 @@ pub fn dispatch<J: SimdJob>(token: IsaToken, job: J) -> J::Output {
         IsaToken::Avx2(t) => unsafe { run_avx2(t, job) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
+        IsaToken::Avx2Vnni(t) => unsafe { run_avx2vnni(t, job) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
         IsaToken::Avx512(t) => unsafe { run_avx512(t, job) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
@@ -340,6 +369,14 @@ pub fn dispatch<J: SimdJob>(token: IsaToken, job: J) -> J::Output {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn run_avx2<J: SimdJob>(token: Avx2, job: J) -> J::Output {
+    job.run(token)
+}
+
+/// # Safety
+/// The CPU must have AVX2, FMA and AVX-VNNI (the token proves it).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,avxvnni")]
+unsafe fn run_avx2vnni<J: SimdJob>(token: Avx2Vnni, job: J) -> J::Output {
     job.run(token)
 }
 
@@ -381,6 +418,9 @@ pub unsafe trait Simd: Copy + Send + Sync {
     type P: Copy;
     /// Sixteen-lane vector registers, for choosing register blocks.
     const REGISTERS: usize;
+    /// Whether [`Simd::dot4`] is one instruction (`vpdpbusd`), which needs no
+    /// registers for bytes widened to 16 bits: int8 tiles can take more rows.
+    const NATIVE_DOT4: bool;
     /// Loads 16 contiguous floats.
     ///
     /// # Safety
@@ -476,9 +516,9 @@ pub unsafe trait Simd: Copy + Send + Sync {
     unsafe fn store_bf16(self, p: *mut u16, x: Self::V);
     /// `acc + Σ a.byte[t] · b.byte[t]` over the four bytes of each lane, `a`'s
     /// bytes unsigned (0 to 255) and `b`'s signed (−128 to 127), the sum wrapping
-    /// in i32: AVX512-VNNI's `vpdpbusd`, which other instruction sets compute
-    /// exactly by widening the bytes to 16 bits (`vpmaddwd`): no intermediate
-    /// saturates, so every instruction set gives the same sums.
+    /// in i32: `vpdpbusd` (AVX512-VNNI, AVX-VNNI), which other instruction sets
+    /// compute exactly by widening the bytes to 16 bits (`vpmaddwd`): no
+    /// intermediate saturates, so every instruction set gives the same sums.
     fn dot4(self, acc: Self::P, a: Self::P, b: Self::P) -> Self::P;
     /// `acc − a · b` lane by lane, in i32, wrapping.
     fn mul_sub_i32(self, acc: Self::P, a: Self::P, b: Self::P) -> Self::P;

@@ -26,6 +26,7 @@ unsafe impl Simd for Portable {
     type V = V;
     type P = P;
     const REGISTERS: usize = 4;
+    const NATIVE_DOT4: bool = false;
     #[inline(always)]
     unsafe fn load(self, p: *const f32) -> V {
         // SAFETY: the caller guarantees 16 readable floats.

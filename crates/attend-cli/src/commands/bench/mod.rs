@@ -55,8 +55,8 @@ pub struct Args {
     /// Worker threads.
     #[arg(long, default_value_t = 2, value_parser = flags::threads)]
     threads: usize,
-    /// Instruction set: avx512bf16, avx512, avx2 or portable (default: the best
-    /// available).
+    /// Instruction set: avx512bf16, avx512, avx2vnni, avx2 or portable (default:
+    /// the best available).
     #[arg(long, value_parser = flags::isa)]
     isa: Option<Isa>,
     /// Element type: f32 or bf16 (the forward on bf16 tensors: bf16 products, f32

@@ -47,8 +47,18 @@ const WEIGHT_LEVELS: f32 = 127.0;
 /// Levels of a quantized input: 0 ..= 255.
 const INPUT_LEVELS: f32 = 255.0;
 /// Rows a 16-register instruction set takes in one tile: three rows of one panel
-/// are six accumulators of two halves, with the widened bytes beside them.
-const ROWS_16: usize = 3;
+/// are six accumulators of two halves, with the widened bytes beside them. Where
+/// `dot4` is one instruction (AVX-VNNI) there are no widened bytes to hold, and
+/// six rows (twelve accumulators) give `vpdpbusd` the independent sums its
+/// latency needs: three gave 387 GOP/s on one Zen 5 thread against 512 with
+/// twelve sums (`scripts/peak/int8-peak`, avxvnni_tile and avxvnni).
+const fn rows_16<I: Simd>() -> usize {
+    if I::NATIVE_DOT4 {
+        MR
+    } else {
+        3
+    }
+}
 /// Steps ahead of the sum at which a tile asks for its panels' next lines.
 const PREFETCH: usize = 16;
 
@@ -393,13 +403,23 @@ impl Operands for QuadOperands<'_> {
         unsafe {
             if I::REGISTERS < 32 {
                 for (q, bias) in bias.iter().enumerate() {
-                    for top in (0..rows).step_by(ROWS_16) {
+                    for top in (0..rows).step_by(rows_16::<I>()) {
                         let (r, c) = (r + top, c.add(top * ldc + q * NR));
                         let bias = [*bias];
-                        match rows - top {
+                        match (rows - top).min(rows_16::<I>()) {
                             1 => self.rows::<I, 1, 1>(isa, r, p + q, c, ldc, bias),
                             2 => self.rows::<I, 2, 1>(isa, r, p + q, c, ldc, bias),
-                            _ => self.rows::<I, 3, 1>(isa, r, p + q, c, ldc, bias),
+                            3 => self.rows::<I, 3, 1>(isa, r, p + q, c, ldc, bias),
+                            4 if I::NATIVE_DOT4 => {
+                                self.rows::<I, 4, 1>(isa, r, p + q, c, ldc, bias)
+                            }
+                            5 if I::NATIVE_DOT4 => {
+                                self.rows::<I, 5, 1>(isa, r, p + q, c, ldc, bias)
+                            }
+                            _ if I::NATIVE_DOT4 => {
+                                self.rows::<I, 6, 1>(isa, r, p + q, c, ldc, bias)
+                            }
+                            _ => unreachable!("at most rows_16 rows"),
                         }
                     }
                 }
@@ -433,8 +453,8 @@ impl Operands for QuadOperands<'_> {
 impl QuadOperands<'_> {
     /// `c[R, 16·P]` = rows `r .. r + R` of `x` times panels `p .. p + P`, the
     /// whole sum, dequantized, plus `bias`. `R · P ≤ 24` (`R ≤ 6`, or `P = 2` and
-    /// `R ≤ tile::TALL_ROWS`) on 32-register instruction sets, `R · P ≤ 3`
-    /// elsewhere, so that the accumulators stay in registers.
+    /// `R ≤ tile::TALL_ROWS`) on 32-register instruction sets, `P = 1` and
+    /// `R ≤ rows_16` elsewhere, so that the accumulators stay in registers.
     ///
     /// # Safety
     /// Rows `r .. r + R` of `x` and panels `p .. p + P` of `w` must exist, and `c`

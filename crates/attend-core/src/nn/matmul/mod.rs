@@ -72,7 +72,7 @@ const PARALLEL_MIN: usize = 1 << 17;
 pub(crate) fn available() -> bool {
     matches!(
         IsaToken::best().isa(),
-        Isa::Avx2 | Isa::Avx512 | Isa::Avx512Bf16
+        Isa::Avx2 | Isa::Avx2Vnni | Isa::Avx512 | Isa::Avx512Bf16
     )
 }
 
