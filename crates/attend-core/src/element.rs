@@ -104,8 +104,8 @@ impl Element for bf16 {
     }
 }
 
-/// `a` widened to f32, in standard layout; a contiguous `a` on the current rayon
-/// pool ([`convert`]).
+/// `a` widened to f32, in standard layout; a contiguous `a` in vectorised chunks
+/// on the current rayon pool.
 pub fn to_f32<T: Element, D: Dimension>(a: ArrayView<'_, T, D>) -> Array<f32, D> {
     convert(IsaToken::best(), a, T::to_f32)
 }
@@ -120,7 +120,7 @@ pub(crate) fn to_f32_on<T: Element, D: Dimension>(
 }
 
 /// `a` rounded to `T` (to nearest, ties to even), in standard layout; a
-/// contiguous `a` on the current rayon pool ([`convert`]).
+/// contiguous `a` in vectorised chunks on the current rayon pool.
 pub fn from_f32<T: Element, D: Dimension>(a: ArrayView<'_, f32, D>) -> Array<T, D> {
     convert(IsaToken::best(), a, T::from_f32)
 }
