@@ -118,6 +118,8 @@ def newest_per_title(records: List[dict]) -> List[dict]:
 # -- the chart -------------------------------------------------------------------
 
 BAR_H, GAP, PLOT_W, VALUE_W, SHARE_W, PAD = 16, 4, 360, 56, 150, 12
+# The chart's ratio axis ends here at most (see `chart`).
+AXIS_CAP = 8.0
 # About the width of a character of the labels' 11 px sans-serif, generously.
 CHAR_W = 6.6
 
@@ -135,7 +137,10 @@ def chart(records: List[dict]) -> str:
     peak beside where the record has it."""
     groups = newest_per_title(records)
     rows = [row for g in groups for row in g["rows"]]
-    end, marks = ticks(max(max(row["ratio"] for row in rows), 1.0))
+    # Ratios of tens (a peer far off its fast path) would squeeze every other bar
+    # into a few pixels: the axis stops at AXIS_CAP, and a longer bar ends there
+    # with its value written beside it.
+    end, marks = ticks(min(max(max(row["ratio"] for row in rows), 1.0), AXIS_CAP))
     height = PAD * 2 + 56 + len(groups) * 22 + len(rows) * (BAR_H + GAP) + 34
     label_w = int(max(CHAR_W * len(f"{row['workload']} vs {row['peer']}") for row in rows)) + 12
     subtitle = ("attend against each peer, same run: how many times faster (bars; right of the dashed line, "
