@@ -344,19 +344,19 @@ impl Operands for PairOperands<'_> {
         init: [Init<'_>; P],
         ahead: Option<(usize, usize)>,
     ) {
+        // Step `s` of panel `p`: the packing keeps each panel's `depth` rows of 16
+        // pairs together.
+        let at = |p: usize, s: usize| self.w.data[(p * self.lda + s) * NR..].as_ptr();
         let tile = Tile {
             a: self.x[r * self.lda + s0..].as_ptr(),
             lda: self.lda as isize,
             sa: 1,
-            b: self.w.data[(p * self.lda + s0) * NR..].as_ptr(),
+            b: at(p, s0),
             ldb: NR,
-            // The packing keeps each panel's `depth` rows of 16 pairs together.
             next: self.lda * NR,
             kc: sc,
             partial: tile::PAIR_SUM_BLOCK,
-            ahead: ahead.map_or(std::ptr::null(), |(p, s)| {
-                self.w.data[(p * self.lda + s) * NR..].as_ptr()
-            }),
+            ahead: ahead.map_or(std::ptr::null(), |(p, s)| at(p, s)),
         };
         // SAFETY: the caller's guarantees (rows of `x`, panels of `w`, steps within
         // the depth) are the tile's.
@@ -396,18 +396,17 @@ impl Operands for WidenedOperands<'_> {
         init: [Init<'_>; P],
         ahead: Option<(usize, usize)>,
     ) {
+        let at = |p: usize, s: usize| self.panels[(p * self.lda + s) * NR..].as_ptr();
         let tile = Tile {
             a: self.x[r * self.lda + s0..].as_ptr(),
             lda: self.lda as isize,
             sa: 1,
-            b: self.panels[(p * self.lda + s0) * NR..].as_ptr(),
+            b: at(p, s0),
             ldb: NR,
             next: self.lda * NR,
             kc: sc,
             partial: 2 * tile::PAIR_SUM_BLOCK,
-            ahead: ahead.map_or(std::ptr::null(), |(p, s)| {
-                self.panels[(p * self.lda + s) * NR..].as_ptr()
-            }),
+            ahead: ahead.map_or(std::ptr::null(), |(p, s)| at(p, s)),
         };
         // SAFETY: the caller's guarantees (rows of `x`, panels of `w`, steps within
         // the depth) are the tile's.
