@@ -53,12 +53,13 @@ def sample_us(fn) -> float:
 
 
 def floor_op():
-    """``overhead_floor::sdpa``: attend's schema, an autograd kernel that only calls
-    the kernel (no checks; every call runs it as if plain and gradient-free)."""
+    """``overhead_floor::sdpa``: attend's schema (its outputs too: a kernel returning
+    more tensors than the schema names crashes the dispatcher), an autograd kernel that
+    only calls the kernel (no checks; every call runs it as if plain and gradient-free)."""
     lib = torch.library.Library("overhead_floor", "DEF")
     lib.define(
         "sdpa(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, float dropout_p, "
-        "bool is_causal, float? scale, bool enable_gqa, Tensor? seed) -> (Tensor, Tensor)"
+        "bool is_causal, float? scale, bool enable_gqa, Tensor? seed) -> (Tensor, Tensor, Tensor)"
     )
     threads = attend.get_num_threads()
 
