@@ -8,7 +8,8 @@ use crate::Result;
 /// Which kernel computes an attention call.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Kernel {
-    /// The decode kernel for at most [`DECODE_MAX_QUERIES`] queries, else the fused
+    /// The decode kernel where it is the faster one (a few queries against many
+    /// keys: [`auto_decodes`](crate::attention::auto_decodes)), else the fused
     /// kernel when it supports the problem, else the reference.
     #[default]
     Auto,
@@ -22,7 +23,8 @@ pub enum Kernel {
     Decode,
 }
 
-/// [`Kernel::Auto`] runs the decode kernel for at most this many queries.
+/// The most queries the decode kernel ([`Kernel::Decode`]) is made for: a KV
+/// cache's steps up to this long run it.
 pub const DECODE_MAX_QUERIES: usize = 16;
 
 /// Where a call runs: its instruction set and its threads. Every call's

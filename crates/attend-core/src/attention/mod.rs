@@ -38,6 +38,7 @@ pub use backward::{
 use ndarray::{Array3, Array4, ArrayView4};
 
 use crate::element::sealed::{Computed, Sealed};
+use crate::element::Dtype;
 use crate::kernels::{decode, fused, reference};
 use crate::{Error, Result};
 
@@ -91,12 +92,42 @@ pub fn attention_with_lse_parts<T: Element>(
     Ok((out, LogSumExp { value, residual }))
 }
 
+/// Whether [`Kernel::Auto`] runs the decode kernel on `q_len` queries of element
+/// type `dtype` against `kv_len` keys, rather than the fused kernel.
+///
+/// The decode kernel's work grows with the queries, each reading every key; the
+/// fused kernel's with the keys times a unit of 32 or 64 queries, however few of
+/// them there are. So decoding pays only for very few queries against many keys:
+/// up to three in f32 and one in bf16 (whose decode kernel widens every key row it
+/// reads), each with at least 32 keys. Timed on an AMD EPYC Zen 5, 2 threads,
+/// heads of 32 and 64, f32 and bf16, 1 to 16 queries against 16 to 4,096 keys:
+/// past these bounds the fused kernel was level or faster (self-attention of 12
+/// tokens, 12 heads of 32: 4 µs against the decode kernel's 22 µs), within them
+/// the decode kernel (one query against 4,096 keys: 78 µs against 190 µs).
+///
+/// ```
+/// use attend_core::attention::auto_decodes;
+/// use attend_core::element::Dtype;
+///
+/// assert!(auto_decodes(Dtype::F32, 1, 4096)); // a decoding step
+/// assert!(!auto_decodes(Dtype::F32, 12, 12)); // a short text's self-attention
+/// assert!(!auto_decodes(Dtype::Bf16, 2, 4096));
+/// ```
+pub fn auto_decodes(dtype: Dtype, q_len: usize, kv_len: usize) -> bool {
+    let most = match dtype {
+        Dtype::F32 => 3,
+        Dtype::Bf16 => 1,
+    };
+    q_len <= most && q_len * 32 <= kv_len
+}
+
 /// The kernel `config` asks for, checked against what the kernels support.
-fn choose_kernel<T>(problem: &Problem<'_, T>, kernel: Kernel) -> Result<Kernel> {
-    let short = problem.dims().q_len <= DECODE_MAX_QUERIES;
+fn choose_kernel<T: Element>(problem: &Problem<'_, T>, kernel: Kernel) -> Result<Kernel> {
+    let dims = problem.dims();
+    let decodes = auto_decodes(T::DTYPE, dims.q_len, dims.kv_len);
     Ok(match kernel {
         Kernel::Reference => Kernel::Reference,
-        Kernel::Auto if short && decode::supports(problem) => Kernel::Decode,
+        Kernel::Auto if decodes && decode::supports(problem) => Kernel::Decode,
         Kernel::Auto if fused::supports(problem) => Kernel::Fused,
         Kernel::Auto => Kernel::Reference,
         Kernel::Fused if fused::supports(problem) => Kernel::Fused,
