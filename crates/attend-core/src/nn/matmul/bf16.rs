@@ -38,7 +38,7 @@ use ndarray::{Array2, ArrayView2};
 use rayon::prelude::*;
 
 use super::{bias_only, Epilogue, Problem, Streams, FEW_ROWS, KC, NR, PARALLEL_MIN};
-use crate::isa::{bf16_bits, bf16_to_f32, dispatch, IsaToken, Scalar};
+use crate::isa::{bf16_bits, bf16_to_f32, dispatch, IsaToken, Scalar, Simd};
 use crate::kernels::tile::{self, Ahead};
 use crate::memory::LargePageArray;
 
@@ -142,7 +142,7 @@ fn pack_rows<T: Send>(
     x: ArrayView2<'_, f32>,
     width: usize,
     parallel: bool,
-    write: fn(&[f32], &mut [MaybeUninit<T>]),
+    write: impl Fn(&[f32], &mut [MaybeUninit<T>]) + Copy + Sync,
 ) -> Vec<T> {
     let m = x.nrows();
     // Written once, not zeroed first: every entry of every row is set below.
@@ -388,12 +388,28 @@ impl Streams for WidenedOperands<'_> {
     }
 
     #[inline(always)]
-    fn stage(&self, p: usize, count: usize, (s0, sc): (usize, usize), staged: &mut [f32]) {
-        // Blocks and the depth are whole pairs: `s0` and `sc` are even.
+    fn stage<I: Simd>(
+        &self,
+        isa: I,
+        p: usize,
+        count: usize,
+        (s0, sc): (usize, usize),
+        staged: &mut [f32],
+    ) {
+        // Blocks and the depth are whole pairs: `s0` and `sc` are even. Each row of
+        // 16 pairs becomes two rows of 16 floats, its highs, then its lows.
         debug_assert!(s0 % 2 == 0 && sc % 2 == 0);
         for (q, dst) in staged.chunks_exact_mut(sc * NR).take(count).enumerate() {
             let start = ((p + q) * (self.lda / 2) + s0 / 2) * NR;
-            widen_pairs(&self.w.data[start..start + sc / 2 * NR], dst);
+            let src = &self.w.data[start..start + sc / 2 * NR];
+            for (d, s) in dst.chunks_exact_mut(2 * NR).zip(src.chunks_exact(NR)) {
+                // SAFETY: `s` holds 16 pairs and `d` 32 floats.
+                unsafe {
+                    let (high, low) = isa.widen_pairs(isa.load_pairs(s.as_ptr()));
+                    isa.store(d.as_mut_ptr(), high);
+                    isa.store(d.as_mut_ptr().add(NR), low);
+                }
+            }
         }
     }
 
@@ -417,20 +433,6 @@ impl Streams for WidenedOperands<'_> {
     fn ahead(&self, p: usize, s: usize) -> Ahead {
         // A row of 16 pairs (one line) holds two steps.
         self.w.ahead(p, s / 2, NR / 2)
-    }
-}
-
-/// A panel's rows of 16 bf16 pairs widened to f32, each row into its 16 high
-/// halves, then its 16 low halves, as [`dot2`](crate::isa::Simd::dot2) adds them. Exact: a mask and
-/// a shift, vectorised by the compiler in the instruction set's code.
-#[inline(always)]
-fn widen_pairs(src: &[u32], dst: &mut [f32]) {
-    for (d, s) in dst.chunks_exact_mut(2 * NR).zip(src.chunks_exact(NR)) {
-        let (high, low) = d.split_at_mut(NR);
-        for ((h, l), &word) in high.iter_mut().zip(low).zip(s) {
-            *h = f32::from_bits(word & 0xFFFF_0000);
-            *l = f32::from_bits(word << 16);
-        }
     }
 }
 

@@ -460,7 +460,15 @@ trait Operands: Sync {
     /// Writes the group of panels `p .. p + count` over steps `s0 .. s0 + sc` into
     /// `staged` (its first [`staged_len`](Self::staged_len) floats), for the tiles
     /// that follow.
-    fn stage(&self, _p: usize, _count: usize, _steps: (usize, usize), _staged: &mut [f32]) {}
+    fn stage<I: Simd>(
+        &self,
+        _isa: I,
+        _p: usize,
+        _count: usize,
+        _steps: (usize, usize),
+        _staged: &mut [f32],
+    ) {
+    }
     /// `c[rows, 16·P] = init + x[r .. r + rows] · panels p .. p + P`, over steps
     /// `s0 .. s0 + sc` (`at`), each panel with its own `init` and its output 16
     /// floats right of the one before; `staged`: the group's panels as
@@ -502,7 +510,15 @@ trait Streams: Sync {
         0
     }
     /// [`Operands::stage`].
-    fn stage(&self, _p: usize, _count: usize, _steps: (usize, usize), _staged: &mut [f32]) {}
+    fn stage<I: Simd>(
+        &self,
+        _isa: I,
+        _p: usize,
+        _count: usize,
+        _steps: (usize, usize),
+        _staged: &mut [f32],
+    ) {
+    }
     /// Row `r` of `x` at step `s`, and the distance between rows.
     fn row(&self, r: usize, s: usize) -> (*const Self::Step, usize);
     /// The group of `count` panels from `p` at step `s`, as the tiles read it
@@ -532,8 +548,15 @@ impl<S: Streams> Operands for S {
     }
 
     #[inline(always)]
-    fn stage(&self, p: usize, count: usize, steps: (usize, usize), staged: &mut [f32]) {
-        Streams::stage(self, p, count, steps, staged)
+    fn stage<I: Simd>(
+        &self,
+        isa: I,
+        p: usize,
+        count: usize,
+        steps: (usize, usize),
+        staged: &mut [f32],
+    ) {
+        Streams::stage(self, isa, p, count, steps, staged)
     }
 
     #[inline(always)]
@@ -707,7 +730,7 @@ impl<O: Operands> Problem<'_, O> {
         unsafe {
             let staged = &mut staged[..self.operands.staged_len(P, sc)];
             if !staged.is_empty() {
-                self.operands.stage(p, P, (s0, sc), staged);
+                self.operands.stage(isa, p, P, (s0, sc), staged);
             }
             let staged = &*staged;
             let n = self.n;
