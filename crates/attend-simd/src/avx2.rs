@@ -404,6 +404,16 @@ unsafe impl<const VNNI: bool> Simd for Avx2Of<VNNI> {
         unsafe { V2(dot2_half(acc.0, a.0, b.0), dot2_half(acc.1, a.1, b.1)) }
     }
     #[inline(always)]
+    fn widen_pairs(self, a: P2) -> (V2, V2) {
+        // SAFETY: the token proves AVX2; no memory is touched.
+        unsafe {
+            let mask = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
+            let high = |x| _mm256_castsi256_ps(_mm256_and_si256(x, mask));
+            let low = |x| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(x));
+            (V2(high(a.0), high(a.1)), V2(low(a.0), low(a.1)))
+        }
+    }
+    #[inline(always)]
     fn pack_bf16(self, low: V2, high: V2) -> P2 {
         // SAFETY: the token proves AVX2.
         unsafe {

@@ -283,6 +283,15 @@ unsafe impl<const BF16: bool> Simd for Avx512Of<BF16> {
         }
     }
     #[inline(always)]
+    fn widen_pairs(self, a: __m512i) -> (__m512, __m512) {
+        // SAFETY: the token proves AVX-512F; no memory is touched.
+        unsafe {
+            let high = _mm512_and_si512(a, _mm512_set1_epi32(0xFFFF_0000u32 as i32));
+            let low = _mm512_slli_epi32::<16>(a);
+            (_mm512_castsi512_ps(high), _mm512_castsi512_ps(low))
+        }
+    }
+    #[inline(always)]
     fn pack_bf16(self, low: __m512, high: __m512) -> __m512i {
         if BF16 {
             // SAFETY: `BF16` tokens exist only on CPUs with AVX512-BF16 (and BW for

@@ -497,6 +497,10 @@ pub unsafe trait Simd: Copy + Send + Sync {
     /// numbers are exact in f32). Only subnormals may differ: `vdpbf16ps` flushes
     /// them to zero.
     fn dot2(self, acc: Self::V, a: Self::P, b: Self::P) -> Self::V;
+    /// The pairs' high halves and their low halves, each widened exactly to f32
+    /// (a mask, a shift): `(high, low)`, the order in which [`dot2`](Self::dot2)
+    /// adds their products.
+    fn widen_pairs(self, a: Self::P) -> (Self::V, Self::V);
     /// Rounds `low` and `high` to bf16 (to nearest, ties to even, as
     /// [`bf16_bits`]) and interleaves them: lane `i` is the pair
     /// `(low[i], high[i])`. Only subnormals may differ: AVX512-BF16's
@@ -711,8 +715,9 @@ mod tests {
         }
     }
 
-    /// `pack_bf16`, `store_bf16`, `load_bf16` and `dot2` against [`bf16_bits`] and
-    /// two scalar fused multiply-adds, lane by lane.
+    /// `pack_bf16`, `store_bf16`, `load_bf16`, `widen_pairs` and `dot2` against
+    /// [`bf16_bits`], [`bf16_to_f32`] and two scalar fused multiply-adds, lane by
+    /// lane.
     struct CheckPairs;
 
     impl SimdJob for CheckPairs {
@@ -753,6 +758,16 @@ mod tests {
                 isa.store(widened.as_mut_ptr(), isa.load_bf16(halves.as_ptr()));
                 for i in 0..16 {
                     assert_eq!(widened[i], bf16_to_f32(halves[i]));
+                }
+                let (wide_high, wide_low) = isa.widen_pairs(isa.load_pairs(bits.as_ptr()));
+                let (mut got_high, mut got_low) = ([0.0f32; 16], [0.0f32; 16]);
+                isa.store(got_high.as_mut_ptr(), wide_high);
+                isa.store(got_low.as_mut_ptr(), wide_low);
+                for i in 0..16 {
+                    let want_high = bf16_to_f32((bits[i] >> 16) as u16);
+                    assert_eq!(got_high[i].to_bits(), want_high.to_bits(), "high lane {i}");
+                    let want_low = bf16_to_f32(bits[i] as u16);
+                    assert_eq!(got_low[i].to_bits(), want_low.to_bits(), "low lane {i}");
                 }
                 let b = isa.splat_pair(bf16_bits(0.75) as u32 | (bf16_bits(-2.5) as u32) << 16);
                 let again = isa.load_pairs(bits.as_ptr());

@@ -144,6 +144,13 @@ unsafe impl Simd for Portable {
         })
     }
     #[inline(always)]
+    fn widen_pairs(self, a: P) -> (V, V) {
+        (
+            std::array::from_fn(|i| halves(a[i]).1),
+            std::array::from_fn(|i| halves(a[i]).0),
+        )
+    }
+    #[inline(always)]
     fn pack_bf16(self, low: V, high: V) -> P {
         std::array::from_fn(|i| bf16_bits(low[i]) as u32 | (bf16_bits(high[i]) as u32) << 16)
     }

@@ -15,7 +15,7 @@ pub mod lse;
 pub(crate) mod merge;
 pub mod reference;
 pub(crate) mod round;
-mod scratch;
+pub(crate) mod scratch;
 mod stream;
 pub(crate) mod tile;
 

@@ -293,13 +293,35 @@ pub(crate) struct Tile<E> {
     /// dense layers' and the backward's products, shorter where a caller wants
     /// shorter sums (the fused forward's scores).
     pub partial: usize,
-    /// Lines of another tile's panels (laid out as `b`'s: rows `ldb` apart,
-    /// panels `next` apart) to bring into the L2 cache while this tile runs, or
-    /// null: step `s` asks for row `s / P` of panel `s % P`, so a tile covers
-    /// `kc / P` rows of each. A dense layer's tiles after the first of a group
-    /// read its panels from the cache, while memory would sit idle: they fetch
-    /// the next group's instead (only where `STREAM`).
-    pub ahead: *const E,
+    /// Lines of another group of panels to bring into the L2 cache while this
+    /// tile runs (only where `STREAM`), or [`Ahead::NONE`].
+    pub ahead: Ahead,
+}
+
+/// Lines of another group of panels for a tile to bring into the L2 cache: a
+/// dense layer's tiles after the first of a group read its panels from the
+/// cache, while memory would sit idle, so they fetch the next group's instead.
+/// Step `s` of a `P`-panel tile asks for the line `at + (s % P)·next + (s / P)·step`
+/// (bytes), so a tile covers `kc / P` steps of each panel. The lines are laid out
+/// as the weight lies in memory, which need not be as the tile reads its panels
+/// (a bf16 weight widened to f32 for its tiles: `step` is then half a line).
+#[derive(Clone, Copy)]
+pub(crate) struct Ahead {
+    /// The first line, or null for none.
+    pub at: *const u8,
+    /// Bytes between two panels' lines.
+    pub next: usize,
+    /// Bytes the lines advance by per step of the sum.
+    pub step: usize,
+}
+
+impl Ahead {
+    /// No lines to fetch.
+    pub(crate) const NONE: Ahead = Ahead {
+        at: std::ptr::null(),
+        next: 0,
+        step: 0,
+    };
 }
 
 impl<E: Step> Tile<E> {
@@ -456,9 +478,10 @@ impl<E: Step> Tile<E> {
                                     .cast(),
                             );
                         }
-                        if !self.ahead.is_null() {
-                            let line = (step % P) * self.next + (step / P) * self.ldb;
-                            _mm_prefetch::<_MM_HINT_T1>(self.ahead.wrapping_add(line).cast());
+                        let ahead = self.ahead;
+                        if !ahead.at.is_null() {
+                            let line = (step % P) * ahead.next + (step / P) * ahead.step;
+                            _mm_prefetch::<_MM_HINT_T1>(ahead.at.wrapping_add(line).cast());
                         }
                     }
                     step += 1;

@@ -36,7 +36,7 @@ use rayon::prelude::*;
 use super::{coarse, AttentionGrads};
 use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
 use crate::kernels::scratch::{carve, with_scratch};
-use crate::kernels::tile::{Init, Tile, DOT_CHUNK, MR, NR, SUM_BLOCK, WIDE};
+use crate::kernels::tile::{Ahead, Init, Tile, DOT_CHUNK, MR, NR, SUM_BLOCK, WIDE};
 use crate::problem::{along, Dims, Dropout, Problem, SoftmaxAxis};
 
 /// Queries per block.
@@ -698,7 +698,7 @@ impl Product {
                     next: NR,
                     kc: k,
                     partial: self.partial,
-                    ahead: std::ptr::null(),
+                    ahead: Ahead::NONE,
                 };
                 tile.run::<I, P>(isa, rows, c.add(i * ldc + j), ldc, [self.init; P]);
                 i += rows;

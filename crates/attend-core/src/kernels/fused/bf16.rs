@@ -32,7 +32,7 @@ use crate::isa::transpose::transpose;
 use crate::isa::{bf16_to_f32, dispatch, IsaToken, Simd, SimdJob, LANES};
 use crate::kernels::lse::LogSumExp;
 use crate::kernels::scratch::carve;
-use crate::kernels::tile::{Rescale, Tile, PAIR_SUM_BLOCK};
+use crate::kernels::tile::{Ahead, Rescale, Tile, PAIR_SUM_BLOCK};
 use crate::problem::{Dims, Problem};
 
 /// Pairs (two products each) a dot product sums in registers before it joins its
@@ -426,7 +426,7 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
                 next: LANES,
                 kc: pairs(j1 - j0),
                 partial: PAIR_SUM_BLOCK,
-                ahead: std::ptr::null(),
+                ahead: Ahead::NONE,
             };
             // α = 1 where the tile's early weights held: `o + Σ` is `fma(o, 1, Σ)`
             // bit for bit, on the adding pipes instead of the products'.

@@ -14,7 +14,7 @@ use crate::isa::transpose::transpose;
 use crate::isa::{IsaToken, Simd, LANES};
 use crate::kernels::lse::LogSumExp;
 use crate::kernels::scratch::carve;
-use crate::kernels::tile::{Rescale, Tile, DOT_CHUNK, SUM_BLOCK};
+use crate::kernels::tile::{Ahead, Rescale, Tile, DOT_CHUNK, SUM_BLOCK};
 use crate::problem::{Dims, Dropout, Problem};
 
 /// Vectors of 16 queries a unit holds at most on instruction sets with 16 vector
@@ -193,7 +193,7 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
                 next: LANES,
                 kc: u.e,
                 partial: DOT_CHUNK,
-                ahead: std::ptr::null(),
+                ahead: Ahead::NONE,
             };
             over_panels::<I, MR, NQ>(isa, tile, s, Rescale::None);
             if !mask.is_none() {
@@ -317,7 +317,7 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
                 next: LANES,
                 kc: j1 - j0,
                 partial: SUM_BLOCK,
-                ahead: std::ptr::null(),
+                ahead: Ahead::NONE,
             };
             over_panels::<I, MC, NQ>(isa, tile, ot, rescale);
         }

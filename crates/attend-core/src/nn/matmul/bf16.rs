@@ -2,7 +2,7 @@
 //! rounded to bf16 (to nearest, ties to even), products of bf16 numbers and f32
 //! sums, as PyTorch's autocast to bf16 computes a `Linear`.
 //!
-//! [`Simd::dot2`] multiplies two vectors of bf16 *pairs* lane by lane, so both
+//! [`Simd::dot2`](crate::isa::Simd::dot2) multiplies two vectors of bf16 *pairs* lane by lane, so both
 //! operands are paired along the sum (`k`): the weight is rounded and packed once,
 //! at load ([`PackedBf16`], `Linear::for_inference_with`), as the f32 product's
 //! 16-output panels with each row a pair of adjacent `k` (`[k/2][16]` pairs, half
@@ -20,22 +20,26 @@
 //!
 //! Where the instruction set has no bf16 products of its own
 //! ([`Isa::has_bf16_products`](crate::isa::Isa::has_bf16_products)) and the rows
-//! are more than a few, the pairs are widened to f32 once per call (a shift, exact)
-//! and the f32 product runs on them ([`linear_widened`]): each pair's `dot2` there
-//! is two fused multiply-adds behind the shifts that widen its pairs, which made
-//! the bf16 layers 1.4× slower than f32 ones on AVX2. The widened product adds the
-//! same products in the same order (each pair's high half first, the pairs'
-//! partial sums and blocks), so every instruction set still gives the same bits;
-//! the weight stays in bf16 between calls, widened for the call's duration.
+//! are more than a few, the pairs are widened to f32 (a shift, exact) and the f32
+//! tile runs on them ([`linear_widened`]): each pair's `dot2` there is two fused
+//! multiply-adds behind the shifts that widen its pairs, which made the bf16
+//! layers 1.4× slower than f32 ones on AVX2. The widened product adds the same
+//! products in the same order (each pair's high half first, the pairs' partial
+//! sums and blocks), so every instruction set still gives the same bits. The rows
+//! of `x` are widened once per call; the weight stays in bf16 and each group of
+//! its panels is widened into the thread's scratch just before the group's tiles
+//! read it, so the weight is read at half the f32 product's bytes. (Widening the
+//! whole weight per call instead wrote it in f32 and read it back: three times the
+//! f32 product's weight traffic, which kept the bf16 encoder at 0.87–0.91× f32.)
 
 use std::mem::MaybeUninit;
 
 use ndarray::{Array2, ArrayView2};
 use rayon::prelude::*;
 
-use super::{bias_only, Epilogue, Init, Operands, Problem, Tile, FEW_ROWS, KC, NR, PARALLEL_MIN};
-use crate::isa::{bf16_bits, dispatch, IsaToken, Scalar, Simd};
-use crate::kernels::tile;
+use super::{bias_only, Epilogue, Problem, Streams, FEW_ROWS, KC, NR, PARALLEL_MIN};
+use crate::isa::{bf16_bits, bf16_to_f32, dispatch, IsaToken, Simd, SimdJob};
+use crate::kernels::tile::{self, Ahead};
 use crate::memory::LargePageArray;
 
 /// Pairs in a row of `k` numbers.
@@ -87,12 +91,11 @@ fn product(
         return bias_only(m, n, bias, epilogue);
     }
     let parallel = m * n * k >= PARALLEL_MIN && rayon::current_num_threads() > 1;
-    let xp = pack_rows(isa, x, parallel);
     if widen {
-        return linear_widened(isa, (&xp, m), w, bias, epilogue, parallel);
+        return linear_widened(isa, x, w, bias, epilogue, parallel);
     }
     let operands = PairOperands {
-        x: &xp,
+        x: &pack_rows(isa, x, pairs(k), parallel, pack_row),
         lda: pairs(k),
         w,
     };
@@ -105,99 +108,97 @@ fn product(
     problem.run(isa, m, parallel)
 }
 
-/// [`linear_bf16_on`] through the f32 product: the rows' pairs `xp` (`m` rows) and
-/// the weight's widened to f32, each pair's high half first as [`Simd::dot2`]
-/// adds them, and summed in the pairs' partial sums and blocks
-/// ([`WidenedOperands`]): the same additions in the same order, so the same bits
-/// as the pairs' product.
+/// [`linear_bf16_on`] through the f32 product: the rows of `x` and the weight's
+/// pairs widened to f32, each pair's high half first as [`dot2`](crate::isa::Simd::dot2) adds them,
+/// and summed in the pairs' partial sums and blocks ([`WidenedOperands`]): the
+/// same additions in the same order, so the same bits as the pairs' product.
 fn linear_widened(
     isa: IsaToken,
-    (xp, m): (&[u32], usize),
+    x: ArrayView2<'_, f32>,
     w: &PackedBf16,
     bias: Option<&[f32]>,
     epilogue: Epilogue<'_>,
     parallel: bool,
 ) -> Array2<f32> {
     let operands = WidenedOperands {
-        // Rows of `x` pair by pair: `[m][2·⌈k/2⌉]`.
-        x: &widen_words(isa, xp, 1, parallel),
+        x: &pack_rows(isa, x, 2 * pairs(w.k), parallel, widen_row),
         lda: 2 * pairs(w.k),
-        // Each panel's row of 16 pairs becomes two rows of 16 floats, its highs
-        // then its lows: `[panels][2·⌈k/2⌉][16]`.
-        panels: &widen_words(isa, &w.data, NR, parallel),
+        w,
     };
-    debug_assert_eq!(operands.x.len(), m * operands.lda);
     let problem = Problem {
         n: w.n,
         bias,
         epilogue,
         operands: &operands,
     };
-    problem.run(isa, m, parallel)
+    problem.run(isa, x.nrows(), parallel)
 }
 
-/// Words of bf16 pairs widened to f32 in runs of `run` words: each run becomes
-/// its words' high halves, then their low halves (a run of 1 is a row's pair; a
-/// run of 16 a panel's row). Exact: a mask and a shift.
-fn widen_words(isa: IsaToken, words: &[u32], run: usize, parallel: bool) -> Vec<f32> {
-    // Runs per task: enough that a task's overhead is nothing beside it.
-    let chunk = (1 << 14) / run * run;
-    let mut out = Vec::with_capacity(2 * words.len());
-    let widen = |(dst, src): (&mut [MaybeUninit<f32>], &[u32])| {
-        dispatch(
-            isa,
-            Scalar(|| {
-                for (d, s) in dst.chunks_exact_mut(2 * run).zip(src.chunks_exact(run)) {
-                    let (high, low) = d.split_at_mut(run);
-                    for ((h, l), &word) in high.iter_mut().zip(low).zip(s) {
-                        h.write(f32::from_bits(word & 0xFFFF_0000));
-                        l.write(f32::from_bits(word << 16));
-                    }
-                }
-            }),
-        )
-    };
-    let dst = &mut out.spare_capacity_mut()[..2 * words.len()];
-    if parallel {
-        dst.par_chunks_mut(2 * chunk)
-            .zip(words.par_chunks(chunk))
-            .for_each(widen);
-    } else {
-        dst.chunks_mut(2 * chunk)
-            .zip(words.chunks(chunk))
-            .for_each(widen);
-    }
-    // SAFETY: `words.len()` is a whole number of runs (rows of pairs, panels of 16
-    // lanes), each widened into `2·run` floats above.
-    unsafe { out.set_len(2 * words.len()) };
-    out
-}
-
-/// The rows of `x [m, k]` rounded to bf16, as pairs of adjacent columns
-/// `[m][k/2]` (the low half the even column). Rounding is `O(m·k)` against the
-/// product's `O(m·n·k)`, so it is scalar code ([`bf16_bits`], which
-/// [`Simd::pack_bf16`] computes lane by lane), vectorised by the compiler.
-fn pack_rows(isa: IsaToken, x: ArrayView2<'_, f32>, parallel: bool) -> Vec<u32> {
-    let (m, k) = x.dim();
-    let kp = pairs(k);
-    // Written once, not zeroed first: every pair of every row is set below.
-    let mut out = Vec::with_capacity(m * kp);
-    let pack = |(i, dst): (usize, &mut [MaybeUninit<u32>])| {
+/// The rows of `x [m, k]` (`k > 0`) packed by `write` (a row of `x`, all `width`
+/// entries of its packed row): `[m][width]`. Packing is `O(m·k)` against the product's
+/// `O(m·n·k)`, so it is scalar code, vectorised by the compiler.
+fn pack_rows<T: Send>(
+    isa: IsaToken,
+    x: ArrayView2<'_, f32>,
+    width: usize,
+    parallel: bool,
+    write: impl Fn(&[f32], &mut [MaybeUninit<T>]) + Copy + Sync,
+) -> Vec<T> {
+    let m = x.nrows();
+    // Written once, not zeroed first: every entry of every row is set below.
+    let mut out = Vec::with_capacity(m * width);
+    let pack = |(i, dst): (usize, &mut [MaybeUninit<T>])| {
         let row = x.row(i);
         match row.as_slice() {
-            Some(src) => dispatch(isa, Scalar(|| pack_row(src, dst))),
-            None => pack_row(&row.to_vec(), dst),
+            Some(src) => dispatch(isa, PackRow { write, src, dst }),
+            None => write(&row.to_vec(), dst),
         }
     };
-    let rows = &mut out.spare_capacity_mut()[..m * kp];
+    let rows = &mut out.spare_capacity_mut()[..m * width];
     if parallel {
-        rows.par_chunks_mut(kp).enumerate().for_each(pack);
+        rows.par_chunks_mut(width).enumerate().for_each(pack);
     } else {
-        rows.chunks_mut(kp).enumerate().for_each(pack);
+        rows.chunks_mut(width).enumerate().for_each(pack);
     }
-    // SAFETY: `pack_row` wrote all `kp` pairs of each of the `m` rows.
-    unsafe { out.set_len(m * kp) };
+    // SAFETY: `write` wrote all `width` entries of each of the `m` rows.
+    unsafe { out.set_len(m * width) };
     out
+}
+
+/// One row of [`pack_rows`], for [`dispatch`]: `write` is inlined into the
+/// instruction set's code. (Through a closure job, `Scalar(|| write(src, dst))`,
+/// the closure was compiled apart, without the instruction set's vectors: `perf`
+/// showed the widened product's row packing as such a call, 3 % of a bf16
+/// encoder's time on AVX-512.)
+struct PackRow<'a, W, T> {
+    write: W,
+    src: &'a [f32],
+    dst: &'a mut [MaybeUninit<T>],
+}
+
+impl<W: Fn(&[f32], &mut [MaybeUninit<T>]), T> SimdJob for PackRow<'_, W, T> {
+    type Output = ();
+    #[inline(always)]
+    fn run<I: Simd>(self, _isa: I) {
+        (self.write)(self.src, self.dst)
+    }
+}
+
+/// `src` rounded to bf16 and widened back, each pair of adjacent numbers high
+/// then low (a last odd one paired with zero), as [`WidenedOperands`] reads a
+/// row: all `2·⌈len/2⌉` entries of `dst`.
+#[inline(always)]
+fn widen_row(src: &[f32], dst: &mut [MaybeUninit<f32>]) {
+    let rounded = |v: f32| bf16_to_f32(bf16_bits(v));
+    let (whole, tail) = src.split_at(src.len() & !1);
+    for (d, s) in dst.chunks_exact_mut(2).zip(whole.chunks_exact(2)) {
+        d[0].write(rounded(s[1]));
+        d[1].write(rounded(s[0]));
+    }
+    if let [last] = tail {
+        dst[whole.len()].write(0.0);
+        dst[whole.len() + 1].write(rounded(*last));
+    }
 }
 
 /// `src` rounded to bf16 as pairs of adjacent numbers (a last odd one paired
@@ -288,6 +289,29 @@ impl PackedBf16 {
         self.data.len() * std::mem::size_of::<u32>()
     }
 
+    /// Words of one panel: `⌈k/2⌉` rows of 16 pairs.
+    fn panel_len(&self) -> usize {
+        pairs(self.k) * NR
+    }
+
+    /// Row `q` (pairs `2q`, `2q + 1`) of panel `p`.
+    #[inline(always)]
+    fn pair_row(&self, p: usize, q: usize) -> *const u32 {
+        self.data[p * self.panel_len() + q * NR..].as_ptr()
+    }
+
+    /// The lines of panel `p` from its row `q` on, for a tile to fetch ahead
+    /// ([`Ahead`]), `step` words further per step of the tile.
+    #[inline(always)]
+    fn ahead(&self, p: usize, q: usize, step: usize) -> Ahead {
+        let size = std::mem::size_of::<u32>();
+        Ahead {
+            at: self.pair_row(p, q).cast(),
+            next: self.panel_len() * size,
+            step: step * size,
+        }
+    }
+
     /// The packed number `w[j, kk]`, widened to f32.
     fn at(&self, j: usize, kk: usize) -> f32 {
         let word = self.data[((j / NR) * pairs(self.k) + kk / 2) * NR + j % NR];
@@ -322,95 +346,112 @@ struct PairOperands<'a> {
     w: &'a PackedBf16,
 }
 
-impl Operands for PairOperands<'_> {
+impl Streams for PairOperands<'_> {
+    type Step = u32;
     /// 384 pairs: a panel block is 24 KiB, as the f32 product's.
     const BLOCK: usize = KC;
+    const PARTIAL: usize = tile::PAIR_SUM_BLOCK;
 
     fn depth(&self) -> usize {
         self.lda
     }
 
     #[inline(always)]
-    unsafe fn tile<I: Simd, const P: usize>(
+    fn row(&self, r: usize, s: usize) -> (*const u32, usize) {
+        (self.x[r * self.lda + s..].as_ptr(), self.lda)
+    }
+
+    #[inline(always)]
+    fn panels(
         &self,
-        isa: I,
-        r: usize,
-        rows: usize,
         p: usize,
-        s0: usize,
-        sc: usize,
-        c: *mut f32,
-        ldc: usize,
-        init: [Init<'_>; P],
-        ahead: Option<(usize, usize)>,
-    ) {
-        // Step `s` of panel `p`: the packing keeps each panel's `depth` rows of 16
-        // pairs together.
-        let at = |p: usize, s: usize| self.w.data[(p * self.lda + s) * NR..].as_ptr();
-        let tile = Tile {
-            a: self.x[r * self.lda + s0..].as_ptr(),
-            lda: self.lda as isize,
-            sa: 1,
-            b: at(p, s0),
-            ldb: NR,
-            next: self.lda * NR,
-            kc: sc,
-            partial: tile::PAIR_SUM_BLOCK,
-            ahead: ahead.map_or(std::ptr::null(), |(p, s)| at(p, s)),
-        };
-        // SAFETY: the caller's guarantees (rows of `x`, panels of `w`, steps within
-        // the depth) are the tile's.
-        unsafe { tile.run::<I, P>(isa, rows, c, ldc, init) }
+        _count: usize,
+        s: usize,
+        _staged: &[f32],
+    ) -> (*const u32, usize, usize) {
+        (self.w.pair_row(p, s), NR, self.w.panel_len())
+    }
+
+    #[inline(always)]
+    fn ahead(&self, p: usize, s: usize) -> Ahead {
+        self.w.ahead(p, s, NR)
     }
 }
 
-/// The pairs' product widened to f32 ([`linear_widened`]): the rows and panels of
-/// [`PairOperands`], each pair two f32 steps, high then low, in blocks and partial
-/// sums of as many pairs as the pairs' own.
+/// The pairs' product widened to f32 ([`linear_widened`]): the rows of `x`
+/// widened once per call, and each group of the weight's panels widened as its
+/// tiles are about to run, into this thread's scratch ([`Operands::stage`]),
+/// each pair two f32 steps, high then low, in blocks and partial sums of as many
+/// pairs as the pairs' own. The weight is read in bf16, half the f32 product's
+/// bytes; only a group's panels over one block of the sum (at most 192 KiB) are
+/// ever f32, in cache.
 struct WidenedOperands<'a> {
     x: &'a [f32],
     /// Steps per row of `x` and per panel: twice the pairs.
     lda: usize,
-    panels: &'a [f32],
+    w: &'a PackedBf16,
 }
 
-impl Operands for WidenedOperands<'_> {
-    /// [`PairOperands::BLOCK`]'s pairs, two steps each.
+impl Streams for WidenedOperands<'_> {
+    type Step = f32;
+    /// [`PairOperands`]' block of pairs, two steps each.
     const BLOCK: usize = 2 * KC;
+    const PARTIAL: usize = 2 * tile::PAIR_SUM_BLOCK;
 
     fn depth(&self) -> usize {
         self.lda
     }
 
+    fn staged_len(&self, count: usize, sc: usize) -> usize {
+        count * sc * NR
+    }
+
     #[inline(always)]
-    unsafe fn tile<I: Simd, const P: usize>(
+    fn stage<I: Simd>(
         &self,
         isa: I,
-        r: usize,
-        rows: usize,
         p: usize,
-        s0: usize,
-        sc: usize,
-        c: *mut f32,
-        ldc: usize,
-        init: [Init<'_>; P],
-        ahead: Option<(usize, usize)>,
+        count: usize,
+        (s0, sc): (usize, usize),
+        staged: &mut [f32],
     ) {
-        let at = |p: usize, s: usize| self.panels[(p * self.lda + s) * NR..].as_ptr();
-        let tile = Tile {
-            a: self.x[r * self.lda + s0..].as_ptr(),
-            lda: self.lda as isize,
-            sa: 1,
-            b: at(p, s0),
-            ldb: NR,
-            next: self.lda * NR,
-            kc: sc,
-            partial: 2 * tile::PAIR_SUM_BLOCK,
-            ahead: ahead.map_or(std::ptr::null(), |(p, s)| at(p, s)),
-        };
-        // SAFETY: the caller's guarantees (rows of `x`, panels of `w`, steps within
-        // the depth) are the tile's.
-        unsafe { tile.run::<I, P>(isa, rows, c, ldc, init) }
+        // Blocks and the depth are whole pairs: `s0` and `sc` are even. Each row of
+        // 16 pairs becomes two rows of 16 floats, its highs, then its lows.
+        debug_assert!(s0 % 2 == 0 && sc % 2 == 0);
+        for (q, dst) in staged.chunks_exact_mut(sc * NR).take(count).enumerate() {
+            let start = ((p + q) * (self.lda / 2) + s0 / 2) * NR;
+            let src = &self.w.data[start..start + sc / 2 * NR];
+            for (d, s) in dst.chunks_exact_mut(2 * NR).zip(src.chunks_exact(NR)) {
+                // SAFETY: `s` holds 16 pairs and `d` 32 floats.
+                unsafe {
+                    let (high, low) = isa.widen_pairs(isa.load_pairs(s.as_ptr()));
+                    isa.store(d.as_mut_ptr(), high);
+                    isa.store(d.as_mut_ptr().add(NR), low);
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn row(&self, r: usize, s: usize) -> (*const f32, usize) {
+        (self.x[r * self.lda + s..].as_ptr(), self.lda)
+    }
+
+    #[inline(always)]
+    fn panels(
+        &self,
+        _p: usize,
+        count: usize,
+        _s: usize,
+        staged: &[f32],
+    ) -> (*const f32, usize, usize) {
+        (staged.as_ptr(), NR, staged.len() / count)
+    }
+
+    #[inline(always)]
+    fn ahead(&self, p: usize, s: usize) -> Ahead {
+        // A row of 16 pairs (one line) holds two steps.
+        self.w.ahead(p, s / 2, NR / 2)
     }
 }
 
@@ -570,21 +611,45 @@ mod tests {
     }
 
     #[test]
-    fn same_bits_whatever_the_thread_count() {
-        // One row block, and three (`MC`).
+    fn same_bits_whatever_the_thread_count_on_every_instruction_set() {
+        // One row block, and three (`MC`); blocks of whole rows (a residual and
+        // LayerNorm after the product) are a few rows each, whose tiles run the
+        // whole depth. The widened product stages each group of panels per block.
+        let norm = crate::nn::LayerNorm::new(
+            ndarray::Array1::from_iter((0..384).map(|j| 1.0 + j as f32 / 384.0)),
+            ndarray::Array1::from_iter((0..384).map(|j| j as f32 / 768.0)),
+            1e-5,
+        )
+        .unwrap();
         for m in [5, 200, 3 * super::super::MC - 7] {
             let (x, w, bias) = operands(m, 1536, 384);
+            let residual = numbers(m * 384, 4);
             let packed = PackedBf16::new(w.view(), true);
-            let run = |threads: usize| {
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()
-                    .unwrap()
-                    .install(|| linear_bf16(x.view(), &packed, Some(&bias), Epilogue::None))
-            };
-            let one = run(1);
-            assert_eq!(run(2), one);
-            assert_eq!(run(3), one);
+            for isa in Isa::available() {
+                let token = isa.token().unwrap();
+                for whole_rows in [false, true] {
+                    let epilogue = if whole_rows {
+                        Epilogue::ResidualNorm {
+                            residual: &residual,
+                            norm: &norm,
+                        }
+                    } else {
+                        Epilogue::None
+                    };
+                    let run = |threads: usize| {
+                        rayon::ThreadPoolBuilder::new()
+                            .num_threads(threads)
+                            .build()
+                            .unwrap()
+                            .install(|| {
+                                linear_bf16_on(token, x.view(), &packed, Some(&bias), epilogue)
+                            })
+                    };
+                    let one = run(1);
+                    assert_eq!(run(2), one, "{isa} {m} rows, whole rows {whole_rows}");
+                    assert_eq!(run(3), one, "{isa} {m} rows, whole rows {whole_rows}");
+                }
+            }
         }
     }
 

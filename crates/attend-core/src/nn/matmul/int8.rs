@@ -31,7 +31,7 @@ use std::mem::MaybeUninit;
 use ndarray::{Array2, ArrayView2};
 use rayon::prelude::*;
 
-use super::{bias_only, Epilogue, Init, Operands, Problem, NR, PARALLEL_MIN};
+use super::{bias_only, Epilogue, Init, Operands, Problem, TileAt, NR, PARALLEL_MIN};
 use crate::isa::{dispatch, IsaToken, Scalar, Simd};
 use crate::kernels::tile::{self, MR};
 use crate::memory::LargePageArray;
@@ -380,17 +380,17 @@ impl Operands for QuadOperands<'_> {
     unsafe fn tile<I: Simd, const P: usize>(
         &self,
         isa: I,
-        r: usize,
-        rows: usize,
-        p: usize,
-        s0: usize,
-        sc: usize,
+        at: TileAt,
+        _staged: &[f32],
         c: *mut f32,
         ldc: usize,
         init: [Init<'_>; P],
-        _ahead: Option<(usize, usize)>,
     ) {
-        debug_assert!(s0 == 0 && sc == self.x.lda, "one block holds the whole sum");
+        let TileAt { r, rows, p, .. } = at;
+        debug_assert!(
+            at.s0 == 0 && at.sc == self.x.lda,
+            "one block holds the whole sum"
+        );
         const ZERO: [f32; NR] = [0.0; NR];
         let bias = init.map(|i| match i {
             Init::Bias(b) => b,

@@ -41,7 +41,8 @@ mod bf16;
 mod epilogue;
 mod int8;
 
-use crate::kernels::tile::{self, Init, Tile, MR, NR, WIDE};
+use crate::kernels::scratch::with_scratch;
+use crate::kernels::tile::{self, Ahead, Init, Tile, MR, NR, WIDE};
 
 pub(crate) use bf16::{linear_bf16, PackedBf16};
 pub(crate) use epilogue::Epilogue;
@@ -233,6 +234,8 @@ struct BlockJob<'a, 'p, O> {
     problem: &'a Problem<'p, O>,
     block: &'a Block,
     out: &'a Out,
+    /// This thread's scratch for the block's staged panels.
+    staged: &'a mut [f32],
 }
 
 impl<O: Operands> SimdJob for BlockJob<'_, '_, O> {
@@ -241,7 +244,7 @@ impl<O: Operands> SimdJob for BlockJob<'_, '_, O> {
     fn run<I: Simd>(self, isa: I) {
         // SAFETY: `plan` makes blocks that cover disjoint parts of the output,
         // which outlives them; `problem` describes live arrays of checked shapes.
-        unsafe { self.problem.block(isa, self.block, self.out) }
+        unsafe { self.problem.block(isa, self.block, self.out, self.staged) }
     }
 }
 
@@ -412,11 +415,35 @@ impl Panels<'_> {
             }
         }
     }
+
+    /// Floats from a full panel to the next: they lie in one buffer (packed) or
+    /// one weight (in place), each after the one before.
+    fn next(&self) -> usize {
+        match self {
+            Panels::Packed(w) => w.k * NR,
+            Panels::Owned { k, .. } => k * NR,
+            Panels::InPlace { .. } => NR,
+        }
+    }
+}
+
+/// Where one register tile runs: rows `r .. r + rows` of `x`, the group of panels
+/// from `p`, steps `s0 .. s0 + sc` of the sum, and the panel and step of the first
+/// line it fetches ahead ([`Ahead`]), if any.
+#[derive(Clone, Copy)]
+struct TileAt {
+    r: usize,
+    rows: usize,
+    p: usize,
+    s0: usize,
+    sc: usize,
+    ahead: Option<(usize, usize)>,
 }
 
 /// Where a product's operands come from, and the register tile that multiplies
-/// them: f32 rows against f32 panels, bf16 pairs against bf16 pairs ([`bf16`]),
-/// or int8 quads against int8 quads ([`int8`]).
+/// them: f32 rows against f32 panels, bf16 pairs against bf16 pairs, or widened
+/// to f32 ([`bf16`]; these three through [`Streams`]), or int8 quads against int8
+/// quads ([`int8`]).
 trait Operands: Sync {
     /// Steps of the sum per block, so that a block's panel stays in L1; a
     /// multiple of every tile's partial-sum length, so that the order of
@@ -424,32 +451,141 @@ trait Operands: Sync {
     const BLOCK: usize;
     /// Steps of the sum (`k` for f32, its pairs for bf16, its quads for int8).
     fn depth(&self) -> usize;
+    /// Floats of this thread's scratch in which a group of `count` panels over `sc`
+    /// steps is staged before its tiles run ([`stage`](Self::stage)); 0 where the
+    /// tiles read the panels where they lie.
+    fn staged_len(&self, _count: usize, _sc: usize) -> usize {
+        0
+    }
+    /// Writes the group of panels `p .. p + count` over steps `s0 .. s0 + sc` into
+    /// `staged` (its first [`staged_len`](Self::staged_len) floats), for the tiles
+    /// that follow.
+    fn stage<I: Simd>(
+        &self,
+        _isa: I,
+        _p: usize,
+        _count: usize,
+        _steps: (usize, usize),
+        _staged: &mut [f32],
+    ) {
+    }
     /// `c[rows, 16·P] = init + x[r .. r + rows] · panels p .. p + P`, over steps
-    /// `s0 .. s0 + sc`, each panel with its own `init` and its output 16 floats right
-    /// of the one before. Every output's sum is the same, in the same order, whatever
-    /// `P` (`Tile` takes four full panels in one register tile where there are
-    /// registers for it). `ahead`: panel and step of the first line of
-    /// [`Tile::ahead`], the lines of later panels to fetch meanwhile.
+    /// `s0 .. s0 + sc` (`at`), each panel with its own `init` and its output 16
+    /// floats right of the one before; `staged`: the group's panels as
+    /// [`stage`](Self::stage) wrote them (empty where there is no staging). Every
+    /// output's sum is the same, in the same order, whatever `P` (`Tile` takes four
+    /// full panels in one register tile where there are registers for it).
     ///
     /// # Safety
     /// `r + rows` must be within the input's rows (`rows ≤ 6`, or up to
-    /// `tile::TALL_ROWS` with `P = 2` on 32-register instruction sets), `p .. p + P` panels
-    /// of the weight (full ones when `P > 1`), `s0 + sc ≤ depth()`, and `c` readable
-    /// and writable for `rows` rows of `16·P` floats `ldc` apart.
-    #[allow(clippy::too_many_arguments)]
+    /// `tile::TALL_ROWS` with `P = 2` on 32-register instruction sets), `p .. p + P`
+    /// panels of the weight (full ones when `P > 1`), `s0 + sc ≤ depth()`, `staged`
+    /// the group's staging where there is one, and `c` readable and writable for
+    /// `rows` rows of `16·P` floats `ldc` apart.
     unsafe fn tile<I: Simd, const P: usize>(
         &self,
         isa: I,
-        r: usize,
-        rows: usize,
-        p: usize,
-        s0: usize,
-        sc: usize,
+        at: TileAt,
+        staged: &[f32],
         c: *mut f32,
         ldc: usize,
         init: [Init<'_>; P],
-        ahead: Option<(usize, usize)>,
     );
+}
+
+/// The operands of the products whose register tile is [`Tile`] (f32 numbers or
+/// bf16 pairs): where a tile finds its rows, its panels and the lines it fetches
+/// ahead. One [`Operands::tile`] runs them all.
+trait Streams: Sync {
+    /// What one step of the sum multiplies.
+    type Step: tile::Step;
+    /// [`Operands::BLOCK`].
+    const BLOCK: usize;
+    /// Steps per partial sum ([`Tile::partial`]).
+    const PARTIAL: usize;
+    /// [`Operands::depth`].
+    fn depth(&self) -> usize;
+    /// [`Operands::staged_len`].
+    fn staged_len(&self, _count: usize, _sc: usize) -> usize {
+        0
+    }
+    /// [`Operands::stage`].
+    fn stage<I: Simd>(
+        &self,
+        _isa: I,
+        _p: usize,
+        _count: usize,
+        _steps: (usize, usize),
+        _staged: &mut [f32],
+    ) {
+    }
+    /// Row `r` of `x` at step `s`, and the distance between rows.
+    fn row(&self, r: usize, s: usize) -> (*const Self::Step, usize);
+    /// The group of `count` panels from `p` at step `s`, as the tiles read it
+    /// (from `staged` where the operands stage it, [`Operands::stage`] having
+    /// written it from step `s`): its first panel, the distance between a panel's
+    /// rows and that to the next panel.
+    fn panels(
+        &self,
+        p: usize,
+        count: usize,
+        s: usize,
+        staged: &[f32],
+    ) -> (*const Self::Step, usize, usize);
+    /// The lines to fetch ahead from panel `p` at step `s` on.
+    fn ahead(&self, p: usize, s: usize) -> Ahead;
+}
+
+impl<S: Streams> Operands for S {
+    const BLOCK: usize = <S as Streams>::BLOCK;
+
+    fn depth(&self) -> usize {
+        Streams::depth(self)
+    }
+
+    fn staged_len(&self, count: usize, sc: usize) -> usize {
+        Streams::staged_len(self, count, sc)
+    }
+
+    #[inline(always)]
+    fn stage<I: Simd>(
+        &self,
+        isa: I,
+        p: usize,
+        count: usize,
+        steps: (usize, usize),
+        staged: &mut [f32],
+    ) {
+        Streams::stage(self, isa, p, count, steps, staged)
+    }
+
+    #[inline(always)]
+    unsafe fn tile<I: Simd, const P: usize>(
+        &self,
+        isa: I,
+        at: TileAt,
+        staged: &[f32],
+        c: *mut f32,
+        ldc: usize,
+        init: [Init<'_>; P],
+    ) {
+        let (a, lda) = self.row(at.r, at.s0);
+        let (b, ldb, next) = self.panels(at.p, P, at.s0, staged);
+        let tile = Tile {
+            a,
+            lda: lda as isize,
+            sa: 1,
+            b,
+            ldb,
+            next,
+            kc: at.sc,
+            partial: S::PARTIAL,
+            ahead: at.ahead.map_or(Ahead::NONE, |(p, s)| self.ahead(p, s)),
+        };
+        // SAFETY: the caller's guarantees (rows of `x`, panels of `w`, steps within
+        // the depth, `c`) are the tile's.
+        unsafe { tile.run::<I, P>(isa, at.rows, c, ldc, init) }
+    }
 }
 
 /// The f32 product's operands: contiguous rows of `x` and the weight's panels.
@@ -463,51 +599,42 @@ struct F32Operands<'a, 'w> {
 // SAFETY: `x` points to an input that is only read while the product runs.
 unsafe impl Sync for F32Operands<'_, '_> {}
 
-impl Operands for F32Operands<'_, '_> {
+impl Streams for F32Operands<'_, '_> {
+    type Step = f32;
     const BLOCK: usize = KC;
+    const PARTIAL: usize = tile::SUM_BLOCK;
 
     fn depth(&self) -> usize {
         self.k
     }
 
     #[inline(always)]
-    unsafe fn tile<I: Simd, const P: usize>(
+    fn row(&self, r: usize, s: usize) -> (*const f32, usize) {
+        (self.x.wrapping_add(r * self.lda + s), self.lda)
+    }
+
+    #[inline(always)]
+    fn panels(
         &self,
-        isa: I,
-        r: usize,
-        rows: usize,
         p: usize,
-        s0: usize,
-        sc: usize,
-        c: *mut f32,
-        ldc: usize,
-        init: [Init<'_>; P],
-        ahead: Option<(usize, usize)>,
-    ) {
-        let (b, ldb) = self.panels.at(p, s0);
-        // Full panels lie in one buffer (packed) or one weight (in place), each
-        // after the one before.
-        let next = if P > 1 {
-            let (b1, ldb1) = self.panels.at(p + 1, s0);
-            debug_assert_eq!(ldb, ldb1, "full panels are laid out alike");
-            (b1 as usize - b as usize) / std::mem::size_of::<f32>()
-        } else {
-            0
-        };
-        let tile = Tile {
-            // SAFETY: the caller keeps `r` and `s0` inside `x`.
-            a: unsafe { self.x.add(r * self.lda + s0) },
-            lda: self.lda as isize,
-            sa: 1,
-            b,
-            ldb,
-            next,
-            kc: sc,
-            partial: tile::SUM_BLOCK,
-            ahead: ahead.map_or(std::ptr::null(), |(p, s)| self.panels.at(p, s).0),
-        };
-        // SAFETY: the caller's guarantees are the tile's.
-        unsafe { tile.run::<I, P>(isa, rows, c, ldc, init) }
+        count: usize,
+        s: usize,
+        _staged: &[f32],
+    ) -> (*const f32, usize, usize) {
+        let (b, ldb) = self.panels.at(p, s);
+        let next = if count > 1 { self.panels.next() } else { 0 };
+        (b, ldb, next)
+    }
+
+    #[inline(always)]
+    fn ahead(&self, p: usize, s: usize) -> Ahead {
+        let (at, ldb) = self.panels.at(p, s);
+        let size = std::mem::size_of::<f32>();
+        Ahead {
+            at: at.cast(),
+            next: self.panels.next() * size,
+            step: ldb * size,
+        }
     }
 }
 
@@ -520,26 +647,39 @@ struct Problem<'a, O> {
 }
 
 impl<O: Operands> Problem<'_, O> {
-    /// Computes one block of the output.
+    /// Steps of the sum per block of a block of `rows` rows.
+    fn steps(&self, rows: usize) -> usize {
+        // A block of a few rows (a short text) reads each weight once, from
+        // memory: its tiles run the whole depth, so that each panel is one
+        // sequential stream rather than KC steps of it and then the next
+        // panel's. The partial sums are added in the same order either way.
+        if rows <= tile::TALL_ROWS {
+            self.operands.depth().max(1)
+        } else {
+            O::BLOCK
+        }
+    }
+
+    /// Floats of scratch a block of `rows` rows stages its groups of panels in.
+    fn staged_len(&self, rows: usize) -> usize {
+        // Groups hold at most `WIDE` panels (`2 ≤ WIDE`).
+        let sc = self.steps(rows).min(self.operands.depth());
+        self.operands.staged_len(WIDE, sc)
+    }
+
+    /// Computes one block of the output, staging its groups of panels in `staged`
+    /// ([`staged_len`](Self::staged_len) floats at least).
     ///
     /// # Safety
     /// `out` must point to the `[m, n]` output and no other thread may write this
     /// block's part of it; the block's rows and panels must be the operands'.
     #[inline(always)]
-    unsafe fn block<I: Simd>(&self, isa: I, b: &Block, out: &Out) {
+    unsafe fn block<I: Simd>(&self, isa: I, b: &Block, out: &Out, staged: &mut [f32]) {
         // SAFETY: the caller upholds this function's contract (see # Safety).
         unsafe {
             let (depth, n) = (self.operands.depth(), self.n);
             let tall = b.rows.len() > MR && tile::tall::<I>(b.rows.len());
-            // A block of a few rows (a short text) reads each weight once, from
-            // memory: its tiles run the whole depth, so that each panel is one
-            // sequential stream rather than KC steps of it and then the next
-            // panel's. The partial sums are added in the same order either way.
-            let block = if b.rows.len() <= tile::TALL_ROWS {
-                depth.max(1)
-            } else {
-                O::BLOCK
-            };
+            let block = self.steps(b.rows.len());
             for s0 in (0..depth).step_by(block) {
                 let sc = block.min(depth - s0);
                 let mut p = b.panels.start;
@@ -550,16 +690,16 @@ impl<O: Operands> Problem<'_, O> {
                     // of 7 to 12 rows takes two panels for all its rows at once
                     // (`TALL_ROWS`), which reads each weight once, not twice.
                     if tall && full(p, 2) {
-                        self.panels::<I, 2>(isa, b, p, (s0, sc), out);
+                        self.panels::<I, 2>(isa, b, p, (s0, sc), out, staged);
                         p += 2;
                     } else if I::REGISTERS >= 32 && full(p, WIDE) {
-                        self.panels::<I, WIDE>(isa, b, p, (s0, sc), out);
+                        self.panels::<I, WIDE>(isa, b, p, (s0, sc), out, staged);
                         p += WIDE;
                     } else if full(p, 2) {
-                        self.panels::<I, 2>(isa, b, p, (s0, sc), out);
+                        self.panels::<I, 2>(isa, b, p, (s0, sc), out, staged);
                         p += 2;
                     } else {
-                        self.panels::<I, 1>(isa, b, p, (s0, sc), out);
+                        self.panels::<I, 1>(isa, b, p, (s0, sc), out, staged);
                         p += 1;
                     }
                 }
@@ -570,7 +710,8 @@ impl<O: Operands> Problem<'_, O> {
     }
 
     /// Panels `p .. p + P` of one block over steps `s0 .. s0 + sc`, every row
-    /// block of the block's rows; the bias starts the first steps' sums.
+    /// block of the block's rows, the group staged first in `staged` where the
+    /// operands stage it; the bias starts the first steps' sums.
     ///
     /// # Safety
     /// As [`block`](Self::block)'s, for panels of the block (full ones when
@@ -583,9 +724,15 @@ impl<O: Operands> Problem<'_, O> {
         p: usize,
         (s0, sc): (usize, usize),
         out: &Out,
+        staged: &mut [f32],
     ) {
         // SAFETY: the caller upholds this function's contract (see # Safety).
         unsafe {
+            let staged = &mut staged[..self.operands.staged_len(P, sc)];
+            if !staged.is_empty() {
+                self.operands.stage(isa, p, P, (s0, sc), staged);
+            }
+            let staged = &*staged;
             let n = self.n;
             let j0 = p * NR;
             let cols = (P * NR).min(n - j0);
@@ -629,10 +776,15 @@ impl<O: Operands> Problem<'_, O> {
                 let ahead = next
                     .filter(|_| (1..=P).contains(&t))
                     .map(|(q, s)| (q, s + (t - 1) * sc.min(depth - s) / P));
-                let tile = |c, ldc| {
-                    self.operands
-                        .tile::<I, P>(isa, r, rows, p, s0, sc, c, ldc, init, ahead)
+                let at = TileAt {
+                    r,
+                    rows,
+                    p,
+                    s0,
+                    sc,
+                    ahead,
                 };
+                let tile = |c, ldc| self.operands.tile::<I, P>(isa, at, staged, c, ldc, init);
                 if cols == width {
                     tile(c, n);
                 } else {
@@ -675,12 +827,19 @@ impl<O: Operands> Problem<'_, O> {
         let blocks = plan(m, n.div_ceil(NR), parallel, self.epilogue.whole_rows());
         let out = Out(y.as_mut_ptr().cast::<f32>());
         run_blocks(&blocks, parallel, |block| {
-            let job = BlockJob {
-                problem: self,
-                block,
-                out: &out,
+            let job = |staged: &mut [f32]| {
+                let job = BlockJob {
+                    problem: self,
+                    block,
+                    out: &out,
+                    staged,
+                };
+                dispatch(isa, job)
             };
-            dispatch(isa, job)
+            match self.staged_len(block.rows.len()) {
+                0 => job(&mut []),
+                len => with_scratch(len, job),
+            }
         });
         // SAFETY: the blocks cover every row and panel of the output, and the first
         // steps of each output's sum store it without reading it (`Init::Bias`,
