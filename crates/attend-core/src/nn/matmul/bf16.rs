@@ -637,13 +637,9 @@ mod tests {
                         Epilogue::None
                     };
                     let run = |threads: usize| {
-                        rayon::ThreadPoolBuilder::new()
-                            .num_threads(threads)
-                            .build()
-                            .unwrap()
-                            .install(|| {
-                                linear_bf16_on(token, x.view(), &packed, Some(&bias), epilogue)
-                            })
+                        crate::threads::pool(threads).unwrap().install(|| {
+                            linear_bf16_on(token, x.view(), &packed, Some(&bias), epilogue)
+                        })
                     };
                     let one = run(1);
                     assert_eq!(run(2), one, "{isa} {m} rows, whole rows {whole_rows}");

@@ -772,13 +772,9 @@ mod tests {
             for isa in Isa::available() {
                 let token = isa.token().unwrap();
                 let run = |threads: usize| {
-                    rayon::ThreadPoolBuilder::new()
-                        .num_threads(threads)
-                        .build()
-                        .unwrap()
-                        .install(|| {
-                            linear_int8_on(token, x.view(), &packed, Some(&bias), Epilogue::None)
-                        })
+                    crate::threads::pool(threads).unwrap().install(|| {
+                        linear_int8_on(token, x.view(), &packed, Some(&bias), Epilogue::None)
+                    })
                 };
                 let one = run(1);
                 assert_eq!(run(2), one, "{isa}");

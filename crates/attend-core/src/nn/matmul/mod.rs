@@ -1034,19 +1034,15 @@ mod tests {
                 let token = isa.token().expect("available");
                 for w in layouts(&w) {
                     let run = |threads: usize| {
-                        rayon::ThreadPoolBuilder::new()
-                            .num_threads(threads)
-                            .build()
-                            .unwrap()
-                            .install(|| {
-                                linear_on(
-                                    token,
-                                    x.view(),
-                                    Weight::Plain(w.view(), None),
-                                    Some(&bias),
-                                    Epilogue::None,
-                                )
-                            })
+                        crate::threads::pool(threads).unwrap().install(|| {
+                            linear_on(
+                                token,
+                                x.view(),
+                                Weight::Plain(w.view(), None),
+                                Some(&bias),
+                                Epilogue::None,
+                            )
+                        })
                     };
                     let one = run(1);
                     assert_eq!(run(2), one, "{isa}");
