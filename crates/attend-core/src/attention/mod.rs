@@ -99,11 +99,13 @@ pub fn attention_with_lse_parts<T: Element>(
 /// fused kernel's with the keys times a unit of 32 or 64 queries, however few of
 /// them there are. So decoding pays only for very few queries against many keys:
 /// up to three in f32 and one in bf16 (whose decode kernel widens every key row it
-/// reads), each with at least 32 keys. Timed on an AMD EPYC Zen 5, 2 threads,
-/// heads of 32 and 64, f32 and bf16, 1 to 16 queries against 16 to 4,096 keys:
-/// past these bounds the fused kernel was level or faster (self-attention of 12
-/// tokens, 12 heads of 32: 4 µs against the decode kernel's 22 µs), within them
-/// the decode kernel (one query against 4,096 keys: 78 µs against 190 µs).
+/// reads), each with at least 32 keys. `examples/kernel_choice_bench` times both
+/// (f32 and bf16, heads of 32 and 64, 1 to 16 queries against 16 to 4,096 keys);
+/// on an AMD EPYC Zen 5, 2 threads, past these bounds the fused kernel was level
+/// or faster (12 queries against 16 keys, 12 heads of 32: 8.0 µs against the
+/// decode kernel's 24.4 µs), within them the decode kernel (one query against
+/// 4,096 keys: 119 µs against 283 µs). The one miss: bf16 with one to three
+/// queries against 16 keys, where decoding was 3-5 µs faster.
 ///
 /// ```
 /// use attend_core::attention::auto_decodes;
