@@ -5,7 +5,8 @@
 //! `/tokenize`, `GET /info`), with `/health`, `/ready` and `/metrics` for the
 //! machinery around it. Behind the routes:
 //!
-//! * [`prepare`]: inputs tokenised on worker threads of their own;
+//! * [`prepare`]: inputs tokenised on worker threads of their own (short ones
+//!   on the HTTP thread);
 //! * [`queue`]: one entry per text, bounded in tokens (past the bound, 429);
 //!   each pass takes the texts in the order they came, within
 //!   `--max-batch-tokens` tokens counted unpadded;
@@ -39,6 +40,7 @@ pub mod rate;
 pub mod scheduler;
 mod server;
 pub mod service;
+mod workers;
 
 pub use options::ServeOptions;
 pub use server::{shutdown_signal, ServeError, Server, Startup};

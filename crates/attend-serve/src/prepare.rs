@@ -1,7 +1,8 @@
 //! Requests' inputs made into token ids, on threads of their own (the
 //! tokenization workers) so that tokenising the next requests overlaps the
-//! engine's pass: prompts prefixed, texts over the model's maximum truncated or
-//! refused, token ids checked against the vocabulary. Nothing here knows HTTP.
+//! engine's pass, or for short inputs on the HTTP thread that received them:
+//! prompts prefixed, texts over the model's maximum truncated or refused, token
+//! ids checked against the vocabulary. Nothing here knows HTTP.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -10,10 +11,10 @@ use std::time::{Duration, Instant};
 
 use attend_models::models::tokenize::{Piece, Truncation};
 use attend_models::models::SentenceEncoder;
-use rayon::ThreadPool;
 use tokio::sync::oneshot;
 
 use crate::queue::TokenIds;
+use crate::workers::Workers;
 
 /// One input of a request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -111,10 +112,28 @@ impl std::fmt::Display for Invalid {
     }
 }
 
+/// Inputs of at most this many bytes of text (or token ids) are prepared on the
+/// caller's thread: tokenising a short sentence takes tens of microseconds, less
+/// than handing it to a worker and being woken back, and every such hand-over
+/// interrupts the compute threads of a pass running on the same CPUs.
+const INLINE_BYTES: usize = 256;
+
+/// Whether `inputs` are small enough to prepare without a worker.
+fn inline(inputs: &[Input]) -> bool {
+    let size: usize = inputs
+        .iter()
+        .map(|i| match i {
+            Input::Text(t) => t.len(),
+            Input::Ids(ids) => ids.len(),
+        })
+        .sum();
+    size <= INLINE_BYTES
+}
+
 /// The tokenization workers and what they need.
 pub struct Tokenization {
     encoder: Arc<SentenceEncoder>,
-    workers: ThreadPool,
+    workers: Workers,
     prompts: BTreeMap<String, String>,
     default_prompt: Option<String>,
 }
@@ -128,10 +147,7 @@ impl Tokenization {
         workers: usize,
     ) -> Result<Self, String> {
         let (prompts, default_prompt) = read_prompts(model_dir)?;
-        let workers = rayon::ThreadPoolBuilder::new()
-            .num_threads(workers.max(1))
-            .thread_name(|i| format!("attend-tokenize-{i}"))
-            .build()
+        let workers = Workers::new(workers, "attend-tokenize")
             .map_err(|e| format!("cannot start the tokenization workers: {e}"))?;
         Ok(Tokenization {
             encoder,
@@ -165,6 +181,9 @@ impl Tokenization {
             return Err(Invalid::Empty);
         }
         let prompt = self.prompt(how.prompt_name.as_deref())?;
+        if inline(&inputs) {
+            return prepare_all(&self.encoder, inputs, how.truncation, prompt);
+        }
         self.on_worker(move |encoder| prepare_all(encoder, inputs, how.truncation, prompt))
             .await?
     }

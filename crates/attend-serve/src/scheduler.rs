@@ -27,6 +27,8 @@ pub fn spawn(
     std::thread::Builder::new()
         .name("attend-scheduler".into())
         .spawn(move || {
+            let own = pass_pool(compute.current_num_threads());
+            let compute = own.as_ref().unwrap_or(&compute);
             let unnormalized = SentenceModules {
                 normalize: false,
                 ..encoder.modules.clone()
@@ -39,9 +41,25 @@ pub fn spawn(
                 },
             };
             while let Some(pass) = queue.next_pass(batching) {
-                run_pass(&queue, engines, &compute, pass, &metrics);
+                run_pass(&queue, engines, compute, pass, &metrics);
             }
         })
+}
+
+/// A pool of `threads` compute threads of which the calling thread is one, so
+/// that a pass starts and ends on the scheduler's thread without handing itself
+/// to a sleeping worker and waiting to be woken back: two wake-ups a pass fewer,
+/// which on short texts are a fair share of the pass (docs/serving.md). `None`
+/// if the pool cannot be made: the passes then go to `compute`, as fast at
+/// saturation.
+fn pass_pool(threads: usize) -> Option<ThreadPool> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .use_current_thread()
+        .thread_name(|i| format!("attend-pass-{i}"))
+        .build()
+        .inspect_err(|e| tracing::warn!("passes hand over to the compute threads: {e}"))
+        .ok()
 }
 
 /// The engine with the model's own modules, and without its `Normalize`.

@@ -6,6 +6,9 @@
 //! cargo run --release -p attend --example encoder_bench -- MODEL_DIR IDS.json REPS [OUT.npy]
 //! ```
 //!
+//! `ATTEND_PRECISION=bf16` (or `int8`) loads the dense layers in that precision
+//! instead of f32, as `attend embed --precision` does.
+//!
 //! `IDS.json` is `{"ids": [[...], ...], "lengths": [...]}`: a right-padded batch of
 //! token ids (token type 0) and each sequence's real length. Prints one JSON object:
 //! the median forward time in milliseconds and its median breakdown. With `OUT.npy`,
@@ -16,6 +19,7 @@
 
 use std::time::{Duration, Instant};
 
+use attend::attention::Precision;
 use attend::models::{SentenceEncoder, Timings, TokenBatch};
 use ndarray::Array2;
 
@@ -43,7 +47,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     rayon::ThreadPoolBuilder::new()
         .use_current_thread()
         .build_global()?;
-    let model = SentenceEncoder::load(&args[1])?.model;
+    let precision = match std::env::var("ATTEND_PRECISION") {
+        Ok(name) => Precision::from_name(&name)?,
+        Err(_) => Precision::F32,
+    };
+    let model = SentenceEncoder::load_with(&args[1], precision)?.model;
     let given: Ids = serde_json::from_str(&std::fs::read_to_string(&args[2])?)?;
     let reps: usize = args[3].parse()?;
     let t = given.ids.first().map_or(0, Vec::len);
@@ -80,6 +88,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let part = |f: fn(&Timings) -> Duration| median(parts.iter().map(|t| ms(f(t))));
     let out = serde_json::json!({
         "threads": rayon::current_num_threads(),
+        "precision": precision.name(),
         "tokens": batch.lengths.iter().sum::<usize>(),
         "forward_ms": median(forward),
         "breakdown_ms": {
