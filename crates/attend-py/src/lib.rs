@@ -21,6 +21,7 @@ fn _attend(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // An instruction-set cap the kernels would ignore fails the import.
     attend::kernels::Isa::env_cap().map_err(|err| errors::to_py(err.into()))?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("SMALL_WORK", pool::SMALL_WORK)?;
     m.add_class::<sdpa::Options>()?;
     m.add_function(wrap_pyfunction!(sdpa::sdpa_shapes, m)?)?;
     m.add_function(wrap_pyfunction!(sdpa::sdpa_forward, m)?)?;

@@ -7,13 +7,37 @@
 //! Those pools belong to one process (a forked child builds its own), so all of the
 //! work runs on them and none on rayon's global pool, whose threads a forked child
 //! would lack and which cannot be rebuilt.
+//!
+//! A call that asks for one thread, or whose work is too small to gain from a
+//! second, runs on the calling thread itself, as the one worker of a pool of its
+//! own: handing work to a pool's sleeping worker and being woken back costs more
+//! than a tiny attention call (scripts/bench/op-overhead). That pool has no thread
+//! but its caller, so a forked child's copy of it works as the parent's did.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
+use rayon::ThreadPool;
 
 use crate::errors::to_py;
+
+/// Below this many multiply-adds a call runs on the calling thread alone: one
+/// thread finishes it before a pool's workers would have taken it and handed it
+/// back (scripts/bench/op-overhead times both sides of it).
+pub const SMALL_WORK: usize = 1 << 20;
+
+thread_local! {
+    /// This thread as the one worker of a pool of its own (`None` where it cannot
+    /// be one: a thread already working for another rayon pool).
+    static CALLER: Option<Arc<ThreadPool>> = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .use_current_thread()
+        .build()
+        .ok()
+        .map(Arc::new);
+}
 
 /// Runs `work` without the GIL on a pool of `threads` workers. A library error
 /// becomes `ValueError`/`OSError`; a panic (a bug, never bad input) becomes a
@@ -23,7 +47,27 @@ pub fn run<R: Send>(
     threads: usize,
     work: impl FnOnce() -> attend::Result<R> + Send,
 ) -> PyResult<R> {
-    let pool = attend::threads::pool(threads).map_err(to_py)?;
+    run_sized(py, threads, usize::MAX, work)
+}
+
+/// [`run`] for work of about `madds` multiply-adds: on the calling thread when
+/// that is under [`SMALL_WORK`] or `threads` is 1.
+pub fn run_sized<R: Send>(
+    py: Python<'_>,
+    threads: usize,
+    madds: usize,
+    work: impl FnOnce() -> attend::Result<R> + Send,
+) -> PyResult<R> {
+    attend::limits::threads("threads", threads).map_err(to_py)?;
+    let caller = if threads == 1 || madds < SMALL_WORK {
+        CALLER.try_with(Clone::clone).ok().flatten()
+    } else {
+        None
+    };
+    let pool = match caller {
+        Some(own) => own,
+        None => attend::threads::pool(threads).map_err(to_py)?,
+    };
     let outcome = py.detach(|| catch_unwind(AssertUnwindSafe(|| pool.install(work))));
     match outcome {
         Ok(result) => result.map_err(to_py),

@@ -229,6 +229,22 @@ impl<'a, T: Clone> Call<'a, T> {
         })
     }
 
+    /// The forward's multiply-adds, `q·kᵀ` and the weights times `v` (the
+    /// causal mask's half counted whole): what decides whether the call is worth
+    /// a second thread ([`pool::run_sized`]).
+    fn forward_madds(&self) -> usize {
+        let (b, h, l, e) = self.q.dim();
+        let (s, ev) = (self.k.dim().2, self.v.dim().3);
+        [b, h, l, s, e + ev]
+            .into_iter()
+            .fold(1, usize::saturating_mul)
+    }
+
+    /// The backward's: five products to the forward's two.
+    fn backward_madds(&self) -> usize {
+        self.forward_madds().saturating_mul(5) / 2
+    }
+
     /// The library's options for this call, with `scale` (already checked).
     fn options(&self, scale: Option<f32>) -> AttentionOptions<'_> {
         AttentionOptions {
@@ -375,7 +391,7 @@ fn forward_f32(
     let call = Call::new(qkv, mask, options).map_err(to_py)?;
     let scale = options.scale.map(|s| s as f32);
     let dropout = options.dropout;
-    pool::run(py, threads, || {
+    pool::run_sized(py, threads, call.forward_madds(), || {
         call.forward(|c| {
             let opts = c.options(scale);
             let (out, lse) =
@@ -418,7 +434,7 @@ fn backward_f32(
         ..Default::default()
     };
     let scale = options.scale.map(|s| s as f32);
-    pool::run(py, threads, || {
+    pool::run_sized(py, threads, call.backward_madds(), || {
         call.gradients(qkv.map(|a| a.shape()), bias_shape(mask, mask_grad), || {
             let l = &call.layout;
             let (out, lse, dout) = (l.output(out)?, l.lse(lse)?, l.output(dout)?);
@@ -468,7 +484,7 @@ fn forward_bf16(
     no_dropout(options)?;
     let call = Call::new(qkv, mask, options).map_err(to_py)?;
     let scale = options.scale.map(|s| s as f32);
-    pool::run(py, threads, || {
+    pool::run_sized(py, threads, call.forward_madds(), || {
         call.forward(|c| {
             let (q, k, v) = (c.q.view(), c.k.view(), c.v.view());
             let opts = c.options(scale);
@@ -496,7 +512,7 @@ fn backward_bf16(
         bias_grad: mask_grad,
         ..Default::default()
     };
-    pool::run(py, threads, || {
+    pool::run_sized(py, threads, call.backward_madds(), || {
         let (grads, dmask) =
             call.gradients(qkv.map(|a| a.shape()), bias_shape(mask, mask_grad), || {
                 let l = &call.layout;
@@ -537,7 +553,7 @@ fn forward_f64(
 ) -> PyResult<ForwardD<f64, f64>> {
     let call = Call::new(qkv, mask, options).map_err(to_py)?;
     let (dropout, scale) = (options.dropout, f64_scale(&call, options)?);
-    pool::run(py, threads, || {
+    pool::run_sized(py, threads, call.forward_madds(), || {
         call.forward(|c| {
             let q = c.q.mapv(|x| x * scale);
             let opts = c.options(Some(1.0));
@@ -558,7 +574,7 @@ fn backward_f64(
 ) -> PyResult<Backward<f64>> {
     let call = Call::new(qkv, mask, options).map_err(to_py)?;
     let (dropout, scale) = (options.dropout, f64_scale(&call, options)?);
-    pool::run(py, threads, || {
+    pool::run_sized(py, threads, call.backward_madds(), || {
         call.gradients(qkv.map(|a| a.shape()), bias_shape(mask, mask_grad), || {
             let l = &call.layout;
             let (out, lse, dout) = (l.output(out)?, l.lse(lse)?, l.output(dout)?);

@@ -56,7 +56,12 @@ import attend
 
 attend.set_num_threads(2)
 rng = np.random.default_rng(7)
-q, k, v = (rng.standard_normal((2, 3, 40, 16)).astype(np.float32) for _ in range(3))
+# Large enough for the pool (over attend._attend.SMALL_WORK multiply-adds); SMALL is
+# a call the calling thread runs alone.
+SHAPES = {"pooled": (2, 3, 128, 64), "small": (1, 2, 8, 16)}
+SHAPE = SHAPES[os.environ.get("ATTEND_TEST_CALL", "pooled")]
+q, k, v = (rng.standard_normal(SHAPE).astype(np.float32) for _ in range(3))
+assert (SHAPE == SHAPES["small"]) == (2 * np.prod(SHAPE) * SHAPE[2] < attend._attend.SMALL_WORK)
 
 
 def attention(_=None):
@@ -64,7 +69,9 @@ def attention(_=None):
 """
 
 
-def test_os_fork_child_runs_attention(tmp_path):
+@pytest.mark.parametrize("call", ["pooled", "small"])
+def test_os_fork_child_runs_attention(tmp_path, monkeypatch, call):
+    monkeypatch.setenv("ATTEND_TEST_CALL", call)
     out = run_scenario(
         tmp_path,
         COMMON

@@ -93,6 +93,28 @@ def paths(shape, floor):
     }
 
 
+def threads_by_size(samples: int) -> None:
+    """The kernel on one thread and on two, by size: a call of fewer multiply-adds than
+    the extension's threshold runs on the calling thread whatever it asks, so there
+    both rows time the same path; from the threshold up, two threads must win."""
+    print(f"one thread or two, by size (q, k, v 1×8×L×64; under {_attend.SMALL_WORK:,} multiply-adds "
+          "a call runs on the calling thread whatever thread count it asks for):")
+    print("| L | multiply-adds | 1 thread µs | 2 threads µs |")
+    print("|---|---|---|---|")
+    g = torch.Generator().manual_seed(0)
+    for length in (16, 24, 32, 48, 64):
+        q, k, v = (torch.randn(1, 8, length, 64, generator=g) for _ in range(3))
+        fns = {th: (lambda th=th: _attend.sdpa_forward_tensors(q, k, v, None, 0.0, False, None, False, None, th))
+               for th in (1, 2)}
+        times = {th: [] for th in fns}
+        for _ in range(max(samples // 10, 5)):
+            for th, fn in fns.items():
+                times[th].append(sample_us(fn))
+        us = {th: statistics.median(t) for th, t in times.items()}
+        print(f"| {length} | {8 * length * length * 128:,} | {us[1]:.1f} | {us[2]:.1f} |")
+    print()
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--samples", type=int, default=200, help="samples of each path (default 200)")
@@ -125,6 +147,7 @@ def main():
         label = "q, k, v " + "×".join(str(x) for x in shape)
         rows += [record.row(f"{label}, eager", us["public"], "torch", us["torch"]),
                  record.row(f"{label}, compiled", us["compiled attend"], "torch compiled", us["compiled torch"])]
+    threads_by_size(a.samples)
     record.write("op-overhead", "the cost of one call on tiny shapes, µs: attend.scaled_dot_product_attention against PyTorch's SDPA",
                  unit="µs", better="lower", threads=torch.get_num_threads(), peers={"torch": torch.__version__}, rows=rows)
 

@@ -4,6 +4,7 @@ import numpy as np
 
 __all__ = [
     "__version__",
+    "SMALL_WORK",
     "Options",
     "sdpa_shapes",
     "sdpa_forward",
@@ -17,6 +18,8 @@ __all__ = [
     "Walkthrough",
 ]
 __version__: str
+SMALL_WORK: int
+"""Multiply-adds under which a call runs on the calling thread, whatever thread count it asks for."""
 
 def isa() -> str: ...
 _Qkv = Tuple[np.ndarray, np.ndarray, np.ndarray]
