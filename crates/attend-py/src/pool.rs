@@ -67,6 +67,11 @@ pub fn run_sized<R: Send>(
     };
     let outcome = match caller {
         Some(own) => py.detach(|| catch_unwind(AssertUnwindSafe(|| own.install(work)))),
+        // From a thread outside every pool, `install` hands over and sleeps.
+        None if rayon::current_thread_index().is_none() => {
+            let pool = attend::threads::pool(threads).map_err(to_py)?;
+            py.detach(|| catch_unwind(AssertUnwindSafe(|| pool.install(work))))
+        }
         None => {
             let pool = attend::threads::pool(threads).map_err(to_py)?;
             py.detach(|| hand_over(&pool, work))
@@ -88,10 +93,10 @@ pub fn run_sized<R: Send>(
 }
 
 /// Runs `work` on one of `pool`'s workers while this thread sleeps until it is
-/// done. `ThreadPool::install` does as much from a thread outside every pool, but
-/// from a worker of another pool (a thread that has run a small call: its
-/// [`CALLER`] pool) it waits by spinning through its own pool's queue first, which
-/// on two CPUs took one from the workers: a call of 30 µs took 64.
+/// done, for a thread that is a worker of another pool (one that has run a small
+/// call: its [`CALLER`] pool). `ThreadPool::install` from such a thread waits by
+/// spinning through its own pool's queue first, which on two CPUs took one from
+/// the workers: a call of 30 µs took 64.
 fn hand_over<R: Send>(
     pool: &ThreadPool,
     work: impl FnOnce() -> R + Send,
