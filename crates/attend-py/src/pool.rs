@@ -27,7 +27,7 @@ use crate::errors::to_py;
 /// Below this many multiply-adds a call runs on the calling thread alone: one
 /// thread finishes it before a pool's workers would have taken it and handed it
 /// back (scripts/bench/op-overhead times both sides of it).
-pub const SMALL_WORK: usize = 1 << 20;
+pub const SMALL_WORK: usize = 1 << 21;
 
 thread_local! {
     /// This thread as the one worker of a pool of its own (`None` where it cannot

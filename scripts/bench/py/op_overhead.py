@@ -96,22 +96,26 @@ def paths(shape, floor):
 def threads_by_size(samples: int) -> None:
     """The kernel on one thread and on two, by size: a call of fewer multiply-adds than
     the extension's threshold runs on the calling thread whatever it asks, so there
-    both rows time the same path; from the threshold up, two threads must win."""
+    the columns time the same path; from the threshold up, two threads should win.
+    Each thread count's samples run as one block; the last column times samples on
+    two threads each right after a sample on one (on the calling thread), the case
+    where the pool's workers start cold."""
     print(f"one thread or two, by size (q, k, v 1×8×L×64; under {_attend.SMALL_WORK:,} multiply-adds "
           "a call runs on the calling thread whatever thread count it asks for):")
-    print("| L | multiply-adds | 1 thread µs | 2 threads µs |")
-    print("|---|---|---|---|")
+    print("| L | multiply-adds | 1 thread µs | 2 threads µs | 2 threads after 1-thread samples µs |")
+    print("|---|---|---|---|---|")
     g = torch.Generator().manual_seed(0)
+    n = max(samples // 10, 5)
     for length in (16, 24, 32, 48, 64):
         q, k, v = (torch.randn(1, 8, length, 64, generator=g) for _ in range(3))
-        fns = {th: (lambda th=th: _attend.sdpa_forward_tensors(q, k, v, None, 0.0, False, None, False, None, th))
-               for th in (1, 2)}
-        times = {th: [] for th in fns}
-        for _ in range(max(samples // 10, 5)):
-            for th, fn in fns.items():
-                times[th].append(sample_us(fn))
-        us = {th: statistics.median(t) for th, t in times.items()}
-        print(f"| {length} | {8 * length * length * 128:,} | {us[1]:.1f} | {us[2]:.1f} |")
+        one, two = ((lambda th=th: _attend.sdpa_forward_tensors(q, k, v, None, 0.0, False, None, False, None, th))
+                    for th in (1, 2))
+        blocks = {fn: statistics.median(sample_us(fn) for _ in range(n)) for fn in (two, one)}
+        after = []
+        for _ in range(n):
+            sample_us(one)
+            after.append(sample_us(two))
+        print(f"| {length} | {8 * length * length * 128:,} | {blocks[one]:.1f} | {blocks[two]:.1f} | {statistics.median(after):.1f} |")
     print()
 
 
