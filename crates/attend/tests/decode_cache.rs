@@ -81,8 +81,9 @@ fn chunks_of_several_tokens_equal_full_causal_attention() {
     let k = rng.array((b, hkv, t, e));
     let v = rng.array((b, hkv, t, ev));
     let mut cache = LayerCache::new(CacheShape::new(b, hkv, e).with_value_dim(ev));
-    // A 40-token prefill first (more than the decode kernel's 16 queries: the fused
-    // kernel's path), then short steps and another long one.
+    // A 40-token prefill first (the fused kernel's path), then short steps (of 1-3
+    // queries, the decode kernel's; of 7-16 over this f32 cache, the fused
+    // kernel's) and another long one.
     let steps = [40, 7, 1, 16, 3, 1, 1, 12, 17];
     let got = decode_all(&mut cache, &q, &k, &v, &steps, &DecodeConfig::default());
     let opts = AttentionOptions {
