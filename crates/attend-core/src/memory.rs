@@ -61,6 +61,7 @@ const FRESH_MAPPING: usize = 32 << 20;
 /// with huge pages it is 25 faults. Only advice: the contents and the
 /// allocator's ownership do not change, and smaller buffers (reused from the
 /// allocator's heaps) are left alone.
+#[cfg_attr(not(target_os = "linux"), allow(unused_variables))]
 pub(crate) fn advise_large_pages<T>(buf: &mut [MaybeUninit<T>]) {
     #[cfg(target_os = "linux")]
     if std::mem::size_of_val(buf) >= FRESH_MAPPING {
