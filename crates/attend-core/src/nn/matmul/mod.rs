@@ -824,6 +824,9 @@ impl<O: Operands> Problem<'_, O> {
         // Not zeroed first: clearing each product's output cost 5 % of an
         // encoder's time, and the kernel writes every element anyway.
         let mut y = Array2::<f32>::uninit((m, n));
+        if let Some(out) = y.as_slice_mut() {
+            crate::memory::advise_large_pages(out);
+        }
         let blocks = plan(m, n.div_ceil(NR), parallel, self.epilogue.whole_rows());
         let out = Out(y.as_mut_ptr().cast::<f32>());
         run_blocks(&blocks, parallel, |block| {
