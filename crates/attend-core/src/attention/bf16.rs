@@ -3,11 +3,11 @@
 //! Where the instruction set multiplies bf16 numbers faster than f32 ones
 //! ([`Isa::has_bf16_products`](crate::isa::Isa::has_bf16_products)), the fused
 //! kernel has its own bf16 form, which reads the rows of `k` and `v` in place (a
-//! strided view is copied first). Elsewhere the inputs are widened to f32 once
-//! (exact: a shift) and the f32 fused kernel runs on them, its output rounded to
-//! bf16: the pair products there are two fused multiply-adds behind the shifts
-//! that widen each pair, 3.5–4× slower than the f32 kernel at B1 H8 N2048 on
-//! AVX2. The decode kernel reads bf16 rows in place and widens them as it loads
+//! strided view is copied first). Elsewhere the f32 fused kernel reads the bf16
+//! tensors in place, widening each number as it loads it (exact: a shift), and
+//! writes its output in bf16: the pair products there are two fused
+//! multiply-adds behind the shifts that widen each pair, 3.5–4× slower than the
+//! f32 kernel at B1 H8 N2048 on AVX2. The decode kernel reads bf16 rows in place and widens them as it loads
 //! them; the reference runs on the bf16 numbers widened to f32, exactly.
 
 use std::mem::MaybeUninit;
@@ -17,7 +17,7 @@ use rayon::prelude::*;
 
 use super::{choose_kernel, Config, Kernel};
 use crate::element::sealed::{Computed, Sealed};
-use crate::element::{bf16, round_to_bf16, to_f32_on};
+use crate::element::{bf16, round_to_bf16};
 use crate::isa::{dispatch, IsaToken, Simd, SimdJob};
 use crate::kernels::fused::{self, bf16 as fused_bf16};
 use crate::kernels::round::round_into;
@@ -31,13 +31,9 @@ impl Sealed for bf16 {
         let which = choose_kernel(problem, config.kernel)?;
         // The fused kernel writes bf16 itself; the others' f32 output is rounded.
         let run = || match which {
-            Kernel::Fused if !isa.isa().has_bf16_products() => {
-                let [q, k, v] =
-                    [&problem.q, &problem.k, &problem.v].map(|a| to_f32_on(isa, a.view()));
-                let p = problem.with_tensors(q.view(), k.view(), v.view());
-                let (out, lse) = fused::run(&p, isa, None);
-                (round_output(&out, isa), lse)
-            }
+            // The f32 kernel, reading the bf16 numbers in place and widening them as
+            // it loads them.
+            Kernel::Fused if !isa.isa().has_bf16_products() => fused::run(problem, isa, None),
             Kernel::Fused if fused_bf16::reads_in_place(problem) => fused_bf16::run(problem, isa),
             Kernel::Fused => {
                 let [k, v] = [&problem.k, &problem.v].map(|a| a.as_standard_layout());
