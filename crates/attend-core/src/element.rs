@@ -110,6 +110,15 @@ pub fn to_f32<T: Element, D: Dimension>(a: ArrayView<'_, T, D>) -> Array<f32, D>
     convert(IsaToken::best(), a, T::to_f32)
 }
 
+/// [`to_f32`] with `isa`'s vectors (a kernel's own instruction set, which a
+/// caller may have capped below the best).
+pub(crate) fn to_f32_on<T: Element, D: Dimension>(
+    isa: IsaToken,
+    a: ArrayView<'_, T, D>,
+) -> Array<f32, D> {
+    convert(isa, a, T::to_f32)
+}
+
 /// `a` rounded to `T` (to nearest, ties to even), in standard layout; a
 /// contiguous `a` in vectorised chunks on the current rayon pool.
 pub fn from_f32<T: Element, D: Dimension>(a: ArrayView<'_, f32, D>) -> Array<T, D> {
