@@ -473,3 +473,142 @@ fn early_weights_redone_where_later_keys_score_higher() {
     };
     run_and_check(q.view(), k.view(), v.view(), &opts, "first 8 keys padded");
 }
+
+/// The finite bf16 numbers (every bit pattern but the infinities and NaNs) that
+/// `isa`'s kernels keep exactly: all of them where the f32 kernel reads them
+/// widened; the normal ones and zeros where `vdpbf16ps`, which flushes subnormals,
+/// multiplies them.
+fn finite_bf16(isa: Isa) -> Vec<bf16> {
+    (0..=u16::MAX)
+        .map(bf16::from_bits)
+        .filter(|x| {
+            x.is_finite() && (!isa.has_bf16_products() || x.is_normal() || x.to_f32() == 0.0)
+        })
+        .collect()
+}
+
+/// Every finite bf16 number as a query, a key and a value element, in problems
+/// whose results are those numbers exactly: each head has one key, so its weight
+/// is 1 and a query's output is the value row, and its log-sum-exp the score, here
+/// `1 · x` plus zeros (scale 1). Without bf16 products the kernels read bf16
+/// tensors in place and widen each number as they load it (the fused forward in its
+/// query packing and its key and value broadcasts, in rows read in place and
+/// through strides); widening is a shift, exact, so a widening that drops, moves or
+/// rounds a bit changes some number here, where a tolerance would hide it.
+#[test]
+fn every_finite_bf16_number_is_read_exactly() {
+    const E: usize = 40;
+    let exact = AttentionOptions {
+        scale: Some(1.0),
+        ..Default::default()
+    };
+    for isa in Isa::available() {
+        let xs = finite_bf16(isa);
+        let n = xs.len();
+        let x = |p: usize| xs.get(p).copied().unwrap_or(bf16::ZERO);
+        let one = bf16::from_f32(1.0);
+
+        // Queries: 70 a head (a unit's edge), each `x` at one column (columns two
+        // apart in the strided view, packed element by element).
+        let (l, heads) = (70, n.div_ceil(70));
+        let q = Array4::from_shape_fn((1, heads, l, E), |(_, h, i, c)| {
+            let p = h * l + i;
+            if c == p % E {
+                x(p)
+            } else {
+                bf16::ZERO
+            }
+        });
+        let q2 = Array4::from_shape_fn((1, heads, l, 2 * E), |(b, h, i, c)| {
+            if c % 2 == 0 {
+                q[[b, h, i, c / 2]]
+            } else {
+                one
+            }
+        });
+        let k = Array4::from_elem((1, heads, 1, E), one);
+        let v = Array4::from_elem((1, heads, 1, 1), one);
+        for (what, q) in [
+            ("rows", q.view()),
+            ("strided", q2.slice(ndarray::s![.., .., .., ..;2])),
+        ] {
+            let cfg = config(Kernel::Fused, isa, 2);
+            let (_, lse) = attention_with(q, k.view(), v.view(), &exact, &cfg).unwrap();
+            for p in 0..n {
+                let got = lse[[0, p / l, p % l]];
+                assert!(
+                    got == x(p).to_f32(),
+                    "{isa} queries ({what}): {:?} gave {got}",
+                    x(p)
+                );
+            }
+        }
+
+        // Keys: one a head, `x` at column `h % E`, against a query of ones.
+        let k = Array4::from_shape_fn(
+            (1, n, 1, E),
+            |(_, h, _, c)| {
+                if c == h % E {
+                    x(h)
+                } else {
+                    bf16::ZERO
+                }
+            },
+        );
+        let k2 = Array4::from_shape_fn((1, n, 1, 2 * E), |(b, h, j, c)| {
+            if c % 2 == 0 {
+                k[[b, h, j, c / 2]]
+            } else {
+                one
+            }
+        });
+        let q = Array4::from_elem((1, n, 1, E), one);
+        let v = Array4::from_elem((1, n, 1, 1), one);
+        for kernel in [Kernel::Fused, Kernel::Decode] {
+            for (what, k) in [
+                ("rows", k.view()),
+                ("strided", k2.slice(ndarray::s![.., .., .., ..;2])),
+            ] {
+                let cfg = config(kernel, isa, 2);
+                let (_, lse) = attention_with(q.view(), k, v.view(), &exact, &cfg).unwrap();
+                for h in 0..n {
+                    let got = lse[[0, h, 0]];
+                    assert!(
+                        got == x(h).to_f32(),
+                        "{isa} {kernel:?} keys ({what}): {:?} gave {got}",
+                        x(h)
+                    );
+                }
+            }
+        }
+
+        // Values: `E` a row, one row a head; the output is the row.
+        let heads = n.div_ceil(E);
+        let v = Array4::from_shape_fn((1, heads, 1, E), |(_, h, _, c)| x(h * E + c));
+        let v2 = Array4::from_shape_fn((1, heads, 1, 2 * E), |(b, h, j, c)| {
+            if c % 2 == 0 {
+                v[[b, h, j, c / 2]]
+            } else {
+                bf16::NAN
+            }
+        });
+        let q = Array4::from_elem((1, heads, 1, E), one);
+        let k = Array4::from_elem((1, heads, 1, E), bf16::ZERO);
+        for kernel in [Kernel::Fused, Kernel::Decode] {
+            for (what, v) in [
+                ("rows", v.view()),
+                ("strided", v2.slice(ndarray::s![.., .., .., ..;2])),
+            ] {
+                let cfg = config(kernel, isa, 2);
+                let (out, _) = attention_with(q.view(), k.view(), v, &exact, &cfg).unwrap();
+                // Equal as numbers: bit for bit but for −0, which the weighted
+                // sum (from +0) makes +0.
+                let wrong = out.iter().zip(&v).find(|(a, b)| a.to_f32() != b.to_f32());
+                assert!(
+                    wrong.is_none(),
+                    "{isa} {kernel:?} values ({what}): {wrong:?}"
+                );
+            }
+        }
+    }
+}

@@ -3,11 +3,12 @@
 //! Where the instruction set multiplies bf16 numbers faster than f32 ones
 //! ([`Isa::has_bf16_products`](crate::isa::Isa::has_bf16_products)), the fused
 //! kernel has its own bf16 form, which reads the rows of `k` and `v` in place (a
-//! strided view is copied first). Elsewhere the inputs are widened to f32 once
-//! (exact: a shift) and the f32 fused kernel runs on them, its output rounded to
-//! bf16: the pair products there are two fused multiply-adds behind the shifts
-//! that widen each pair, 3.5–4× slower than the f32 kernel at B1 H8 N2048 on
-//! AVX2. The decode kernel reads bf16 rows in place and widens them as it loads
+//! strided view is copied first). Elsewhere the f32 fused kernel runs on the bf16
+//! numbers widened (exact: a shift): on AVX-512 it reads the bf16 tensors in place,
+//! widening each number as it loads it, and writes its output in bf16; on AVX2 the
+//! inputs are widened once per call and the output rounded once. The pair products there are two fused
+//! multiply-adds behind the shifts that widen each pair, 3.5–4× slower than the
+//! f32 kernel at B1 H8 N2048 on AVX2. The decode kernel reads bf16 rows in place and widens them as it loads
 //! them; the reference runs on the bf16 numbers widened to f32, exactly.
 
 use std::mem::MaybeUninit;
@@ -31,6 +32,15 @@ impl Sealed for bf16 {
         let which = choose_kernel(problem, config.kernel)?;
         // The fused kernel writes bf16 itself; the others' f32 output is rounded.
         let run = || match which {
+            // The f32 kernel, reading the bf16 numbers in place and widening them as
+            // it loads them, where 32 registers let each widened broadcast of `k` or
+            // `v` feed four panels' products. On 16 registers it feeds one panel
+            // (two 8-lane products), and its shift made the forward 3–9 % slower
+            // than widening the tensors once per call (docs/bf16.md), which AVX2
+            // does instead.
+            Kernel::Fused if !isa.isa().has_bf16_products() && isa.registers() >= 32 => {
+                fused::run(problem, isa, None)
+            }
             Kernel::Fused if !isa.isa().has_bf16_products() => {
                 let [q, k, v] =
                     [&problem.q, &problem.k, &problem.v].map(|a| to_f32_on(isa, a.view()));

@@ -20,7 +20,8 @@
 //! runs over the same steps in the same order whatever the tile's shape, so the bits
 //! do not depend on it.
 
-use crate::isa::{Simd, LANES};
+use crate::element::bf16;
+use crate::isa::{bf16_to_f32, Simd, LANES};
 
 /// Rows of the register tile.
 pub(crate) const MR: usize = 6;
@@ -114,6 +115,29 @@ impl Step for u32 {
     #[inline(always)]
     fn mul_add<I: Simd>(isa: I, acc: I::V, a: I::P, b: I::P) -> I::V {
         isa.dot2(acc, a, b)
+    }
+}
+
+/// What a tile's `a` operand may hold for steps of `E`: `E` itself, or, for f32
+/// steps, a bf16 number, widened exactly (a shift) as it is broadcast, so that the
+/// f32 products read bf16 tensors in place (the fused forward on instruction sets
+/// without bf16 products, docs/bf16.md).
+pub(crate) trait Lhs<E: Step>: Copy {
+    /// Broadcasts `a` as a step's `a` operand.
+    fn splat<I: Simd>(isa: I, a: Self) -> E::B<I>;
+}
+
+impl<E: Step> Lhs<E> for E {
+    #[inline(always)]
+    fn splat<I: Simd>(isa: I, a: E) -> E::B<I> {
+        E::splat(isa, a)
+    }
+}
+
+impl Lhs<f32> for bf16 {
+    #[inline(always)]
+    fn splat<I: Simd>(isa: I, a: bf16) -> I::V {
+        isa.splat(bf16_to_f32(a.to_bits()))
     }
 }
 
@@ -275,14 +299,15 @@ impl<const P: usize> WriteOut<P> for Rescale<'_> {
     }
 }
 
-/// One register tile's operands: rows of `a` (`lda` apart, each row's steps `sa`
+/// One register tile's operands: rows of `a` (elements of `A`, `E` itself unless
+/// widened as they are broadcast: [`Lhs`]; `lda` apart, each row's steps `sa`
 /// apart: 1 for rows stored along the sum, the row length to read a transposed
 /// matrix; either may be negative, as an array view's strides may), a panel of `b`
 /// (rows of 16 elements `ldb` apart, the next panel `next` elements further), `kc`
 /// steps.
 #[derive(Clone, Copy)]
-pub(crate) struct Tile<E> {
-    pub a: *const E,
+pub(crate) struct Tile<E, A = E> {
+    pub a: *const A,
     pub lda: isize,
     pub sa: isize,
     pub b: *const E,
@@ -324,7 +349,7 @@ impl Ahead {
     };
 }
 
-impl<E: Step> Tile<E> {
+impl<E: Step, A: Lhs<E>> Tile<E, A> {
     /// `c[rows, 16·P] = init + a·b` for `P` adjacent panels, `c` with row
     /// stride `ldc`, each panel with its own `init`.
     ///
@@ -442,7 +467,7 @@ impl<E: Step> Tile<E> {
             // opaque there, each row's address is its own pointer plus the step's
             // offset. Wider tiles have twice the products per step to hide the
             // chain, and no registers to spare for `R` pointers.
-            let rows: [*const E; R] =
+            let rows: [*const A; R] =
                 std::array::from_fn(|i| self.a.wrapping_offset(i as isize * self.lda));
             let rows = if I::REGISTERS < 32 {
                 std::hint::black_box(rows)
@@ -485,7 +510,7 @@ impl<E: Step> Tile<E> {
                         }
                     }
                     step += 1;
-                    let mut bv = [E::splat(isa, *rows[0].offset(at)); P];
+                    let mut bv = [A::splat(isa, *rows[0].offset(at)); P];
                     for (q, v) in bv.iter_mut().enumerate() {
                         *v = E::load(isa, b.add(q * self.next));
                     }
@@ -493,7 +518,7 @@ impl<E: Step> Tile<E> {
                     // array kept it on the stack (a store after every product).
                     #[allow(clippy::needless_range_loop)]
                     for i in 0..R {
-                        let ai = E::splat(isa, *rows[i].offset(at));
+                        let ai = A::splat(isa, *rows[i].offset(at));
                         for q in 0..P {
                             acc[q][i] = E::mul_add(isa, acc[q][i], ai, bv[q]);
                         }

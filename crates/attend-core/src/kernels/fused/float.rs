@@ -2,19 +2,28 @@
 //! the scores' scale folded in, `K` and `V` read in place through their strides, and
 //! both products on the library's register tile (`kernels::tile`), which
 //! broadcasts one element of `K` or `V` against rows of queries.
+//!
+//! The same operands read bf16 tensors on instruction sets without bf16 products
+//! ([`Widened`]): each element is widened to f32 as it is loaded (exact: a shift),
+//! `Qᵀ` as it is packed and each element of `K` and `V` as it is broadcast, so the
+//! products and their sums are the f32 kernel's on the bf16 numbers, and the
+//! output is written in bf16 by the units themselves. Nothing is widened or
+//! rounded in a pass of its own, and `K` and `V` are read at half the bytes.
 
-use ndarray::{Array4, ArrayViewMut2};
+use ndarray::{Array4, ArrayView2, ArrayViewMut2};
 
+use super::output::Output;
 use super::{
     drive, exp_shifted, head_ptr, join_sums, masked_score, query_vectors, register_block,
     running_max, seen_products,
 };
 use super::{MaskRows, Operands, Stats, UnitAt};
+use crate::element::bf16;
 use crate::isa::transpose::transpose;
-use crate::isa::{IsaToken, Simd, LANES};
+use crate::isa::{bf16_to_f32, IsaToken, Simd, LANES};
 use crate::kernels::lse::LogSumExp;
 use crate::kernels::scratch::carve;
-use crate::kernels::tile::{Ahead, Rescale, Tile, DOT_CHUNK, SUM_BLOCK};
+use crate::kernels::tile::{Ahead, Lhs, Rescale, Tile, DOT_CHUNK, SUM_BLOCK};
 use crate::problem::{Dims, Dropout, Problem};
 
 /// Vectors of 16 queries a unit holds at most on instruction sets with 16 vector
@@ -25,8 +34,105 @@ use crate::problem::{Dims, Dropout, Problem};
 /// output crowd the L1 cache (N512 0.97×).
 const NARROW_UNIT: usize = 2;
 
-/// Runs the fused forward on f32 tensors on the current rayon pool with `isa`'s
-/// vectors, returning the output `[B, Hq, L, Ev]` and the log-sum-exp `[B, Hq, L]`.
+/// An element type the f32 operands read: f32 as it is, or bf16 widened to f32
+/// as it is loaded.
+pub(crate) trait Widened: Lhs<f32> + Output {
+    /// Whether a unit widens its query rows into scratch before packing `Qᵀ`.
+    const WIDENS: bool;
+    /// The value, in f32 (exact).
+    fn widen(self) -> f32;
+    /// Loads the first `n ≤ 16` elements at `p`, widened; zeros in the other
+    /// lanes.
+    ///
+    /// # Safety
+    /// `p` must be valid for reading `n` elements.
+    unsafe fn load_part<I: Simd>(isa: I, p: *const Self, n: usize) -> I::V;
+    /// `dst[c, r] = src[r, c]`, widened; `spare` holds `src.len()` floats where
+    /// [`Widened::WIDENS`].
+    fn pack<I: Simd>(
+        isa: I,
+        src: ArrayView2<'_, Self>,
+        dst: ArrayViewMut2<'_, f32>,
+        spare: &mut [f32],
+    );
+}
+
+impl Widened for f32 {
+    const WIDENS: bool = false;
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    unsafe fn load_part<I: Simd>(isa: I, p: *const f32, n: usize) -> I::V {
+        // SAFETY: `p` holds `n` floats (the caller's contract).
+        unsafe {
+            if n == LANES {
+                isa.load(p)
+            } else {
+                isa.load_part(p, n)
+            }
+        }
+    }
+    #[inline(always)]
+    fn pack<I: Simd>(isa: I, src: ArrayView2<'_, f32>, dst: ArrayViewMut2<'_, f32>, _: &mut [f32]) {
+        transpose(isa, src, dst);
+    }
+}
+
+impl Widened for bf16 {
+    const WIDENS: bool = true;
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        bf16_to_f32(self.to_bits())
+    }
+    #[inline(always)]
+    unsafe fn load_part<I: Simd>(isa: I, p: *const bf16, n: usize) -> I::V {
+        // SAFETY: `p` holds `n` bf16 numbers (the caller's contract), each its
+        // `u16` bits.
+        unsafe {
+            if n == LANES {
+                return isa.load_bf16(p.cast());
+            }
+            let mut bits = [0u16; LANES];
+            std::ptr::copy_nonoverlapping(p.cast::<u16>(), bits.as_mut_ptr(), n);
+            isa.load_bf16(bits.as_ptr())
+        }
+    }
+    /// The rows widened into `spare` a vector at a time, then transposed.
+    #[inline(always)]
+    fn pack<I: Simd>(
+        isa: I,
+        src: ArrayView2<'_, bf16>,
+        dst: ArrayViewMut2<'_, f32>,
+        spare: &mut [f32],
+    ) {
+        let (rows, cols) = src.dim();
+        let spare = &mut spare[..rows * cols];
+        for (r, row) in spare.chunks_exact_mut(cols).enumerate() {
+            let src = src.row(r);
+            let Some(from) = src.as_slice() else {
+                for (x, y) in row.iter_mut().zip(src) {
+                    *x = y.widen();
+                }
+                continue;
+            };
+            for (x, y) in row.chunks_mut(LANES).zip(from.chunks(LANES)) {
+                // SAFETY: `y` holds `x.len() ≤ 16` numbers, and `x` as many floats.
+                unsafe {
+                    let v = Self::load_part(isa, y.as_ptr(), y.len());
+                    isa.store_part(x.as_mut_ptr(), v, x.len());
+                }
+            }
+        }
+        let spare = ArrayView2::from_shape((rows, cols), &*spare).expect("rows·cols floats");
+        transpose(isa, spare, dst);
+    }
+}
+
+/// Runs the fused forward on f32 tensors (or bf16 ones widened as they are read:
+/// [`Widened`]) on the current rayon pool with `isa`'s vectors, returning the
+/// output `[B, Hq, L, Ev]` in the inputs' type and the log-sum-exp `[B, Hq, L]`.
 ///
 /// With `dropout` (training's forward) the output is `Σ_j softmax_j · z_j · v_j`
 /// with `z` the [`Dropout`] factors, and the log-sum-exp that of the weights before
@@ -34,11 +140,11 @@ const NARROW_UNIT: usize = 2;
 ///
 /// # Panics
 /// If `!supports(p)` (checked by [`crate::attention::attention_with`]).
-pub(crate) fn run(
-    p: &Problem<'_>,
+pub(crate) fn run<T: Widened>(
+    p: &Problem<'_, T>,
     isa: IsaToken,
     dropout: Option<&Dropout>,
-) -> (Array4<f32>, LogSumExp) {
+) -> (Array4<T>, LogSumExp) {
     let ops = F32Operands {
         p,
         scale: p.scale,
@@ -68,9 +174,9 @@ fn panels_in_registers<I: Simd>(nq: usize) -> usize {
 /// # Safety
 /// As [`Tile::rows`]'s for `NQ` panels `16` floats apart in `b` and `c`.
 #[inline(always)]
-unsafe fn over_panels<I: Simd, const MR: usize, const NQ: usize>(
+unsafe fn over_panels<I: Simd, const MR: usize, const NQ: usize, A: Lhs<f32>>(
     isa: I,
-    tile: Tile<f32>,
+    tile: Tile<f32, A>,
     c: *mut f32,
     rescale: Rescale<'_>,
 ) {
@@ -91,30 +197,30 @@ unsafe fn over_panels<I: Simd, const MR: usize, const NQ: usize>(
     }
 }
 
-/// The f32 problem, with what its units share.
-struct F32Operands<'a, 'p> {
-    p: &'a Problem<'p>,
+/// The problem, with what its units share.
+struct F32Operands<'a, 'p, T> {
+    p: &'a Problem<'p, T>,
     /// The scores' scale.
     scale: f32,
     dropout: Option<Dropout>,
 }
 
-/// An f32 unit: its scaled `Qᵀ` and where its key/value head starts.
-struct F32Unit<'s> {
+/// A unit: its scaled `Qᵀ` and where its key/value head starts.
+struct F32Unit<'s, T> {
     /// `Qᵀ · scale`, `[E][W]`.
     qt: &'s mut [f32],
     e: usize,
     /// The head's keys and values: base pointer, row and column strides.
-    k: (*const f32, isize, isize),
-    v: (*const f32, isize, isize),
+    k: (*const T, isize, isize),
+    v: (*const T, isize, isize),
 }
 
-impl<'p> Operands<'p> for F32Operands<'_, 'p> {
-    type Elem = f32;
-    type Out = f32;
-    type Unit<'s> = F32Unit<'s>;
+impl<'p, T: Widened> Operands<'p> for F32Operands<'_, 'p, T> {
+    type Elem = T;
+    type Out = T;
+    type Unit<'s> = F32Unit<'s, T>;
 
-    fn problem(&self) -> &Problem<'p> {
+    fn problem(&self) -> &Problem<'p, T> {
         self.p
     }
 
@@ -132,7 +238,7 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
     }
 
     fn scratch_len(d: &Dims, w: usize) -> usize {
-        d.head_dim * w
+        d.head_dim * w * if T::WIDENS { 2 } else { 1 }
     }
 
     #[inline(always)]
@@ -141,19 +247,25 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
         isa: I,
         at: &UnitAt,
         rest: &mut &'s mut [f32],
-    ) -> F32Unit<'s> {
+    ) -> F32Unit<'s, T> {
         let w = NQ * LANES;
         let e = self.p.dims().head_dim;
         let qt = carve(rest, e * w);
+        let spare = if T::WIDENS {
+            carve(rest, e * w)
+        } else {
+            &mut []
+        };
         // Qᵀ times the scores' scale; lanes past the last query are zero.
         let mut view = ArrayViewMut2::from_shape((e, w), &mut *qt).expect("e·w floats");
         view.slice_mut(ndarray::s![.., at.rows..]).fill(0.0);
-        transpose(
+        T::pack(
             isa,
             self.p
                 .q
                 .slice(ndarray::s![at.b, at.h, at.i0..at.i0 + at.rows, ..]),
             view.slice_move(ndarray::s![.., ..at.rows]),
+            spare,
         );
         let scale = isa.splat(self.scale);
         for x in qt.chunks_exact_mut(LANES) {
@@ -172,7 +284,7 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
     unsafe fn score_rows<I: Simd, const NQ: usize, const MR: usize>(
         &self,
         isa: I,
-        u: &F32Unit<'_>,
+        u: &F32Unit<'_, T>,
         j: usize,
         s: *mut f32,
         mask: MaskRows,
@@ -195,7 +307,7 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
                 partial: DOT_CHUNK,
                 ahead: Ahead::NONE,
             };
-            over_panels::<I, MR, NQ>(isa, tile, s, Rescale::None);
+            over_panels::<I, MR, NQ, T>(isa, tile, s, Rescale::None);
             if !mask.is_none() {
                 add_mask_terms::<I, NQ, MR>(isa, s, mask);
             }
@@ -206,7 +318,7 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
     unsafe fn weights<I: Simd, const NQ: usize>(
         &self,
         isa: I,
-        _: &mut F32Unit<'_>,
+        _: &mut F32Unit<'_, T>,
         at: &UnitAt,
         (j0, j1): (usize, usize),
         s: *mut f32,
@@ -230,7 +342,7 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
     }
 
     #[inline(always)]
-    fn values_finite<I: Simd>(&self, isa: I, u: &F32Unit<'_>, (j0, j1): (usize, usize)) -> bool {
+    fn values_finite<I: Simd>(&self, isa: I, u: &F32Unit<'_, T>, (j0, j1): (usize, usize)) -> bool {
         let (vp, vrs, vcs) = u.v;
         let ev = self.p.dims().value_dim;
         // x · 0 + acc: 0 for every finite x, NaN for a NaN or an infinity.
@@ -242,7 +354,7 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
             unsafe {
                 let row = vp.offset(j as isize * vrs);
                 if vcs != 1 {
-                    let bad = (0..ev).any(|c| !(*row.offset(c as isize * vcs)).is_finite());
+                    let bad = (0..ev).any(|c| !(*row.offset(c as isize * vcs)).widen().is_finite());
                     if bad {
                         return false;
                     }
@@ -250,11 +362,11 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
                 }
                 let mut c = 0;
                 while c + LANES <= ev {
-                    acc = isa.fma(isa.load(row.add(c)), zero, acc);
+                    acc = isa.fma(T::load_part(isa, row.add(c), LANES), zero, acc);
                     c += LANES;
                 }
                 if c < ev {
-                    acc = isa.fma(isa.load_part(row.add(c), ev - c), zero, acc);
+                    acc = isa.fma(T::load_part(isa, row.add(c), ev - c), zero, acc);
                 }
             }
         }
@@ -265,7 +377,7 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
     unsafe fn value_cols_seen<I: Simd, const NQ: usize>(
         &self,
         _: I,
-        u: &F32Unit<'_>,
+        u: &F32Unit<'_, T>,
         (j0, j1): (usize, usize),
         s: *const f32,
         ot: *mut f32,
@@ -284,7 +396,7 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
                 ot,
                 alpha,
                 mask,
-                |j, c| *vp.offset((j0 + j) as isize * vrs + c as isize * vcs),
+                |j, c| (*vp.offset((j0 + j) as isize * vrs + c as isize * vcs)).widen(),
                 |j, lane| *s.add(j * w + lane),
             );
         }
@@ -294,7 +406,7 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
     unsafe fn value_cols<I: Simd, const NQ: usize, const MC: usize>(
         &self,
         isa: I,
-        u: &F32Unit<'_>,
+        u: &F32Unit<'_, T>,
         (j0, j1): (usize, usize),
         c0: usize,
         s: *const f32,
@@ -319,7 +431,7 @@ impl<'p> Operands<'p> for F32Operands<'_, 'p> {
                 partial: SUM_BLOCK,
                 ahead: Ahead::NONE,
             };
-            over_panels::<I, MC, NQ>(isa, tile, ot, rescale);
+            over_panels::<I, MC, NQ, T>(isa, tile, ot, rescale);
         }
     }
 }
