@@ -1,7 +1,7 @@
 //! Where the encoder's large buffers get their memory: the allocator's treatment
 //! of short-lived activations ([`keep_freed_memory`]), huge pages for the packed
 //! weights ([`LargePageArray`]) and for the largest outputs
-//! ([`advise_large_pages`]).
+//! (`advise_large_pages`).
 //!
 //! A forward pass allocates each layer's activations afresh (megabytes each for a
 //! batch of sentences) and frees them a layer later. glibc's allocator serves
