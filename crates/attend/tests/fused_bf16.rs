@@ -487,6 +487,19 @@ fn finite_bf16(isa: Isa) -> Vec<bf16> {
         .collect()
 }
 
+/// `a` with `fill` after each element along the last axis: `a` again as the view
+/// of every second column, with strides.
+fn between(a: &Array4<bf16>, fill: bf16) -> Array4<bf16> {
+    let (b, h, l, e) = a.dim();
+    Array4::from_shape_fn((b, h, l, 2 * e), |(b, h, i, c)| {
+        if c % 2 == 0 {
+            a[[b, h, i, c / 2]]
+        } else {
+            fill
+        }
+    })
+}
+
 /// Every finite bf16 number as a query, a key and a value element, in problems
 /// whose results are those numbers exactly: each head has one key, so its weight
 /// is 1 and a query's output is the value row, and its log-sum-exp the score, here
@@ -519,13 +532,7 @@ fn every_finite_bf16_number_is_read_exactly() {
                 bf16::ZERO
             }
         });
-        let q2 = Array4::from_shape_fn((1, heads, l, 2 * E), |(b, h, i, c)| {
-            if c % 2 == 0 {
-                q[[b, h, i, c / 2]]
-            } else {
-                one
-            }
-        });
+        let q2 = between(&q, one);
         let k = Array4::from_elem((1, heads, 1, E), one);
         let v = Array4::from_elem((1, heads, 1, 1), one);
         for (what, q) in [
@@ -555,13 +562,7 @@ fn every_finite_bf16_number_is_read_exactly() {
                 }
             },
         );
-        let k2 = Array4::from_shape_fn((1, n, 1, 2 * E), |(b, h, j, c)| {
-            if c % 2 == 0 {
-                k[[b, h, j, c / 2]]
-            } else {
-                one
-            }
-        });
+        let k2 = between(&k, one);
         let q = Array4::from_elem((1, n, 1, E), one);
         let v = Array4::from_elem((1, n, 1, 1), one);
         for kernel in [Kernel::Fused, Kernel::Decode] {
@@ -585,13 +586,7 @@ fn every_finite_bf16_number_is_read_exactly() {
         // Values: `E` a row, one row a head; the output is the row.
         let heads = n.div_ceil(E);
         let v = Array4::from_shape_fn((1, heads, 1, E), |(_, h, _, c)| x(h * E + c));
-        let v2 = Array4::from_shape_fn((1, heads, 1, 2 * E), |(b, h, j, c)| {
-            if c % 2 == 0 {
-                v[[b, h, j, c / 2]]
-            } else {
-                bf16::NAN
-            }
-        });
+        let v2 = between(&v, bf16::NAN);
         let q = Array4::from_elem((1, heads, 1, E), one);
         let k = Array4::from_elem((1, heads, 1, E), bf16::ZERO);
         for kernel in [Kernel::Fused, Kernel::Decode] {
