@@ -95,8 +95,8 @@ pub fn run_sized<R: Send>(
 /// Runs `work` on one of `pool`'s workers while this thread sleeps until it is
 /// done, for a thread that is a worker of another pool (one that has run a small
 /// call: its [`CALLER`] pool). `ThreadPool::install` from such a thread waits by
-/// spinning through its own pool's queue first, which on two CPUs took one from
-/// the workers: a call of 30 µs took 64.
+/// spinning through its own pool's queue first, which on two CPUs takes one from
+/// the workers while they run.
 fn hand_over<R: Send>(
     pool: &ThreadPool,
     work: impl FnOnce() -> R + Send,

@@ -3,8 +3,8 @@
 //! Not a rayon pool: rayon's idle workers spin (yielding) for a while after each
 //! job before they sleep. With a request every millisecond that spinning never
 //! ended, and the scheduler counts it as runnable: it took the CPUs from the
-//! compute threads' passes (in `perf`, the tokenization threads held 13 % of the
-//! server's samples at half its saturation, nearly all in `sched_yield`).
+//! compute threads' passes (in `perf` at half the server's saturation, nearly all
+//! of the tokenization threads' samples were in `sched_yield`).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{channel, Receiver, Sender};
