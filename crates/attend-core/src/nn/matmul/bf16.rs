@@ -37,7 +37,7 @@ use std::mem::MaybeUninit;
 use ndarray::{Array2, ArrayView2};
 use rayon::prelude::*;
 
-use super::{bias_only, Epilogue, Problem, Streams, FEW_ROWS, KC, NR, PARALLEL_MIN};
+use super::{bias_only, Depth, Epilogue, Problem, Streams, FEW_ROWS, KC, NR, PARALLEL_MIN};
 use crate::isa::{bf16_bits, bf16_to_f32, dispatch, IsaToken, Simd, SimdJob};
 use crate::kernels::tile::{self, Ahead};
 use crate::memory::LargePageArray;
@@ -346,15 +346,18 @@ struct PairOperands<'a> {
     w: &'a PackedBf16,
 }
 
-impl Streams for PairOperands<'_> {
-    type Step = u32;
+impl Depth for PairOperands<'_> {
     /// 384 pairs: a panel block is 24 KiB, as the f32 product's.
     const BLOCK: usize = KC;
-    const PARTIAL: usize = tile::PAIR_SUM_BLOCK;
 
     fn depth(&self) -> usize {
         self.lda
     }
+}
+
+impl Streams for PairOperands<'_> {
+    type Step = u32;
+    const PARTIAL: usize = tile::PAIR_SUM_BLOCK;
 
     #[inline(always)]
     fn row(&self, r: usize, s: usize) -> (*const u32, usize) {
@@ -380,7 +383,7 @@ impl Streams for PairOperands<'_> {
 
 /// The pairs' product widened to f32 ([`linear_widened`]): the rows of `x`
 /// widened once per call, and each group of the weight's panels widened as its
-/// tiles are about to run, into this thread's scratch ([`Operands::stage`]),
+/// tiles are about to run, into this thread's scratch ([`Depth::stage`]),
 /// each pair two f32 steps, high then low, in blocks and partial sums of as many
 /// pairs as the pairs' own. The weight is read in bf16, half the f32 product's
 /// bytes; only a group's panels over one block of the sum (at most 192 KiB) are
@@ -392,11 +395,9 @@ struct WidenedOperands<'a> {
     w: &'a PackedBf16,
 }
 
-impl Streams for WidenedOperands<'_> {
-    type Step = f32;
+impl Depth for WidenedOperands<'_> {
     /// [`PairOperands`]' block of pairs, two steps each.
     const BLOCK: usize = 2 * KC;
-    const PARTIAL: usize = 2 * tile::PAIR_SUM_BLOCK;
 
     fn depth(&self) -> usize {
         self.lda
@@ -431,6 +432,11 @@ impl Streams for WidenedOperands<'_> {
             }
         }
     }
+}
+
+impl Streams for WidenedOperands<'_> {
+    type Step = f32;
+    const PARTIAL: usize = 2 * tile::PAIR_SUM_BLOCK;
 
     #[inline(always)]
     fn row(&self, r: usize, s: usize) -> (*const f32, usize) {

@@ -31,7 +31,7 @@ use std::mem::MaybeUninit;
 use ndarray::{Array2, ArrayView2};
 use rayon::prelude::*;
 
-use super::{bias_only, Epilogue, Init, Operands, Problem, TileAt, NR, PARALLEL_MIN};
+use super::{bias_only, Depth, Epilogue, Init, Operands, Problem, TileAt, NR, PARALLEL_MIN};
 use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
 use crate::kernels::tile::{self, MR};
 use crate::memory::LargePageArray;
@@ -422,7 +422,7 @@ struct QuadOperands<'a> {
     w: &'a PackedInt8,
 }
 
-impl Operands for QuadOperands<'_> {
+impl Depth for QuadOperands<'_> {
     /// The whole sum in one block: the i32 sums are exact only until they are
     /// turned into f32, which needs them whole. A tile's panels (`k/4 × 64`
     /// bytes each, 24 KiB at `k = 1536`) then come from L2, which keeps up with
@@ -432,7 +432,9 @@ impl Operands for QuadOperands<'_> {
     fn depth(&self) -> usize {
         self.x.lda
     }
+}
 
+impl Operands for QuadOperands<'_> {
     #[inline(always)]
     unsafe fn tile<I: Simd, const P: usize>(
         &self,

@@ -440,11 +440,9 @@ struct TileAt {
     ahead: Option<(usize, usize)>,
 }
 
-/// Where a product's operands come from, and the register tile that multiplies
-/// them: f32 rows against f32 panels, bf16 pairs against bf16 pairs, or widened
-/// to f32 ([`bf16`]; these three through [`Streams`]), or int8 quads against int8
-/// quads ([`int8`]).
-trait Operands: Sync {
+/// The depth of a product's sum and how its blocks are laid out: what the blocking
+/// and the staging of panels need to know of any [`Operands`].
+trait Depth: Sync {
     /// Steps of the sum per block, so that a block's panel stays in L1; a
     /// multiple of every tile's partial-sum length, so that the order of
     /// operations does not depend on the blocking.
@@ -469,10 +467,17 @@ trait Operands: Sync {
         _staged: &mut [f32],
     ) {
     }
+}
+
+/// Where a product's operands come from, and the register tile that multiplies
+/// them: f32 rows against f32 panels, bf16 pairs against bf16 pairs, or widened
+/// to f32 ([`bf16`]; these three through [`Streams`]), or int8 quads against int8
+/// quads ([`int8`]).
+trait Operands: Depth {
     /// `c[rows, 16·P] = init + x[r .. r + rows] · panels p .. p + P`, over steps
     /// `s0 .. s0 + sc` (`at`), each panel with its own `init` and its output 16
     /// floats right of the one before; `staged`: the group's panels as
-    /// [`stage`](Self::stage) wrote them (empty where there is no staging). Every
+    /// [`Depth::stage`] wrote them (empty where there is no staging). Every
     /// output's sum is the same, in the same order, whatever `P` (`Tile` takes four
     /// full panels in one register tile where there are registers for it).
     ///
@@ -496,33 +501,15 @@ trait Operands: Sync {
 /// The operands of the products whose register tile is [`Tile`] (f32 numbers or
 /// bf16 pairs): where a tile finds its rows, its panels and the lines it fetches
 /// ahead. One [`Operands::tile`] runs them all.
-trait Streams: Sync {
+trait Streams: Depth {
     /// What one step of the sum multiplies.
     type Step: tile::Step;
-    /// [`Operands::BLOCK`].
-    const BLOCK: usize;
     /// Steps per partial sum ([`Tile::partial`]).
     const PARTIAL: usize;
-    /// [`Operands::depth`].
-    fn depth(&self) -> usize;
-    /// [`Operands::staged_len`].
-    fn staged_len(&self, _count: usize, _sc: usize) -> usize {
-        0
-    }
-    /// [`Operands::stage`].
-    fn stage<I: Simd>(
-        &self,
-        _isa: I,
-        _p: usize,
-        _count: usize,
-        _steps: (usize, usize),
-        _staged: &mut [f32],
-    ) {
-    }
     /// Row `r` of `x` at step `s`, and the distance between rows.
     fn row(&self, r: usize, s: usize) -> (*const Self::Step, usize);
     /// The group of `count` panels from `p` at step `s`, as the tiles read it
-    /// (from `staged` where the operands stage it, [`Operands::stage`] having
+    /// (from `staged` where the operands stage it, [`Depth::stage`] having
     /// written it from step `s`): its first panel, the distance between a panel's
     /// rows and that to the next panel.
     fn panels(
@@ -537,28 +524,6 @@ trait Streams: Sync {
 }
 
 impl<S: Streams> Operands for S {
-    const BLOCK: usize = <S as Streams>::BLOCK;
-
-    fn depth(&self) -> usize {
-        Streams::depth(self)
-    }
-
-    fn staged_len(&self, count: usize, sc: usize) -> usize {
-        Streams::staged_len(self, count, sc)
-    }
-
-    #[inline(always)]
-    fn stage<I: Simd>(
-        &self,
-        isa: I,
-        p: usize,
-        count: usize,
-        steps: (usize, usize),
-        staged: &mut [f32],
-    ) {
-        Streams::stage(self, isa, p, count, steps, staged)
-    }
-
     #[inline(always)]
     unsafe fn tile<I: Simd, const P: usize>(
         &self,
@@ -599,14 +564,17 @@ struct F32Operands<'a, 'w> {
 // SAFETY: `x` points to an input that is only read while the product runs.
 unsafe impl Sync for F32Operands<'_, '_> {}
 
-impl Streams for F32Operands<'_, '_> {
-    type Step = f32;
+impl Depth for F32Operands<'_, '_> {
     const BLOCK: usize = KC;
-    const PARTIAL: usize = tile::SUM_BLOCK;
 
     fn depth(&self) -> usize {
         self.k
     }
+}
+
+impl Streams for F32Operands<'_, '_> {
+    type Step = f32;
+    const PARTIAL: usize = tile::SUM_BLOCK;
 
     #[inline(always)]
     fn row(&self, r: usize, s: usize) -> (*const f32, usize) {
