@@ -67,14 +67,14 @@ pub fn run_sized<R: Send>(
     };
     let outcome = match caller {
         Some(own) => py.detach(|| catch_unwind(AssertUnwindSafe(|| own.install(work)))),
-        // From a thread outside every pool, `install` hands over and sleeps.
-        None if rayon::current_thread_index().is_none() => {
-            let pool = attend::threads::pool(threads).map_err(to_py)?;
-            py.detach(|| catch_unwind(AssertUnwindSafe(|| pool.install(work))))
-        }
         None => {
             let pool = attend::threads::pool(threads).map_err(to_py)?;
-            py.detach(|| hand_over(&pool, work))
+            // From a thread outside every pool, `install` hands over and sleeps.
+            if rayon::current_thread_index().is_none() {
+                py.detach(|| catch_unwind(AssertUnwindSafe(|| pool.install(work))))
+            } else {
+                py.detach(|| hand_over(&pool, work))
+            }
         }
     };
     match outcome {
