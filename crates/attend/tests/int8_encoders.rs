@@ -86,10 +86,8 @@ fn int8_dense_layers_take_about_a_byte_a_weight() {
     let int8_model = attend::models::BertModel::load_with(&dir, Precision::Int8).unwrap();
     let (mut weights, mut bytes) = (0usize, 0usize);
     for l in &int8_model.layers {
-        // The query, key and value projection runs in bf16 (docs/int8.md says why).
-        assert_eq!(l.qkv.precision(), Precision::Bf16);
         let out = l.attention.out_proj.as_ref().unwrap();
-        for x in [out, &l.intermediate, &l.output] {
+        for x in [&l.qkv, out, &l.intermediate, &l.output] {
             assert_eq!(x.precision(), Precision::Int8);
             weights += x.in_features() * x.out_features();
             bytes += x.bytes();

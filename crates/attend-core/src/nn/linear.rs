@@ -166,6 +166,21 @@ impl Linear {
         }
     }
 
+    /// This layer with each input row's `count` entries of largest magnitude
+    /// kept out of the row's int8 quantization: they are multiplied in f32 by the
+    /// quantized weights (`ŵ · scale`) and added to the product, and the row's
+    /// scale is set by the rest. For inputs with a few channels far larger than
+    /// the others (a LayerNorm's output), whose every row's scale they would
+    /// otherwise set; which entries they are is each row's own, so a row's output
+    /// does not depend on the others in its batch. A layer of another precision
+    /// is returned as it is: its inputs are not quantized.
+    pub fn with_input_outliers(mut self, count: usize) -> Self {
+        if let Some(Reduced::Int8 { outliers, .. }) = &mut self.reduced {
+            *outliers = count;
+        }
+        self
+    }
+
     /// The precision of the layer's products: the one given to
     /// [`for_inference_with`](Self::for_inference_with), else f32.
     pub fn precision(&self) -> Precision {
@@ -316,7 +331,7 @@ impl Linear {
             return match self.weight.is_empty() || reduced.matches(w) {
                 true => reduced.forward(x, bias, epilogue),
                 // Changed since it was packed: pack the weight as it is now.
-                false => Reduced::new(reduced.precision(), w).forward(x, bias, epilogue),
+                false => reduced.repacked(w).forward(x, bias, epilogue),
             };
         }
         if super::matmul::available() {
@@ -396,15 +411,22 @@ impl Linear {
 enum Reduced {
     /// Rounded to bf16.
     Bf16(std::sync::Arc<PackedBf16>),
-    /// Quantized to int8.
-    Int8(std::sync::Arc<PackedInt8>),
+    /// Quantized to int8, with each input row's `outliers` largest magnitudes
+    /// kept out of its quantization.
+    Int8 {
+        weight: std::sync::Arc<PackedInt8>,
+        outliers: usize,
+    },
 }
 
 impl Reduced {
-    /// `w` packed for `precision`'s product (bf16 or int8).
+    /// `w` packed for `precision`'s product (bf16 or int8, without outliers).
     fn new(precision: Precision, w: ArrayView2<'_, f32>) -> Self {
         match precision {
-            Precision::Int8 => Reduced::Int8(std::sync::Arc::new(PackedInt8::new(w, true))),
+            Precision::Int8 => Reduced::Int8 {
+                weight: std::sync::Arc::new(PackedInt8::new(w, true)),
+                outliers: 0,
+            },
             Precision::Bf16 | Precision::F32 => {
                 debug_assert_eq!(precision, Precision::Bf16, "f32 weights are not reduced");
                 Reduced::Bf16(std::sync::Arc::new(PackedBf16::new(w, true)))
@@ -412,31 +434,42 @@ impl Reduced {
         }
     }
 
+    /// `w` packed as this is (its precision, and its outliers in int8).
+    fn repacked(&self, w: ArrayView2<'_, f32>) -> Self {
+        match (Reduced::new(self.precision(), w), self) {
+            (Reduced::Int8 { weight, .. }, Reduced::Int8 { outliers, .. }) => Reduced::Int8 {
+                weight,
+                outliers: *outliers,
+            },
+            (new, _) => new,
+        }
+    }
+
     fn precision(&self) -> Precision {
         match self {
             Reduced::Bf16(_) => Precision::Bf16,
-            Reduced::Int8(_) => Precision::Int8,
+            Reduced::Int8 { .. } => Precision::Int8,
         }
     }
 
     fn dim(&self) -> (usize, usize) {
         match self {
             Reduced::Bf16(p) => p.dim(),
-            Reduced::Int8(p) => p.dim(),
+            Reduced::Int8 { weight, .. } => weight.dim(),
         }
     }
 
     fn unpack(&self) -> Array2<f32> {
         match self {
             Reduced::Bf16(p) => p.unpack(),
-            Reduced::Int8(p) => p.unpack(),
+            Reduced::Int8 { weight, .. } => weight.unpack(),
         }
     }
 
     fn bytes(&self) -> usize {
         match self {
             Reduced::Bf16(p) => p.bytes(),
-            Reduced::Int8(p) => p.bytes(),
+            Reduced::Int8 { weight, .. } => weight.bytes(),
         }
     }
 
@@ -446,7 +479,7 @@ impl Reduced {
     fn matches(&self, w: ArrayView2<'_, f32>) -> bool {
         match self {
             Reduced::Bf16(p) => p.matches(w),
-            Reduced::Int8(_) => false,
+            Reduced::Int8 { .. } => false,
         }
     }
 
@@ -458,7 +491,9 @@ impl Reduced {
     ) -> Array2<f32> {
         match self {
             Reduced::Bf16(p) => super::matmul::linear_bf16(x, p, bias, epilogue),
-            Reduced::Int8(p) => super::matmul::linear_int8(x, p, bias, epilogue),
+            Reduced::Int8 { weight, outliers } => {
+                super::matmul::linear_int8(x, weight, *outliers, bias, epilogue)
+            }
         }
     }
 }

@@ -18,6 +18,14 @@ use attend_core::io::safetensors::SafeTensors;
 use attend_core::nn::{LayerNorm, Linear, MultiHeadAttention};
 use attend_core::{Error, Result};
 
+/// Inputs of each token that the int8 query, key and value projection keeps out
+/// of the token's quantization (`Linear::with_input_outliers`). In a simulation
+/// on MiniLM and mpnet (docs/int8.md) two recovered nearly all that quantizing
+/// the projection's inputs whole lost, and four to sixteen no more; each costs a
+/// multiply-add per output and token, which four made dearer than the bf16
+/// product this replaced (MiniLM's corpus 2.50 s against 2.37, two 2.35 s).
+const QKV_OUTLIERS: usize = 2;
+
 /// Word, position and token-type embeddings, summed and normalised.
 #[derive(Clone, Debug)]
 pub struct BertEmbeddings {
@@ -119,17 +127,19 @@ impl BertModel {
         let weights = Weights::new(file, family)?;
         let d = config.hidden_size;
         let norm = |w: &Weights<'_>, name: &str| w.norm(name, d, config.layer_norm_eps);
-        // In int8 the query, key and value projection runs in bf16: its input is a
-        // LayerNorm's output, whose few outlier channels set each token's scale and
-        // leave the other channels a handful of levels. Quantized, it was the layer
-        // that lost most (docs/int8.md: keeping it f32 took MiniLM's mean cosine
-        // against f32 from 0.9988 to 0.9994 and mpnet's worst from 0.992 to 0.996,
-        // where keeping any other layer f32 gained at most half as much). bf16
-        // keeps that (its rounding is a hundred times finer than int8's) at twice
-        // f32's speed and half its weight bytes: in f32 it took 40 % of int8's time.
-        let projection = match precision {
-            Precision::Int8 => Precision::Bf16,
-            other => other,
+        // In int8 the query, key and value projection keeps each token's
+        // QKV_OUTLIERS largest inputs out of its quantization: its input is a
+        // LayerNorm's output, whose few outlier channels would set each token's
+        // scale and leave the other channels a handful of levels. Quantized
+        // whole, it was the layer that lost most (docs/int8.md: keeping it f32
+        // took MiniLM's mean cosine against f32 from 0.9988 to 0.9994 and mpnet's
+        // worst from 0.992 to 0.996, where keeping any other layer f32 gained at
+        // most half as much).
+        let projection = |l: Linear| match precision {
+            Precision::Int8 => l
+                .for_inference_with(precision)
+                .with_input_outliers(QKV_OUTLIERS),
+            _ => l.for_inference_with(precision),
         };
         let linear = |w: &Weights<'_>, name: &str, out: usize, inp: usize| -> Result<Linear> {
             Ok(w.linear(name, out, inp)?.for_inference_with(precision))
@@ -190,15 +200,16 @@ impl BertModel {
                     let (q, k, v) = (q?, k?, v?);
                     // The checks of the stacked layer, the attention module and the
                     // LayerNorms know the tensors but not the file: the file is added.
-                    let qkv = Linear::stacked(&[&q, &k, &v])
-                        .map_err(|e| e.context(weights.origin()))?
-                        .for_inference_with(projection);
+                    let qkv = projection(
+                        Linear::stacked(&[&q, &k, &v]).map_err(|e| e.context(weights.origin()))?,
+                    );
                     // The three alone serve the traced forward, so in bf16 and int8
                     // they are rounded as the stacked product is (each output's
-                    // rounding is its own: the stacked layer's outputs are theirs);
+                    // rounding is its own: the stacked layer's outputs are theirs,
+                    // and a row's outliers are the row's);
                     // in f32 they stay unpacked (the fast forward does not read them).
-                    let alone = |l: Linear| match projection {
-                        Precision::Bf16 | Precision::Int8 => l.for_inference_with(projection),
+                    let alone = |l: Linear| match precision {
+                        Precision::Bf16 | Precision::Int8 => projection(l),
                         Precision::F32 => l,
                     };
                     let attention = MultiHeadAttention::new(

@@ -21,6 +21,16 @@
 //!   comes off in i32, `Σ x̂ ŵ − z · Σ ŵ`, and one rounding to f32 and a fused
 //!   multiply-add give `y = f32(Σ (x̂ − z) ŵ) · (s_x · s_w) + bias`.
 //!
+//! - **Outliers** (a layer made with some, [`linear_int8`]'s `outliers`): each
+//!   row's `outliers` entries of largest magnitude are left out of its
+//!   quantization (zero there, so its range is the rest's) and multiplied in f32
+//!   by the dequantized weights, then added to the output:
+//!   `y += (Σ_t x_t · ŵ[·][c_t]) · s_w`, over the row's outliers in column order
+//!   ([`AddOutliers`]). A LayerNorm's output has a few channels far larger than
+//!   the rest, which would otherwise set each token's scale and leave the other
+//!   channels a handful of levels; which channels they are is the row's own, so a
+//!   row's output does not depend on the batch, and no calibration is needed.
+//!
 //! The integer sums are exact, so the output is the same bits on every
 //! instruction set, whatever the blocking, the batch or the thread count; the
 //! tests check them against an i64 reference. The error is the quantization's:
@@ -63,15 +73,17 @@ const fn rows_16<I: Simd>() -> usize {
 const PREFETCH: usize = 16;
 
 /// `act(x · wᵀ + bias)` in int8 for `x [m, k]` (any strides) and the weight
-/// quantized and packed in `w`, `bias [n]`. Runs on the best instruction set of
-/// this CPU, whichever it is.
+/// quantized and packed in `w`, `bias [n]`, with each row's `outliers` largest
+/// magnitudes kept out of its quantization (the module docs). Runs on the best
+/// instruction set of this CPU, whichever it is.
 pub(crate) fn linear_int8(
     x: ArrayView2<'_, f32>,
     w: &PackedInt8,
+    outliers: usize,
     bias: Option<&[f32]>,
     epilogue: Epilogue<'_>,
 ) -> Array2<f32> {
-    linear_int8_on(IsaToken::best(), x, w, bias, epilogue)
+    linear_int8_on(IsaToken::best(), x, w, outliers, bias, epilogue)
 }
 
 /// [`linear_int8`] on the instruction set `isa`.
@@ -79,6 +91,7 @@ fn linear_int8_on(
     isa: IsaToken,
     x: ArrayView2<'_, f32>,
     w: &PackedInt8,
+    outliers: usize,
     bias: Option<&[f32]>,
     epilogue: Epilogue<'_>,
 ) -> Array2<f32> {
@@ -90,15 +103,25 @@ fn linear_int8_on(
         return bias_only(m, n, bias, epilogue);
     }
     let parallel = m * n * k >= PARALLEL_MIN && rayon::current_num_threads() > 1;
-    let rows = QuantizedRows::new(isa, x, parallel);
+    let rows = QuantizedRows::new(isa, x, outliers, parallel);
     let operands = QuadOperands { x: &rows, w };
+    // The outliers' share comes after the product, so the step after it does too.
+    let (fused, after) = match outliers {
+        0 => (epilogue, Epilogue::None),
+        _ => (Epilogue::None, epilogue),
+    };
     let problem = Problem {
         n,
         bias,
-        epilogue,
+        epilogue: fused,
         operands: &operands,
     };
-    problem.run(isa, m, parallel)
+    let mut y = problem.run(isa, m, parallel);
+    if outliers > 0 {
+        AddOutliers::run_all(isa, &mut y, &rows, w, parallel);
+        after.apply_all(y.view_mut());
+    }
+    y
 }
 
 /// A row's quantization: `x ≈ scale · (x̂ − zero)`.
@@ -187,18 +210,24 @@ fn quantize_row<I: Simd>(isa: I, src: &[f32], dst: &mut [MaybeUninit<u32>]) -> R
 }
 
 /// The rows of `x` quantized: bytes as quads `[m][k/4]`, and each row's scale
-/// and zero point.
+/// and zero point, and the entries each row keeps out of its quantization.
 struct QuantizedRows {
     quads: Vec<u32>,
     /// Quads per row.
     lda: usize,
     scales: Vec<RowScale>,
+    /// Outliers per row.
+    per_row: usize,
+    /// Each row's, in column order, from `per_row · r` (`m` unused slots when
+    /// there are none).
+    outliers: Vec<Outlier>,
 }
 
 impl QuantizedRows {
-    /// Quantizes every row of `x [m, k]`. `O(m·k)` against the product's
-    /// `O(m·n·k)`: scalar code, vectorised by the compiler for `isa`.
-    fn new(isa: IsaToken, x: ArrayView2<'_, f32>, parallel: bool) -> Self {
+    /// Quantizes every row of `x [m, k]`, each with its `per_row` largest
+    /// magnitudes kept out. `O(m·k)` against the product's `O(m·n·k)`: scalar
+    /// code, vectorised by the compiler for `isa`.
+    fn new(isa: IsaToken, x: ArrayView2<'_, f32>, per_row: usize, parallel: bool) -> Self {
         let (m, k) = x.dim();
         let lda = quads(k);
         // Written once, not zeroed first: every quad of every row is set below.
@@ -210,8 +239,11 @@ impl QuantizedRows {
             };
             m
         ];
+        // At least a slot a row, so that the chunks of slots pair with the rows'.
+        let slots = per_row.max(1);
+        let mut outliers = vec![Outlier::NONE; m * slots];
         let rows = &mut quads.spare_capacity_mut()[..m * lda];
-        let job = |(chunk, (dst, scales)): (usize, (&mut [MaybeUninit<u32>], &mut [RowScale]))| {
+        let job = |(chunk, ((dst, scales), outliers)): (usize, Chunk<'_>)| {
             let first = chunk * QUANTIZE_CHUNK;
             dispatch(
                 isa,
@@ -219,23 +251,113 @@ impl QuantizedRows {
                     x: x.slice(ndarray::s![first..first + scales.len(), ..]),
                     dst,
                     scales,
+                    per_row,
+                    outliers,
                 },
             )
         };
         if lda > 0 && parallel {
             rows.par_chunks_mut(QUANTIZE_CHUNK * lda)
                 .zip(scales.par_chunks_mut(QUANTIZE_CHUNK))
+                .zip(outliers.par_chunks_mut(QUANTIZE_CHUNK * slots))
                 .enumerate()
                 .for_each(job);
         } else if lda > 0 {
             rows.chunks_mut(QUANTIZE_CHUNK * lda)
                 .zip(scales.chunks_mut(QUANTIZE_CHUNK))
+                .zip(outliers.chunks_mut(QUANTIZE_CHUNK * slots))
                 .enumerate()
                 .for_each(job);
         }
         // SAFETY: `quantize_row` wrote all `lda` quads of each of the `m` rows.
         unsafe { quads.set_len(m * lda) };
-        QuantizedRows { quads, lda, scales }
+        QuantizedRows {
+            quads,
+            lda,
+            scales,
+            per_row,
+            outliers,
+        }
+    }
+
+    /// Row `r`'s outliers, in column order (unused slots hold zeros).
+    fn outliers(&self, r: usize) -> &[Outlier] {
+        &self.outliers[r * self.per_row..(r + 1) * self.per_row]
+    }
+}
+
+/// A chunk of rows to quantize: their quads, scales and outliers.
+type Chunk<'a> = (
+    (&'a mut [MaybeUninit<u32>], &'a mut [RowScale]),
+    &'a mut [Outlier],
+);
+
+/// An input entry kept out of its row's quantization: its column and value.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Outlier {
+    column: u32,
+    value: f32,
+}
+
+impl Outlier {
+    /// An unused slot: a zero adds nothing.
+    const NONE: Outlier = Outlier {
+        column: 0,
+        value: 0.0,
+    };
+}
+
+/// Fills `kept` with the entries of `src` of largest magnitude (an earlier one
+/// kept over a later one of the same size; zeros and NaNs never), in column
+/// order, and `rest` with `src` where they are zero. A row holding an infinity
+/// keeps nothing out, so that its quantization is poisoned as without outliers.
+/// Inlined into [`QuantizeRows`], so that its passes over whole vectors are
+/// compiled for the instruction set.
+#[inline(always)]
+fn split_outliers(src: &[f32], kept: &mut [Outlier], rest: &mut Vec<f32>) {
+    kept.fill(Outlier::NONE);
+    let Some(last) = kept.len().checked_sub(1) else {
+        return;
+    };
+    // A first pass finds each lane's largest magnitude. The `kept.len()` largest
+    // of those are as many entries, so every entry kept is at least the smallest
+    // of them, `floor`; few others are, and the second pass looks closer only at
+    // vectors holding one.
+    let mut lane_largest = [0.0f32; LANES];
+    for chunk in src.chunks(LANES) {
+        for (m, x) in lane_largest.iter_mut().zip(chunk) {
+            *m = m.max(x.abs());
+        }
+    }
+    lane_largest.sort_unstable_by(|a, b| b.total_cmp(a));
+    let floor = lane_largest.get(last).copied().unwrap_or(0.0);
+    for (v, chunk) in src.chunks(LANES).enumerate() {
+        if !chunk.iter().fold(false, |any, x| any | (x.abs() >= floor)) {
+            continue;
+        }
+        for (i, &x) in chunk.iter().enumerate() {
+            let size = x.abs();
+            if size > kept[last].value.abs() {
+                let at = kept
+                    .iter()
+                    .position(|o| size > o.value.abs())
+                    .expect("larger than the last");
+                kept.copy_within(at..last, at + 1);
+                kept[at] = Outlier {
+                    column: (v * LANES + i) as u32,
+                    value: x,
+                };
+            }
+        }
+    }
+    if kept.iter().any(|o| o.value.is_infinite()) {
+        kept.fill(Outlier::NONE);
+    }
+    kept.sort_unstable_by_key(|o| o.column);
+    rest.clear();
+    rest.extend_from_slice(src);
+    for o in kept.iter().filter(|o| o.value != 0.0) {
+        rest[o.column as usize] = 0.0;
     }
 }
 
@@ -249,6 +371,9 @@ struct QuantizeRows<'a, 'x> {
     x: ArrayView2<'x, f32>,
     dst: &'a mut [MaybeUninit<u32>],
     scales: &'a mut [RowScale],
+    /// Outliers per row, and the rows' slots for them.
+    per_row: usize,
+    outliers: &'a mut [Outlier],
 }
 
 impl SimdJob for QuantizeRows<'_, '_> {
@@ -258,11 +383,111 @@ impl SimdJob for QuantizeRows<'_, '_> {
     fn run<I: Simd>(self, isa: I) {
         let lda = quads(self.x.ncols());
         let rows = self.x.rows().into_iter();
-        for ((row, dst), scale) in rows.zip(self.dst.chunks_mut(lda)).zip(self.scales) {
-            *scale = match row.as_slice() {
-                Some(src) => quantize_row(isa, src, dst),
-                None => quantize_row(isa, &row.to_vec(), dst),
+        let mut rest = Vec::new();
+        for (i, ((row, dst), scale)) in rows
+            .zip(self.dst.chunks_mut(lda))
+            .zip(self.scales)
+            .enumerate()
+        {
+            let strided;
+            let src = match row.as_slice() {
+                Some(src) => src,
+                None => {
+                    strided = row.to_vec();
+                    &strided
+                }
             };
+            *scale = match self.per_row {
+                0 => quantize_row(isa, src, dst),
+                per_row => {
+                    let kept = &mut self.outliers[i * per_row..(i + 1) * per_row];
+                    split_outliers(src, kept, &mut rest);
+                    quantize_row(isa, &rest, dst)
+                }
+            };
+        }
+    }
+}
+
+/// Rows an [`AddOutliers`] job takes: enough that their outliers' columns,
+/// read once for the job, serve many rows.
+const OUTLIER_CHUNK: usize = 64;
+
+/// Adds rows' outliers' share to their product `y` (the module docs): a job, so
+/// that the sums are compiled for the instruction set.
+struct AddOutliers<'a> {
+    /// Whole rows of the product, from row `first`.
+    y: &'a mut [f32],
+    first: usize,
+    rows: &'a QuantizedRows,
+    w: &'a PackedInt8,
+}
+
+impl AddOutliers<'_> {
+    /// Adds every row's outliers' share to `y [m, n]`, in parallel by rows if
+    /// `parallel`.
+    fn run_all(
+        isa: IsaToken,
+        y: &mut Array2<f32>,
+        rows: &QuantizedRows,
+        w: &PackedInt8,
+        parallel: bool,
+    ) {
+        let n = w.n;
+        let y = y.as_slice_mut().expect("the product is row-major");
+        let job = |(chunk, y): (usize, &mut [f32])| {
+            dispatch(
+                isa,
+                AddOutliers {
+                    y,
+                    first: chunk * OUTLIER_CHUNK,
+                    rows,
+                    w,
+                },
+            )
+        };
+        if parallel {
+            y.par_chunks_mut(OUTLIER_CHUNK * n)
+                .enumerate()
+                .for_each(job);
+        } else {
+            y.chunks_mut(OUTLIER_CHUNK * n).enumerate().for_each(job);
+        }
+    }
+}
+
+impl SimdJob for AddOutliers<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<I: Simd>(self, _isa: I) {
+        let n = self.w.n;
+        // The weights of the columns these rows keep out, each read once from the
+        // panels (a cache line per panel) and shared by the rows that keep it: a
+        // LayerNorm's outliers are mostly the same few channels.
+        let mut columns: Vec<(u32, Vec<f32>)> = Vec::new();
+        let mut share = vec![0.0f32; n];
+        for (i, y) in self.y.chunks_mut(n).enumerate() {
+            let kept = self.rows.outliers(self.first + i);
+            if kept.iter().all(|o| o.value == 0.0) {
+                continue;
+            }
+            share.fill(0.0);
+            for o in kept.iter().filter(|o| o.value != 0.0) {
+                let at = match columns.iter().position(|(c, _)| *c == o.column) {
+                    Some(at) => at,
+                    None => {
+                        columns.push((o.column, self.w.column(o.column as usize)));
+                        columns.len() - 1
+                    }
+                };
+                for (s, &w) in share.iter_mut().zip(&columns[at].1) {
+                    *s += o.value * w;
+                }
+            }
+            for ((y, s), scale) in y.iter_mut().zip(&share).zip(&self.w.scales) {
+                *y += s * scale;
+            }
         }
     }
 }
@@ -407,6 +632,24 @@ impl PackedInt8 {
         self.data.len() * std::mem::size_of::<u32>()
             + self.scales.len() * std::mem::size_of::<f32>()
             + self.sums.len() * std::mem::size_of::<i32>()
+    }
+
+    /// Column `kk` of the quantized weight, `ŵ[·, kk]`, as f32: byte `kk % 4` of
+    /// quad `kk / 4` of every panel's 16 outputs.
+    fn column(&self, kk: usize) -> Vec<f32> {
+        let (quad, low) = (kk / 4, 24 - 8 * (kk % 4));
+        let mut column = Vec::with_capacity(self.n.div_ceil(NR) * NR);
+        for p in 0..self.n.div_ceil(NR) {
+            let words = &self.data[(p * quads(self.k) + quad) * NR..][..NR];
+            // The byte moved to the top, then back with its sign.
+            column.extend(
+                words
+                    .iter()
+                    .map(|&word| ((word << low) as i32 >> 24) as f32),
+            );
+        }
+        column.truncate(self.n);
+        column
     }
 
     /// The quantized weight `ŵ[j, kk]`.
@@ -604,40 +847,92 @@ mod tests {
         (x, w, numbers(n, 3, 0.0))
     }
 
-    /// Each row of `x` quantized in the portable code, and its scale: every
-    /// instruction set's product is held to these levels.
-    fn quantized(x: &Array2<f32>) -> (Vec<Vec<u8>>, Vec<RowScale>) {
+    /// The row's `count` outliers by their definition (the entries of largest
+    /// magnitude, the earlier of two the same size; no zero, NaN or infinity, and
+    /// none at all in a row with an infinity), as (column, value) in column order.
+    fn outliers_of(row: &[f32], count: usize) -> Vec<(usize, f32)> {
+        if row.iter().any(|x| x.is_infinite()) {
+            return Vec::new();
+        }
+        let mut order: Vec<usize> = (0..row.len()).filter(|&c| row[c].abs() > 0.0).collect();
+        order.sort_by(|&a, &b| row[b].abs().total_cmp(&row[a].abs()).then(a.cmp(&b)));
+        let mut kept: Vec<(usize, f32)> =
+            order.into_iter().take(count).map(|c| (c, row[c])).collect();
+        kept.sort_by_key(|&(c, _)| c);
+        kept
+    }
+
+    /// Each row of `x` quantized in the portable code with its `count` outliers
+    /// left out (as zeros), its scale and its outliers: every instruction set's
+    /// product is held to these levels.
+    #[allow(clippy::type_complexity)]
+    fn quantized(
+        x: &Array2<f32>,
+        count: usize,
+    ) -> (Vec<Vec<u8>>, Vec<RowScale>, Vec<Vec<(usize, f32)>>) {
         let IsaToken::Portable(portable) = Isa::Portable.token().unwrap() else {
             unreachable!("the portable token")
         };
-        x.rows()
-            .into_iter()
-            .map(|row| {
-                let src = row.to_vec();
-                let mut dst = vec![MaybeUninit::new(0u32); quads(src.len())];
-                let scale = quantize_row(portable, &src, &mut dst);
-                // SAFETY: `quantize_row` wrote every quad.
-                let words = dst.iter().map(|d| unsafe { d.assume_init() });
-                let bytes = words.flat_map(u32::to_le_bytes).take(src.len()).collect();
-                (bytes, scale)
-            })
-            .unzip()
+        let (mut levels, mut scales, mut kept) = (Vec::new(), Vec::new(), Vec::new());
+        for row in x.rows() {
+            let mut src = row.to_vec();
+            let outliers = outliers_of(&src, count);
+            for &(c, _) in &outliers {
+                src[c] = 0.0;
+            }
+            let mut dst = vec![MaybeUninit::new(0u32); quads(src.len())];
+            scales.push(quantize_row(portable, &src, &mut dst));
+            // SAFETY: `quantize_row` wrote every quad.
+            let words = dst.iter().map(|d| unsafe { d.assume_init() });
+            levels.push(words.flat_map(u32::to_le_bytes).take(src.len()).collect());
+            kept.push(outliers);
+        }
+        (levels, scales, kept)
     }
 
     /// The int8 product by its definition: the sums of products of the quantized
     /// numbers in i64, less the zero point's share, then the one rounding to f32
-    /// and the fused multiply-add of the module docs. The exact answer every
-    /// instruction set must give, bit for bit.
-    fn reference(x: &Array2<f32>, w: &PackedInt8, bias: &[f32]) -> Array2<f32> {
-        let (levels, scales) = quantized(x);
+    /// and the fused multiply-add of the module docs; then the outliers' share,
+    /// summed in column order and scaled. The exact answer every instruction set
+    /// must give, bit for bit.
+    fn reference(x: &Array2<f32>, w: &PackedInt8, count: usize, bias: &[f32]) -> Array2<f32> {
+        let (levels, scales, kept) = quantized(x, count);
         Array2::from_shape_fn((x.nrows(), w.n), |(i, j)| {
             let sum: i64 = (0..x.ncols())
                 .map(|kk| (levels[i][kk] as i64 - scales[i].zero as i64) * w.level(j, kk) as i64)
                 .sum();
             let exact = i32::try_from(sum).expect("fits i32");
-            (exact as f32).mul_add(scales[i].scale * w.scales[j], bias[j])
+            let y = (exact as f32).mul_add(scales[i].scale * w.scales[j], bias[j]);
+            if kept[i].is_empty() {
+                return y;
+            }
+            let share = kept[i]
+                .iter()
+                .fold(0.0f32, |s, &(c, v)| s + v * w.level(j, c) as f32);
+            y + share * w.scales[j]
         })
     }
+
+    /// `x` with `count` entries a row far larger than the rest (of both signs,
+    /// spread over the row, in other columns in each row), as a LayerNorm's
+    /// outlier channels.
+    fn with_outliers(mut x: Array2<f32>, count: usize) -> Array2<f32> {
+        let k = x.ncols();
+        for (i, mut row) in x.rows_mut().into_iter().enumerate() {
+            for t in 0..count.min(k) {
+                let c = (i * 7 + t * (k / count.max(1)).max(1) + k - 1) % k;
+                row[c] = if t % 2 == 0 {
+                    40.0 + t as f32
+                } else {
+                    -25.0 - t as f32
+                };
+            }
+        }
+        x
+    }
+
+    /// The outlier counts the tests run: none, and the encoders'.
+    const COUNTS: [usize; 2] = [0, 4];
 
     #[test]
     fn the_bits_of_the_i64_reference_on_every_edge_and_instruction_set() {
@@ -660,13 +955,57 @@ mod tests {
         ] {
             let (x, w, bias) = operands(m, k, n);
             let packed = PackedInt8::new(w.view(), false);
-            let want = reference(&x, &packed, &bias);
-            for isa in Isa::available() {
-                let token = isa.token().unwrap();
-                let y = linear_int8_on(token, x.view(), &packed, Some(&bias), Epilogue::None);
-                assert_eq!(y, want, "{isa} {m}x{k}x{n}");
+            for count in COUNTS {
+                let x = with_outliers(x.clone(), count);
+                let want = reference(&x, &packed, count, &bias);
+                for isa in Isa::available() {
+                    let token = isa.token().unwrap();
+                    let y = linear_int8_on(
+                        token,
+                        x.view(),
+                        &packed,
+                        count,
+                        Some(&bias),
+                        Epilogue::None,
+                    );
+                    assert_eq!(y, want, "{isa} {m}x{k}x{n}, {count} outliers");
+                }
             }
         }
+    }
+
+    #[test]
+    fn outliers_are_the_largest_magnitudes_earliest_first() {
+        let row = [0.5, -3.0, 2.0, 3.0, 0.0, -2.0, f32::NAN, 1.0];
+        let mut kept = [Outlier::NONE; 3];
+        let mut rest = Vec::new();
+        split_outliers(&row, &mut kept, &mut rest);
+        let at = |column, value| Outlier { column, value };
+        assert_eq!(kept, [at(1, -3.0), at(2, 2.0), at(3, 3.0)]);
+        assert_eq!(&rest[..6], &[0.5, 0.0, 0.0, 0.0, 0.0, -2.0]);
+        assert!(rest[6].is_nan());
+        // Fewer non-zero entries than slots: the rest stay unused.
+        split_outliers(&[0.0, 1.5, 0.0], &mut kept, &mut rest);
+        assert_eq!(kept, [Outlier::NONE, Outlier::NONE, at(1, 1.5)]);
+        // An infinity keeps nothing out.
+        split_outliers(&[9.0, f32::INFINITY, 1.0], &mut kept, &mut rest);
+        assert_eq!(kept, [Outlier::NONE; 3]);
+        assert_eq!(rest[..2], [9.0, f32::INFINITY]);
+        // Across vectors, in a row longer than one.
+        let long: Vec<f32> = (0..70)
+            .map(|i| {
+                if i == 65 {
+                    -9.0
+                } else if i == 3 {
+                    8.0
+                } else {
+                    0.1
+                }
+            })
+            .collect();
+        let mut two = [Outlier::NONE; 2];
+        split_outliers(&long, &mut two, &mut rest);
+        assert_eq!(two, [at(3, 8.0), at(65, -9.0)]);
     }
 
     #[test]
@@ -675,29 +1014,43 @@ mod tests {
         // arithmetic of the quantization adding a few ulps of 255 steps: 0.51),
         // each weight by half its output's (`s_w / 2`, likewise 0.51), so
         // |y − x·w| ≤ Σ_k 0.51 s_x |ŵ_k s_w| + |x_k| · 0.51 s_w, plus the final
-        // f32 rounding of a few ulps of the sum's terms.
+        // f32 roundings of a few ulps of the sum's terms (four, and one more for
+        // each outlier's term). An outlier is not quantized: no `s_x` term for
+        // it, and `s_x` is the step of the rest of its row. Rows with outliers
+        // forty times the rest hold the product to that smaller step, which
+        // quantizing them would multiply by about forty.
         for &(m, k, n) in &[(3, 64, 20), (13, 768, 48), (40, 1536, 33)] {
             let (x, w, bias) = operands(m, k, n);
             let packed = PackedInt8::new(w.view(), false);
-            let y = linear_int8(x.view(), &packed, Some(&bias), Epilogue::None);
-            let (_, scales) = quantized(&x);
             let dequantized = packed.unpack();
-            for i in 0..m {
-                for j in 0..n {
-                    let exact = (0..k).fold(bias[j] as f64, |s, kk| {
-                        s + x[[i, kk]] as f64 * w[[j, kk]] as f64
-                    });
-                    let s_x = scales[i].scale as f64;
-                    let s_w = packed.scales[j] as f64;
-                    let (mut bound, mut size) = (0.0f64, bias[j].abs() as f64);
-                    for kk in 0..k {
-                        let (xv, wv) = (x[[i, kk]].abs() as f64, dequantized[[j, kk]].abs() as f64);
-                        bound += 0.51 * s_x * wv + xv * 0.51 * s_w;
-                        size += (xv + s_x) * wv;
+            for count in COUNTS {
+                let x = with_outliers(x.clone(), 4);
+                let y = linear_int8(x.view(), &packed, count, Some(&bias), Epilogue::None);
+                let (_, scales, kept) = quantized(&x, count);
+                for i in 0..m {
+                    let exact_input = |kk: usize| kept[i].iter().any(|&(c, _)| c == kk);
+                    for j in 0..n {
+                        let exact = (0..k).fold(bias[j] as f64, |s, kk| {
+                            s + x[[i, kk]] as f64 * w[[j, kk]] as f64
+                        });
+                        let s_x = scales[i].scale as f64;
+                        let s_w = packed.scales[j] as f64;
+                        let (mut bound, mut size) = (0.0f64, bias[j].abs() as f64);
+                        for kk in 0..k {
+                            let (xv, wv) =
+                                (x[[i, kk]].abs() as f64, dequantized[[j, kk]].abs() as f64);
+                            let step = if exact_input(kk) { 0.0 } else { s_x };
+                            bound += 0.51 * step * wv + xv * 0.51 * s_w;
+                            size += (xv + step) * wv;
+                        }
+                        let roundings = 4.0 + kept[i].len() as f64;
+                        let bound = bound + roundings * f32::EPSILON as f64 * size;
+                        let err = (y[[i, j]] as f64 - exact).abs();
+                        assert!(
+                            err <= bound,
+                            "{m}x{k}x{n}, {count} outliers [{i}, {j}]: {err:e} > {bound:e}"
+                        );
                     }
-                    let bound = bound + 4.0 * f32::EPSILON as f64 * size;
-                    let err = (y[[i, j]] as f64 - exact).abs();
-                    assert!(err <= bound, "{m}x{k}x{n} [{i}, {j}]: {err:e} > {bound:e}");
                 }
             }
         }
@@ -714,7 +1067,7 @@ mod tests {
         ];
         for src in rows {
             let x = Array2::from_shape_vec((1, src.len()), src.clone()).unwrap();
-            let (levels, scales) = quantized(&x);
+            let (levels, scales, _) = quantized(&x, 0);
             let RowScale { scale, zero } = scales[0];
             assert!((0..=255).contains(&zero));
             for (&v, &q) in src.iter().zip(&levels[0]) {
@@ -739,29 +1092,35 @@ mod tests {
         let packed = PackedInt8::new(w.view(), false);
         for isa in Isa::available() {
             let token = isa.token().unwrap();
-            let y = linear_int8_on(token, x.view(), &packed, Some(&bias), Epilogue::None);
-            for ((i, j), v) in y.indexed_iter() {
-                let poisoned = matches!(i, 1 | 3 | 4) || j == 5;
-                assert_eq!(v.is_nan(), poisoned, "{isa} [{i}, {j}] = {v}");
+            for count in COUNTS {
+                let y =
+                    linear_int8_on(token, x.view(), &packed, count, Some(&bias), Epilogue::None);
+                for ((i, j), v) in y.indexed_iter() {
+                    let poisoned = matches!(i, 1 | 3 | 4) || j == 5;
+                    assert_eq!(
+                        v.is_nan(),
+                        poisoned,
+                        "{isa}, {count} outliers [{i}, {j}] = {v}"
+                    );
+                }
             }
         }
     }
 
     #[test]
     fn a_row_gives_the_same_bits_alone_in_a_batch_and_strided() {
-        for &(k, n) in &[(400, 40), (1536, 48)] {
+        for (&(k, n), count) in [(400, 40), (1536, 48)].iter().zip(COUNTS.iter().rev()) {
             let (x, w, bias) = operands(30, k, n);
+            let x = with_outliers(x, *count);
             let packed = PackedInt8::new(w.view(), false);
-            let all = linear_int8(x.view(), &packed, Some(&bias), Epilogue::None);
+            let product = |x| linear_int8(x, &packed, *count, Some(&bias), Epilogue::None);
+            let all = product(x.view());
             for m in [1, 5, 6, 7, 12, 13, 30] {
-                let y = linear_int8(x.slice(s![..m, ..]), &packed, Some(&bias), Epilogue::None);
+                let y = product(x.slice(s![..m, ..]));
                 assert_eq!(y, all.slice(s![..m, ..]), "{m} rows of {k}x{n}");
             }
             let xt = x.t().as_standard_layout().into_owned();
-            assert_eq!(
-                linear_int8(xt.t(), &packed, Some(&bias), Epilogue::None),
-                all
-            );
+            assert_eq!(product(xt.t()), all);
         }
     }
 
@@ -771,34 +1130,39 @@ mod tests {
         for m in [5, 200, 3 * super::super::MC - 7] {
             let (x, w, bias) = operands(m, 1536, 384);
             let packed = PackedInt8::new(w.view(), true);
-            for isa in Isa::available() {
+            for (isa, count) in Isa::available().into_iter().zip(COUNTS.iter().cycle()) {
                 let token = isa.token().unwrap();
+                let x = with_outliers(x.clone(), *count);
                 let run = |threads: usize| {
                     crate::threads::pool(threads).unwrap().install(|| {
-                        linear_int8_on(token, x.view(), &packed, Some(&bias), Epilogue::None)
+                        linear_int8_on(
+                            token,
+                            x.view(),
+                            &packed,
+                            *count,
+                            Some(&bias),
+                            Epilogue::None,
+                        )
                     })
                 };
                 let one = run(1);
-                assert_eq!(run(2), one, "{isa}");
-                assert_eq!(run(3), one, "{isa}");
+                assert_eq!(run(2), one, "{isa}, {count} outliers");
+                assert_eq!(run(3), one, "{isa}, {count} outliers");
             }
         }
     }
 
     #[test]
     fn the_fused_activation_equals_the_separate_one() {
-        for m in [3, 40] {
+        for (m, count) in [(3, 0), (40, 0), (40, 4)] {
             let (x, w, bias) = operands(m, 64, 50);
+            let x = with_outliers(x, count);
             let packed = PackedInt8::new(w.view(), false);
-            let fused = linear_int8(
-                x.view(),
-                &packed,
-                Some(&bias),
-                Epilogue::Act(Activation::Gelu),
-            );
-            let mut separate = linear_int8(x.view(), &packed, Some(&bias), Epilogue::None);
+            let product = |epilogue| linear_int8(x.view(), &packed, count, Some(&bias), epilogue);
+            let fused = product(Epilogue::Act(Activation::Gelu));
+            let mut separate = product(Epilogue::None);
             Activation::Gelu.apply(separate.as_slice_mut().unwrap());
-            assert_eq!(fused, separate);
+            assert_eq!(fused, separate, "{m} rows, {count} outliers");
         }
     }
 
@@ -831,17 +1195,19 @@ mod tests {
     fn no_rows_no_depth_and_no_bias() {
         let (x, w, bias) = operands(4, 0, 5);
         let packed = PackedInt8::new(w.view(), false);
-        let y = linear_int8(x.view(), &packed, Some(&bias), Epilogue::None);
+        let y = linear_int8(x.view(), &packed, 4, Some(&bias), Epilogue::None);
         assert_eq!(y, Array2::from_shape_fn((4, 5), |(_, j)| bias[j]));
         let (x, w, _) = operands(0, 9, 5);
         let packed = PackedInt8::new(w.view(), false);
         assert_eq!(
-            linear_int8(x.view(), &packed, None, Epilogue::None).dim(),
+            linear_int8(x.view(), &packed, 4, None, Epilogue::None).dim(),
             (0, 5)
         );
         let (x, w, _) = operands(3, 9, 5);
         let packed = PackedInt8::new(w.view(), false);
-        let y = linear_int8(x.view(), &packed, None, Epilogue::None);
-        assert_eq!(y, reference(&x, &packed, &[0.0; 5]));
+        for count in COUNTS {
+            let y = linear_int8(x.view(), &packed, count, None, Epilogue::None);
+            assert_eq!(y, reference(&x, &packed, count, &[0.0; 5]));
+        }
     }
 }
