@@ -136,8 +136,24 @@ impl Linear {
     /// each input row is quantized to unsigned bytes with its own scale and zero
     /// point, the products are summed exactly in i32 and the output, bias and
     /// activation stay f32 (`nn::matmul`'s int8 product: `vpdpbusd` where the CPU
-    /// has AVX512-VNNI).
+    /// has AVX512-VNNI, bytes widened to 16 bits elsewhere: the same bits).
     pub fn for_inference_with(self, precision: Precision) -> Self {
+        self.reduce(precision, false)
+    }
+
+    /// [`for_inference_with`](Self::for_inference_with)`(Precision::Int8)`, but on
+    /// a CPU without VNNI the weight is quantized to ±63 instead of ±127, so that
+    /// the product can multiply bytes with `vpmaddubsw` (whose 16-bit pair sums
+    /// cannot then saturate): twice the rate of the exact widening on AVX2, for
+    /// twice the weights' rounding error (docs/int8.md). With VNNI it is the same
+    /// layer. For layers measured to keep their accuracy so.
+    pub fn for_inference_int8_narrowed(self) -> Self {
+        self.reduce(Precision::Int8, true)
+    }
+
+    /// The inference layer in `precision`; in int8, `narrow` as
+    /// [`for_inference_int8_narrowed`](Self::for_inference_int8_narrowed) says.
+    fn reduce(self, precision: Precision, narrow: bool) -> Self {
         let weight = match self.unpacked() {
             Some(w) => w,
             None => self.weight,
@@ -150,7 +166,7 @@ impl Linear {
         };
         match precision {
             Precision::Bf16 | Precision::Int8 => Linear {
-                reduced: Some(Reduced::new(precision, layer.weight.view())),
+                reduced: Some(Reduced::new(precision, narrow, layer.weight.view())),
                 weight: Array2::zeros((0, 0)),
                 ..layer
             },
@@ -316,7 +332,8 @@ impl Linear {
             return match self.weight.is_empty() || reduced.matches(w) {
                 true => reduced.forward(x, bias, epilogue),
                 // Changed since it was packed: pack the weight as it is now.
-                false => Reduced::new(reduced.precision(), w).forward(x, bias, epilogue),
+                false => Reduced::new(reduced.precision(), reduced.narrowed(), w)
+                    .forward(x, bias, epilogue),
             };
         }
         if super::matmul::available() {
@@ -401,10 +418,11 @@ enum Reduced {
 }
 
 impl Reduced {
-    /// `w` packed for `precision`'s product (bf16 or int8).
-    fn new(precision: Precision, w: ArrayView2<'_, f32>) -> Self {
+    /// `w` packed for `precision`'s product (bf16 or int8; in int8 `narrow` as
+    /// `Linear::for_inference_int8_narrowed` says).
+    fn new(precision: Precision, narrow: bool, w: ArrayView2<'_, f32>) -> Self {
         match precision {
-            Precision::Int8 => Reduced::Int8(std::sync::Arc::new(PackedInt8::new(w, true))),
+            Precision::Int8 => Reduced::Int8(std::sync::Arc::new(PackedInt8::new(w, narrow, true))),
             Precision::Bf16 | Precision::F32 => {
                 debug_assert_eq!(precision, Precision::Bf16, "f32 weights are not reduced");
                 Reduced::Bf16(std::sync::Arc::new(PackedBf16::new(w, true)))
@@ -416,6 +434,14 @@ impl Reduced {
         match self {
             Reduced::Bf16(_) => Precision::Bf16,
             Reduced::Int8(_) => Precision::Int8,
+        }
+    }
+
+    /// Whether an int8 weight was quantized to fewer levels than ±127.
+    fn narrowed(&self) -> bool {
+        match self {
+            Reduced::Bf16(_) => false,
+            Reduced::Int8(p) => p.narrowed(),
         }
     }
 
