@@ -60,9 +60,11 @@ const INPUT_LEVELS: f32 = 255.0;
 /// latency needs: three gave 387 GOP/s on one Zen 5 thread against 512 with
 /// twelve sums (`scripts/peak/int8-peak`, avxvnni_tile and avxvnni).
 ///
-/// [`Simd::dot4_narrow`] without VNNI (`vpmaddubsw`, then `vpmaddwd` by ones
-/// from memory) needs one register beside the twelve sums, the panel's two
-/// halves and the row's quad: six rows fit too.
+/// [`Simd::dot4_narrow`] without VNNI (`vpmaddubsw`, then `vpmaddwd` by ones)
+/// holds no widened bytes either, only its pair sums and the ones beside the
+/// twelve sums, the panel's two halves and the row's quad: it takes six rows too
+/// (not compared with five; `dense_bench` ran 1.25-2.0x the widening's three-row
+/// tile, loaded: docs/int8.md).
 const fn rows_16<I: Simd>(narrow: bool) -> usize {
     if I::NATIVE_DOT4 || narrow {
         MR
