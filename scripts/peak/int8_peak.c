@@ -9,18 +9,25 @@
  *   avx2     attend's int8 step without VNNI (Simd::dot4 on AVX2): the bytes
  *            widened to 16 bits, even and odd apart, two vpmaddwd and two adds
  *            per 8 lanes x 4 products (64 ops);
- *   maddubs  the u8 x s8 pair that saturates (vpmaddubsw, vpmaddwd by ones,
- *            vpaddd), which ONNX Runtime's AVX2 kernels use: the rate attend's
- *            exact widening gives up;
+ *   maddubs  the u8 x s8 pair (vpmaddubsw, vpmaddwd by ones, vpaddd), which
+ *            saturates on bytes of 255 x 127 and which ONNX Runtime's AVX2 kernels
+ *            use; attend's narrowed AVX2 step (Simd::dot4_narrow, weights of +-63,
+ *            which cannot saturate) runs it in a 6-row tile;
  *   exact    the same pair kept exact: the unsigned bytes split into a >> 1 and
  *            a - (a >> 1) (each <= 128, so 2 x 128 x 127 fits i16), each half
  *            through vpmaddubsw and vpmaddwd, then two adds;
  *   avxvnni_tile  vpdpbusd (AVX-VNNI) in that tile: its 6 chains are fewer than
- *            the instruction's latency times its rate.
+ *            the instruction's latency times its rate;
+ *   pairs    attend's int8 step without VNNI since the weights are widened to
+ *            16 bits at load: 6 rows (a pair of 16-bit inputs broadcast) x the two
+ *            halves of a panel of 16-bit weight pairs, 12 chains of one vpmaddwd
+ *            and one vpaddd per 8 lanes x 2 products (32 ops), nothing widened in
+ *            the loop: measured level with avx2 (one vpmaddwd a cycle bounds
+ *            both), so attend does not widen its weights at load.
  * An op is a multiply or an add (a byte product and its sum: 2 ops), as a flop.
  *
  *   gcc -O2 -mavx512f -mavx512bw -mavx512vnni -mavxvnni -mavx2 -pthread -o int8_peak int8_peak.c
- *   ./int8_peak vnni|avxvnni|avx2|maddubs|exact|avxvnni_tile [THREADS]
+ *   ./int8_peak vnni|avxvnni|avx2|maddubs|exact|avxvnni_tile|pairs [THREADS]
  *
  * Prints one JSON line: what, threads, GOP/s. */
 #include <immintrin.h>
@@ -135,6 +142,29 @@ static void *exact(void *out) { STEP(SPLIT_ROW, NONE, EXACT) }
 #define DPBUSD(r, h) c##r##h = _mm256_dpbusd_avx_epi32(c##r##h, x##r, w##h);
 static void *avxvnni_tile(void *out) { STEP(NONE, NONE, DPBUSD) }
 
+/* 6 rows x 2 halves of 16-bit pairs: vpmaddwd and vpaddd, 12 chains. */
+#define PAIRS(r) \
+  c##r##0 = _mm256_add_epi32(c##r##0, _mm256_madd_epi16(x##r, w0)); \
+  c##r##1 = _mm256_add_epi32(c##r##1, _mm256_madd_epi16(x##r, w1));
+static void *pairs(void *out) {
+  __m256i x0 = _mm256_set1_epi32(0x00010001), x1 = x0, x2 = x0, x3 = x0, x4 = x0, x5 = x0;
+  __m256i w0 = x0, w1 = x0;
+  __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+  __m256i c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+  for (long i = 0; i < ITERS / 2; i++) {
+    __asm__ volatile("" : "+x"(x0), "+x"(x1), "+x"(x2), "+x"(w0), "+x"(w1));
+    __asm__ volatile("" : "+x"(x3), "+x"(x4), "+x"(x5));
+    PAIRS(0) PAIRS(1) PAIRS(2) PAIRS(3) PAIRS(4) PAIRS(5)
+  }
+  __m256i s = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(c00, c01), _mm256_add_epi32(c10, c11)),
+                               _mm256_add_epi32(_mm256_add_epi32(c20, c21), _mm256_add_epi32(c30, c31)));
+  s = _mm256_add_epi32(s, _mm256_add_epi32(_mm256_add_epi32(c40, c41), _mm256_add_epi32(c50, c51)));
+  *(int *)out = _mm256_extract_epi32(s, 0);
+  return NULL;
+}
+/* 12 accumulators x 8 lanes x 2 products x 2 ops per loop trip. */
+#define PAIRS_OPS (12 * 32.0)
+
 int main(int argc, char **argv) {
   const char *what = argc > 1 ? argv[1] : "vnni";
   int threads = argc > 2 ? atoi(argv[2]) : 1;
@@ -152,8 +182,10 @@ int main(int argc, char **argv) {
     work = avx2, ops_per_iter = STEP_OPS;
   } else if (strcmp(what, "maddubs") == 0) {
     work = maddubs, ops_per_iter = STEP_OPS;
+  } else if (strcmp(what, "pairs") == 0) {
+    work = pairs, ops_per_iter = PAIRS_OPS;
   } else {
-    fprintf(stderr, "error: unknown peak %s (vnni, avxvnni, avx2, maddubs, exact or avxvnni_tile)\n", what);
+    fprintf(stderr, "error: unknown peak %s (vnni, avxvnni, avx2, maddubs, exact, avxvnni_tile or pairs)\n", what);
     return 2;
   }
   if (threads < 1 || threads > 256) {

@@ -457,6 +457,20 @@ unsafe impl<const VNNI: bool> Simd for Avx2Of<VNNI> {
         unsafe { P2(dot4_half(acc.0, a.0, b.0), dot4_half(acc.1, a.1, b.1)) }
     }
     #[inline(always)]
+    fn dot4_narrow(self, acc: P2, a: P2, b: P2) -> P2 {
+        if VNNI {
+            return self.dot4(acc, a, b);
+        }
+        // SAFETY: the token proves AVX2.
+        unsafe {
+            let half = |acc, a, b| {
+                let pairs = _mm256_maddubs_epi16(a, b);
+                _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+            };
+            P2(half(acc.0, a.0, b.0), half(acc.1, a.1, b.1))
+        }
+    }
+    #[inline(always)]
     fn mul_sub_i32(self, acc: P2, a: P2, b: P2) -> P2 {
         // SAFETY: the token proves AVX2.
         unsafe {

@@ -352,6 +352,17 @@ unsafe impl<const BF16: bool> Simd for Avx512Of<BF16> {
         }
     }
     #[inline(always)]
+    fn dot4_narrow(self, acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+        if BF16 {
+            return self.dot4(acc, a, b);
+        }
+        // SAFETY: the token proves AVX-512 BW.
+        unsafe {
+            let pairs = _mm512_maddubs_epi16(a, b);
+            _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)))
+        }
+    }
+    #[inline(always)]
     fn mul_sub_i32(self, acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
         // SAFETY: the token proves AVX-512F.
         unsafe { _mm512_sub_epi32(acc, _mm512_mullo_epi32(a, b)) }

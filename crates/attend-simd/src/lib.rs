@@ -311,6 +311,22 @@ impl IsaToken {
         }
     }
 
+    /// Whether [`Simd::dot4`] is one instruction (`vpdpbusd`) on this instruction
+    /// set ([`Simd::NATIVE_DOT4`]).
+    pub fn native_dot4(self) -> bool {
+        match self {
+            IsaToken::Portable(_) => Portable::NATIVE_DOT4,
+            #[cfg(target_arch = "x86_64")]
+            IsaToken::Avx2(_) => Avx2::NATIVE_DOT4,
+            #[cfg(target_arch = "x86_64")]
+            IsaToken::Avx2Vnni(_) => Avx2Vnni::NATIVE_DOT4,
+            #[cfg(target_arch = "x86_64")]
+            IsaToken::Avx512(_) => Avx512::NATIVE_DOT4,
+            #[cfg(target_arch = "x86_64")]
+            IsaToken::Avx512Bf16(_) => Avx512Bf16::NATIVE_DOT4,
+        }
+    }
+
     /// The best instruction set of this CPU, detected once.
     pub fn best() -> IsaToken {
         static BEST: std::sync::OnceLock<IsaToken> = std::sync::OnceLock::new();
@@ -399,6 +415,9 @@ unsafe fn run_avx512bf16<J: SimdJob>(token: Avx512Bf16, job: J) -> J::Output {
 
 /// Lanes in every [`Simd`] vector.
 pub const LANES: usize = 16;
+
+/// The largest magnitude of a signed byte of [`Simd::dot4_narrow`]'s `b`.
+pub const NARROW_LEVEL: i8 = 63;
 
 /// Sixteen-lane f32 vectors and their operations, on one instruction set.
 ///
@@ -524,6 +543,14 @@ pub unsafe trait Simd: Copy + Send + Sync {
     /// compute exactly by widening the bytes to 16 bits (`vpmaddwd`): no
     /// intermediate saturates, so every instruction set gives the same sums.
     fn dot4(self, acc: Self::P, a: Self::P, b: Self::P) -> Self::P;
+    /// [`dot4`](Self::dot4) where every byte of `b` is in −63 ..= 63 ([`NARROW_LEVEL`]):
+    /// `vpdpbusd` where there is one, and elsewhere `vpmaddubsw` (two byte products
+    /// summed in 16 bits, at most 2 · 255 · 63 = 32,130, so nothing saturates)
+    /// followed by `vpmaddwd` by ones: on AVX2 twice the rate of the widening,
+    /// whose two `vpmaddwd` share one port (`scripts/peak/int8-peak`). A byte of
+    /// `b` outside that range may give a wrong sum (saturated) on those
+    /// instruction sets.
+    fn dot4_narrow(self, acc: Self::P, a: Self::P, b: Self::P) -> Self::P;
     /// `acc − a · b` lane by lane, in i32, wrapping.
     fn mul_sub_i32(self, acc: Self::P, a: Self::P, b: Self::P) -> Self::P;
     /// The i32 lanes converted to f32, rounded to nearest (ties to even) as `as
@@ -844,6 +871,28 @@ mod tests {
                 }
                 let want0 = 4 * 255 * -128 + acc[0] as i32;
                 assert_eq!(got[0] as i32, want0, "dot4 at the bytes' extremes");
+                // `dot4_narrow` on `b`'s bytes brought into −63 ..= 63 (their
+                // extremes in lanes 0 and 1: 255 × ±63 in every product).
+                let narrow: Vec<u32> = b
+                    .iter()
+                    .map(|&q| {
+                        let bytes = q.to_le_bytes();
+                        quad(bytes.map(|y| (y as i8).clamp(-NARROW_LEVEL, NARROW_LEVEL) as u8))
+                    })
+                    .collect();
+                let vn = isa.load_pairs(narrow.as_ptr());
+                isa.store_pairs(got.as_mut_ptr(), isa.dot4_narrow(vacc, va, vn));
+                for i in 0..16 {
+                    let (x, y) = (a[i].to_le_bytes(), narrow[i].to_le_bytes());
+                    let sum: i64 = (0..4).map(|t| x[t] as i64 * y[t] as i8 as i64).sum();
+                    assert_eq!(
+                        got[i] as i32 as i64,
+                        acc[i] as i32 as i64 + sum,
+                        "dot4_narrow lane {i}"
+                    );
+                }
+                let want0 = 4 * 255 * -63 + acc[0] as i32;
+                assert_eq!(got[0] as i32, want0, "dot4_narrow at the bytes' extremes");
                 isa.store_pairs(
                     got.as_mut_ptr(),
                     isa.mul_sub_i32(vacc, vb, isa.splat_pair(3)),

@@ -174,6 +174,10 @@ unsafe impl Simd for Portable {
         })
     }
     #[inline(always)]
+    fn dot4_narrow(self, acc: P, a: P, b: P) -> P {
+        self.dot4(acc, a, b)
+    }
+    #[inline(always)]
     fn mul_sub_i32(self, acc: P, a: P, b: P) -> P {
         std::array::from_fn(|i| acc[i].wrapping_sub(a[i].wrapping_mul(b[i])))
     }

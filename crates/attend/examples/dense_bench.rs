@@ -1,7 +1,9 @@
 //! Times the encoders' dense layers alone: an inference `Linear` (weights packed at
 //! load) on the shapes of all-MiniLM-L6-v2 and all-mpnet-base-v2, f32, bf16 and
-//! int8, for several token counts; `scripts/bench/dense` runs it beside the CPU's peaks
-//! and prints each product's share of them.
+//! int8 (narrowed: weights of ±63 on a CPU without VNNI, as the encoders' attention
+//! output and feed-forward up projection), for several token counts;
+//! `scripts/bench/dense` runs it beside the CPU's peaks and prints each product's
+//! share of them.
 //!
 //! ```text
 //! cargo run --release -p attend --example dense_bench -- [REPS] [f32|bf16|int8]
@@ -53,8 +55,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     for precision in precisions {
         for &(k, n) in &SHAPES {
-            let layer = Linear::new(filled(n, k, 1), Some(filled(1, n, 2).row(0).to_owned()))?
-                .for_inference_with(precision);
+            let layer = Linear::new(filled(n, k, 1), Some(filled(1, n, 2).row(0).to_owned()))?;
+            // int8 narrowed as the encoders' attention output and feed-forward up
+            // projection are: the same layer where the CPU has VNNI, weights of
+            // ±63 and `vpmaddubsw` where it has not (docs/int8.md).
+            let layer = match precision {
+                Precision::Int8 => layer.for_inference_int8_narrowed(),
+                other => layer.for_inference_with(other),
+            };
             for &m in &ROWS {
                 let x = filled(m, k, 3);
                 let flops = 2.0 * (m * k * n) as f64;

@@ -136,8 +136,24 @@ impl Linear {
     /// each input row is quantized to unsigned bytes with its own scale and zero
     /// point, the products are summed exactly in i32 and the output, bias and
     /// activation stay f32 (`nn::matmul`'s int8 product: `vpdpbusd` where the CPU
-    /// has AVX512-VNNI).
+    /// has AVX512-VNNI, bytes widened to 16 bits elsewhere: the same bits).
     pub fn for_inference_with(self, precision: Precision) -> Self {
+        self.reduce(precision, false)
+    }
+
+    /// [`for_inference_with`](Self::for_inference_with)`(Precision::Int8)`, but on
+    /// a CPU without VNNI the weight is quantized to ±63 instead of ±127, so that
+    /// the product can multiply bytes with `vpmaddubsw` (whose 16-bit pair sums
+    /// cannot then saturate): twice the rate of the exact widening on AVX2, for
+    /// twice the weights' rounding error (docs/int8.md). With VNNI it is the same
+    /// layer. For layers measured to keep their accuracy so.
+    pub fn for_inference_int8_narrowed(self) -> Self {
+        self.reduce(Precision::Int8, true)
+    }
+
+    /// The inference layer in `precision`; in int8, `narrow` as
+    /// [`for_inference_int8_narrowed`](Self::for_inference_int8_narrowed) says.
+    fn reduce(self, precision: Precision, narrow: bool) -> Self {
         let weight = match self.unpacked() {
             Some(w) => w,
             None => self.weight,
@@ -150,7 +166,7 @@ impl Linear {
         };
         match precision {
             Precision::Bf16 | Precision::Int8 => Linear {
-                reduced: Some(Reduced::new(precision, layer.weight.view())),
+                reduced: Some(Reduced::new(precision, narrow, layer.weight.view())),
                 weight: Array2::zeros((0, 0)),
                 ..layer
             },
@@ -420,11 +436,12 @@ enum Reduced {
 }
 
 impl Reduced {
-    /// `w` packed for `precision`'s product (bf16 or int8, without outliers).
-    fn new(precision: Precision, w: ArrayView2<'_, f32>) -> Self {
+    /// `w` packed for `precision`'s product (bf16 or int8, without outliers; in
+    /// int8 `narrow` as `Linear::for_inference_int8_narrowed` says).
+    fn new(precision: Precision, narrow: bool, w: ArrayView2<'_, f32>) -> Self {
         match precision {
             Precision::Int8 => Reduced::Int8 {
-                weight: std::sync::Arc::new(PackedInt8::new(w, true)),
+                weight: std::sync::Arc::new(PackedInt8::new(w, narrow, true)),
                 outliers: 0,
             },
             Precision::Bf16 | Precision::F32 => {
@@ -434,14 +451,23 @@ impl Reduced {
         }
     }
 
-    /// `w` packed as this is (its precision, and its outliers in int8).
+    /// `w` packed as this is (its precision, and its narrowing and outliers in
+    /// int8).
     fn repacked(&self, w: ArrayView2<'_, f32>) -> Self {
-        match (Reduced::new(self.precision(), w), self) {
+        match (Reduced::new(self.precision(), self.narrowed(), w), self) {
             (Reduced::Int8 { weight, .. }, Reduced::Int8 { outliers, .. }) => Reduced::Int8 {
                 weight,
                 outliers: *outliers,
             },
             (new, _) => new,
+        }
+    }
+
+    /// Whether an int8 weight was quantized to fewer levels than ±127.
+    fn narrowed(&self) -> bool {
+        match self {
+            Reduced::Bf16(_) => false,
+            Reduced::Int8 { weight, .. } => weight.narrowed(),
         }
     }
 

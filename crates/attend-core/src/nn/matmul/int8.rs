@@ -8,14 +8,19 @@
 //!   panels with each row a *quad* of four adjacent `k` (`[k/4][16]` quads, a
 //!   quarter of the f32 panel's bytes), zero past `n` and past `k`
 //!   ([`PackedInt8`]). Each output's sum of its quantized weights is kept too.
+//!   A *narrowed* packing on a CPU without VNNI quantizes to −63 ..= 63 instead
+//!   (`s_w[j] = max|w[j]| / 63`), chosen once at load ([`weight_limit`]).
 //! - **Inputs**: asymmetric, one scale and zero point per row (per token), chosen
 //!   at run time from the row's range (dynamic quantization, no calibration):
 //!   `s_x = (max − min) / 255` over the row and 0, `z = round(−min / s_x)`,
 //!   `x̂ = clamp(round(x / s_x) + z, 0, 255)` ([`quantize_row`]). A row of
 //!   activations after GELU is nearly all positive; its own zero point spends
 //!   all 256 levels on its range where a symmetric scale would waste half.
-//! - **Product**: [`Simd::dot4`] (`vpdpbusd` on AVX512-VNNI, unsigned bytes of
-//!   `x` against signed ones of `w`; exact 16-bit widening elsewhere) sums
+//! - **Product**: [`Simd::dot4`] (`vpdpbusd` on AVX512-VNNI and AVX-VNNI,
+//!   unsigned bytes of `x` against signed ones of `w`; exact 16-bit widening
+//!   elsewhere), or for a ±63 packing without VNNI [`Simd::dot4_narrow`]
+//!   (`vpmaddubsw`, which cannot saturate on such weights, and `vpmaddwd` by
+//!   ones: twice the widening's rate on AVX2, which runs one `vpmaddwd` a cycle), sums
 //!   `Σ x̂ ŵ` in i32 over the whole depth in one register tile, exactly (at most
 //!   `255 · 127 · k`, far from overflow for any encoder's `k`). The zero point
 //!   comes off in i32, `Σ x̂ ŵ − z · Σ ŵ`, and one rounding to f32 and a fused
@@ -31,9 +36,11 @@
 //!   channels a handful of levels; which channels they are is the row's own, so a
 //!   row's output does not depend on the batch, and no calibration is needed.
 //!
-//! The integer sums are exact, so the output is the same bits on every
-//! instruction set, whatever the blocking, the batch or the thread count; the
-//! tests check them against an i64 reference. The error is the quantization's:
+//! The integer sums are exact, so for a given packing the output is the same
+//! bits on every instruction set, whatever the blocking, the batch or the thread
+//! count; the tests check both packings against an i64 reference. (A narrowed
+//! packing itself differs between CPUs with and without VNNI.) The error is the
+//! quantization's:
 //! each input moves by up to `s_x / 2` and each weight by `s_w / 2`.
 
 use std::mem::MaybeUninit;
@@ -42,7 +49,7 @@ use ndarray::{Array2, ArrayView2};
 use rayon::prelude::*;
 
 use super::{bias_only, Depth, Epilogue, Init, Operands, Problem, TileAt, NR, PARALLEL_MIN};
-use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
+use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES, NARROW_LEVEL};
 use crate::kernels::tile::{self, MR};
 use crate::memory::LargePageArray;
 
@@ -51,9 +58,9 @@ fn quads(k: usize) -> usize {
     k.div_ceil(4)
 }
 
-/// Largest quantized weight magnitude (symmetric: −127 ..= 127, so that
-/// negating a weight keeps its size).
-const WEIGHT_LEVELS: f32 = 127.0;
+/// Largest quantized weight magnitude where the CPU multiplies bytes with
+/// `vpdpbusd` (symmetric: −127 ..= 127, so that negating a weight keeps its size).
+const WEIGHT_LEVELS: i8 = 127;
 /// Levels of a quantized input: 0 ..= 255.
 const INPUT_LEVELS: f32 = 255.0;
 /// Rows a 16-register instruction set takes in one tile: three rows of one panel
@@ -62,8 +69,14 @@ const INPUT_LEVELS: f32 = 255.0;
 /// six rows (twelve accumulators) give `vpdpbusd` the independent sums its
 /// latency needs: three gave 387 GOP/s on one Zen 5 thread against 512 with
 /// twelve sums (`scripts/peak/int8-peak`, avxvnni_tile and avxvnni).
-const fn rows_16<I: Simd>() -> usize {
-    if I::NATIVE_DOT4 {
+///
+/// [`Simd::dot4_narrow`] without VNNI (`vpmaddubsw`, then `vpmaddwd` by ones)
+/// holds no widened bytes either, only its pair sums and the ones beside the
+/// twelve sums, the panel's two halves and the row's quad: it takes six rows too
+/// (not compared with five; `dense_bench` ran 1.25-2.0x the widening's three-row
+/// tile, loaded: docs/int8.md).
+const fn rows_16<I: Simd>(narrow: bool) -> usize {
+    if I::NATIVE_DOT4 || narrow {
         MR
     } else {
         3
@@ -501,6 +514,8 @@ impl SimdJob for AddOutliers<'_> {
 pub(crate) struct PackedInt8 {
     n: usize,
     k: usize,
+    /// The largest weight level: every `|ŵ| ≤ limit`.
+    limit: i8,
     data: LargePageArray<u32>,
     /// `s_w[j]`, 0 past `n`.
     scales: Vec<f32>,
@@ -514,36 +529,64 @@ impl std::fmt::Debug for PackedInt8 {
     }
 }
 
-/// Output `j`'s scale, from its weights' largest magnitude (1 for a row of zeros,
-/// whose weights all quantize to 0 either way; NaN for one holding a NaN or an
-/// infinity, so that its outputs are NaN).
-fn weight_scale(row: ndarray::ArrayView1<'_, f32>) -> f32 {
+/// Output `j`'s scale for weights of at most `limit` in magnitude, from its
+/// weights' largest magnitude (1 for a row of zeros, whose weights all quantize to
+/// 0 either way; NaN for one holding a NaN or an infinity, so that its outputs are
+/// NaN).
+fn weight_scale(row: ndarray::ArrayView1<'_, f32>, limit: i8) -> f32 {
     let largest = row.iter().fold(0.0f32, |m, &x| m.max(x.abs()));
     if row.iter().any(|x| !x.is_finite()) {
         f32::NAN
     } else if largest == 0.0 {
         1.0
     } else {
-        largest / WEIGHT_LEVELS
+        largest / limit as f32
     }
 }
 
-/// `x` quantized with `scale` (symmetric, −127 ..= 127), rounded to nearest, ties
-/// to even, by adding and taking away 1.5 · 2²³ as [`quantize_row`] does (exact,
-/// since |x / scale| ≤ 127): `round_ties_even` is a library call where the
-/// compiler may not assume SSE4.1, and made most of the weights' quantization at
-/// load (`rintf` in a profile).
+/// `x` quantized with `scale` (symmetric, `−limit ..= limit`), rounded to
+/// nearest, ties to even, by adding and taking away 1.5 · 2²³ as [`quantize_row`]
+/// does (exact, since |x / scale| ≤ 127): `round_ties_even` is a library call
+/// where the compiler may not assume SSE4.1, and made most of the weights'
+/// quantization at load (`rintf` in a profile).
 #[inline(always)]
-fn weight_level(x: f32, scale: f32) -> i8 {
+fn weight_level(x: f32, scale: f32, limit: i8) -> i8 {
     const ROUND: f32 = 12_582_912.0;
     let q = (x / scale + ROUND) - ROUND;
+    let limit = limit as f32;
     // A NaN (a poisoned row's) becomes 0 through `as`, as before.
-    q.clamp(-WEIGHT_LEVELS, WEIGHT_LEVELS) as i8
+    q.clamp(-limit, limit) as i8
+}
+
+/// The weights' largest level (magnitude) for the product on `isa`: 127 where `dot4` is
+/// `vpdpbusd`; elsewhere [`NARROW_LEVEL`] (63), so that the product can use
+/// `vpmaddubsw`, whose 16-bit pair sums saturate beyond 2 · 255 · 63 (twice the
+/// rate of the exact widening of bytes on AVX2: docs/int8.md).
+fn weight_limit(isa: IsaToken) -> i8 {
+    if isa.native_dot4() {
+        WEIGHT_LEVELS
+    } else {
+        NARROW_LEVEL
+    }
 }
 
 impl PackedInt8 {
-    /// Quantizes and packs `w [n, k]` (any strides), in parallel if `parallel`.
-    pub(crate) fn new(w: ArrayView2<'_, f32>, parallel: bool) -> Self {
+    /// Quantizes and packs `w [n, k]` (any strides) to ±127, in parallel if
+    /// `parallel`; with `narrow`, to this CPU's best instruction set's
+    /// [`weight_limit`] instead (±63 where it has no VNNI).
+    pub(crate) fn new(w: ArrayView2<'_, f32>, narrow: bool, parallel: bool) -> Self {
+        let limit = if narrow {
+            weight_limit(IsaToken::best())
+        } else {
+            WEIGHT_LEVELS
+        };
+        Self::with_limit(w, limit, parallel)
+    }
+
+    /// Quantizes `w [n, k]` to `−limit ..= limit` and packs it. Every
+    /// instruction set multiplies any packing exactly; where `limit` ≤
+    /// [`NARROW_LEVEL`] those without VNNI use [`Simd::dot4_narrow`].
+    fn with_limit(w: ArrayView2<'_, f32>, limit: i8, parallel: bool) -> Self {
         let (n, k) = w.dim();
         let panels = n.div_ceil(NR);
         let mut scales = vec![0.0f32; panels * NR];
@@ -552,9 +595,9 @@ impl PackedInt8 {
         let mut levels = vec![0i8; n * k];
         let quantize = |(j, ((level, scale), sum)): (usize, ((&mut [i8], &mut f32), &mut i32))| {
             let row = w.row(j);
-            *scale = weight_scale(row);
+            *scale = weight_scale(row, limit);
             for (l, &x) in level.iter_mut().zip(row) {
-                *l = weight_level(x, *scale);
+                *l = weight_level(x, *scale, limit);
             }
             *sum = level.iter().map(|&l| l as i32).sum();
         };
@@ -609,10 +652,16 @@ impl PackedInt8 {
         PackedInt8 {
             n,
             k,
+            limit,
             data,
             scales,
             sums,
         }
+    }
+
+    /// Whether the weights were quantized to fewer levels than ±127.
+    pub(crate) fn narrowed(&self) -> bool {
+        self.limit < WEIGHT_LEVELS
     }
 
     /// `[n, k]`.
@@ -688,7 +737,6 @@ impl Operands for QuadOperands<'_> {
         ldc: usize,
         init: [Init<'_>; P],
     ) {
-        let TileAt { r, rows, p, .. } = at;
         debug_assert!(
             at.s0 == 0 && at.sc == self.x.lda,
             "one block holds the whole sum"
@@ -699,28 +747,52 @@ impl Operands for QuadOperands<'_> {
             Init::Zero => &ZERO,
             Init::Add => unreachable!("the sum is never split"),
         });
+        // SAFETY: the caller's guarantees. Where `dot4` is `vpdpbusd` it is
+        // exact for any packing, and the narrow product is the same instruction.
+        unsafe {
+            if !I::NATIVE_DOT4 && self.w.limit <= NARROW_LEVEL {
+                self.tile_with::<I, P, true>(isa, at, c, ldc, bias)
+            } else {
+                self.tile_with::<I, P, false>(isa, at, c, ldc, bias)
+            }
+        }
+    }
+}
+
+impl QuadOperands<'_> {
+    /// [`Operands::tile`] with each quad's bytes multiplied by
+    /// [`Simd::dot4_narrow`] if `NARROW`, by [`Simd::dot4`] if not.
+    ///
+    /// # Safety
+    /// As [`Operands::tile`]'s; with `NARROW`, every weight level is at most
+    /// [`NARROW_LEVEL`] in magnitude.
+    #[inline(always)]
+    unsafe fn tile_with<I: Simd, const P: usize, const NARROW: bool>(
+        &self,
+        isa: I,
+        at: TileAt,
+        c: *mut f32,
+        ldc: usize,
+        bias: [&[f32; NR]; P],
+    ) {
+        let TileAt { r, rows, p, .. } = at;
+        let wide = I::NATIVE_DOT4 || NARROW;
         // SAFETY: the caller's guarantees (rows of `x`, panels of `w`, `c`'s rows),
         // split by panel and by rows below for 16-register instruction sets (no
         // recursion: it could not be inlined into the instruction set's entry point).
         unsafe {
             if I::REGISTERS < 32 {
                 for (q, bias) in bias.iter().enumerate() {
-                    for top in (0..rows).step_by(rows_16::<I>()) {
+                    for top in (0..rows).step_by(rows_16::<I>(NARROW)) {
                         let (r, c) = (r + top, c.add(top * ldc + q * NR));
                         let bias = [*bias];
-                        match (rows - top).min(rows_16::<I>()) {
-                            1 => self.rows::<I, 1, 1>(isa, r, p + q, c, ldc, bias),
-                            2 => self.rows::<I, 2, 1>(isa, r, p + q, c, ldc, bias),
-                            3 => self.rows::<I, 3, 1>(isa, r, p + q, c, ldc, bias),
-                            4 if I::NATIVE_DOT4 => {
-                                self.rows::<I, 4, 1>(isa, r, p + q, c, ldc, bias)
-                            }
-                            5 if I::NATIVE_DOT4 => {
-                                self.rows::<I, 5, 1>(isa, r, p + q, c, ldc, bias)
-                            }
-                            _ if I::NATIVE_DOT4 => {
-                                self.rows::<I, 6, 1>(isa, r, p + q, c, ldc, bias)
-                            }
+                        match (rows - top).min(rows_16::<I>(NARROW)) {
+                            1 => self.rows::<I, 1, 1, NARROW>(isa, r, p + q, c, ldc, bias),
+                            2 => self.rows::<I, 2, 1, NARROW>(isa, r, p + q, c, ldc, bias),
+                            3 => self.rows::<I, 3, 1, NARROW>(isa, r, p + q, c, ldc, bias),
+                            4 if wide => self.rows::<I, 4, 1, NARROW>(isa, r, p + q, c, ldc, bias),
+                            5 if wide => self.rows::<I, 5, 1, NARROW>(isa, r, p + q, c, ldc, bias),
+                            _ if wide => self.rows::<I, 6, 1, NARROW>(isa, r, p + q, c, ldc, bias),
                             _ => unreachable!("at most rows_16 rows"),
                         }
                     }
@@ -731,38 +803,38 @@ impl Operands for QuadOperands<'_> {
                 debug_assert!(P == 2 && tile::tall::<I>(rows));
                 let bias = [bias[0], bias[P - 1]];
                 match rows {
-                    12 => self.rows::<I, 12, 2>(isa, r, p, c, ldc, bias),
-                    11 => self.rows::<I, 11, 2>(isa, r, p, c, ldc, bias),
-                    10 => self.rows::<I, 10, 2>(isa, r, p, c, ldc, bias),
-                    9 => self.rows::<I, 9, 2>(isa, r, p, c, ldc, bias),
-                    8 => self.rows::<I, 8, 2>(isa, r, p, c, ldc, bias),
-                    _ => self.rows::<I, 7, 2>(isa, r, p, c, ldc, bias),
+                    12 => self.rows::<I, 12, 2, NARROW>(isa, r, p, c, ldc, bias),
+                    11 => self.rows::<I, 11, 2, NARROW>(isa, r, p, c, ldc, bias),
+                    10 => self.rows::<I, 10, 2, NARROW>(isa, r, p, c, ldc, bias),
+                    9 => self.rows::<I, 9, 2, NARROW>(isa, r, p, c, ldc, bias),
+                    8 => self.rows::<I, 8, 2, NARROW>(isa, r, p, c, ldc, bias),
+                    _ => self.rows::<I, 7, 2, NARROW>(isa, r, p, c, ldc, bias),
                 }
                 return;
             }
             match rows {
-                6 => self.rows::<I, 6, P>(isa, r, p, c, ldc, bias),
-                5 => self.rows::<I, 5, P>(isa, r, p, c, ldc, bias),
-                4 => self.rows::<I, 4, P>(isa, r, p, c, ldc, bias),
-                3 => self.rows::<I, 3, P>(isa, r, p, c, ldc, bias),
-                2 => self.rows::<I, 2, P>(isa, r, p, c, ldc, bias),
-                _ => self.rows::<I, 1, P>(isa, r, p, c, ldc, bias),
+                6 => self.rows::<I, 6, P, NARROW>(isa, r, p, c, ldc, bias),
+                5 => self.rows::<I, 5, P, NARROW>(isa, r, p, c, ldc, bias),
+                4 => self.rows::<I, 4, P, NARROW>(isa, r, p, c, ldc, bias),
+                3 => self.rows::<I, 3, P, NARROW>(isa, r, p, c, ldc, bias),
+                2 => self.rows::<I, 2, P, NARROW>(isa, r, p, c, ldc, bias),
+                _ => self.rows::<I, 1, P, NARROW>(isa, r, p, c, ldc, bias),
             }
         }
     }
-}
 
-impl QuadOperands<'_> {
     /// `c[R, 16·P]` = rows `r .. r + R` of `x` times panels `p .. p + P`, the
     /// whole sum, dequantized, plus `bias`. `R · P ≤ 24` (`R ≤ 6`, or `P = 2` and
     /// `R ≤ tile::TALL_ROWS`) on 32-register instruction sets, `P = 1` and
-    /// `R ≤ rows_16` elsewhere, so that the accumulators stay in registers.
+    /// `R ≤ rows_16` elsewhere, so that the accumulators stay in registers; the
+    /// bytes multiplied as [`tile_with`](Self::tile_with) says.
     ///
     /// # Safety
     /// Rows `r .. r + R` of `x` and panels `p .. p + P` of `w` must exist, and `c`
-    /// be writable for `R` rows of `16·P` floats `ldc` apart.
+    /// be writable for `R` rows of `16·P` floats `ldc` apart; with `NARROW`, every
+    /// weight level is at most [`NARROW_LEVEL`] in magnitude.
     #[inline(always)]
-    unsafe fn rows<I: Simd, const R: usize, const P: usize>(
+    unsafe fn rows<I: Simd, const R: usize, const P: usize, const NARROW: bool>(
         &self,
         isa: I,
         r: usize,
@@ -797,7 +869,11 @@ impl QuadOperands<'_> {
                 for i in 0..R {
                     let ai = isa.splat_pair(*a[i].add(s));
                     for q in 0..P {
-                        acc[q][i] = isa.dot4(acc[q][i], ai, bv[q]);
+                        acc[q][i] = if NARROW {
+                            isa.dot4_narrow(acc[q][i], ai, bv[q])
+                        } else {
+                            isa.dot4(acc[q][i], ai, bv[q])
+                        };
                     }
                 }
             }
@@ -934,6 +1010,10 @@ mod tests {
     /// The outlier counts the tests run: none, and the encoders'.
     const COUNTS: [usize; 2] = [0, 4];
 
+    /// The weights' two packings: bytes of ±127 (`vpdpbusd`, or widened to 16
+    /// bits), and of ±63 (`vpmaddubsw` without VNNI).
+    const LIMITS: [i8; 2] = [WEIGHT_LEVELS, NARROW_LEVEL];
+
     #[test]
     fn the_bits_of_the_i64_reference_on_every_edge_and_instruction_set() {
         // Row counts on both sides of the 6-row tile, of the two-panel tile of up
@@ -954,21 +1034,23 @@ mod tests {
             (487, 130, 40),
         ] {
             let (x, w, bias) = operands(m, k, n);
-            let packed = PackedInt8::new(w.view(), false);
-            for count in COUNTS {
-                let x = with_outliers(x.clone(), count);
-                let want = reference(&x, &packed, count, &bias);
-                for isa in Isa::available() {
-                    let token = isa.token().unwrap();
-                    let y = linear_int8_on(
-                        token,
-                        x.view(),
-                        &packed,
-                        count,
-                        Some(&bias),
-                        Epilogue::None,
-                    );
-                    assert_eq!(y, want, "{isa} {m}x{k}x{n}, {count} outliers");
+            for limit in LIMITS {
+                let packed = PackedInt8::with_limit(w.view(), limit, false);
+                for count in COUNTS {
+                    let x = with_outliers(x.clone(), count);
+                    let want = reference(&x, &packed, count, &bias);
+                    for isa in Isa::available() {
+                        let token = isa.token().unwrap();
+                        let y = linear_int8_on(
+                            token,
+                            x.view(),
+                            &packed,
+                            count,
+                            Some(&bias),
+                            Epilogue::None,
+                        );
+                        assert_eq!(y, want, "{isa} {m}x{k}x{n}, ±{limit}, {count} outliers");
+                    }
                 }
             }
         }
@@ -1019,9 +1101,12 @@ mod tests {
         // it, and `s_x` is the step of the rest of its row. Rows with outliers
         // forty times the rest hold the product to that smaller step, which
         // quantizing them would multiply by about forty.
-        for &(m, k, n) in &[(3, 64, 20), (13, 768, 48), (40, 1536, 33)] {
+        for (&(m, k, n), limit) in [(3, 64, 20), (13, 768, 48), (40, 1536, 33)]
+            .iter()
+            .flat_map(|shape| LIMITS.map(|limit| (shape, limit)))
+        {
             let (x, w, bias) = operands(m, k, n);
-            let packed = PackedInt8::new(w.view(), false);
+            let packed = PackedInt8::with_limit(w.view(), limit, false);
             let dequantized = packed.unpack();
             for count in COUNTS {
                 let x = with_outliers(x.clone(), 4);
@@ -1089,7 +1174,7 @@ mod tests {
         x[[3, 20]] = f32::NAN;
         x[[4, 36]] = f32::NEG_INFINITY;
         w[[5, 2]] = f32::NAN;
-        let packed = PackedInt8::new(w.view(), false);
+        let packed = PackedInt8::new(w.view(), false, false);
         for isa in Isa::available() {
             let token = isa.token().unwrap();
             for count in COUNTS {
@@ -1112,7 +1197,7 @@ mod tests {
         for (&(k, n), count) in [(400, 40), (1536, 48)].iter().zip(COUNTS.iter().rev()) {
             let (x, w, bias) = operands(30, k, n);
             let x = with_outliers(x, *count);
-            let packed = PackedInt8::new(w.view(), false);
+            let packed = PackedInt8::new(w.view(), false, false);
             let product = |x| linear_int8(x, &packed, *count, Some(&bias), Epilogue::None);
             let all = product(x.view());
             for m in [1, 5, 6, 7, 12, 13, 30] {
@@ -1129,25 +1214,27 @@ mod tests {
         // One row block, and three (`MC`).
         for m in [5, 200, 3 * super::super::MC - 7] {
             let (x, w, bias) = operands(m, 1536, 384);
-            let packed = PackedInt8::new(w.view(), true);
-            for (isa, count) in Isa::available().into_iter().zip(COUNTS.iter().cycle()) {
-                let token = isa.token().unwrap();
-                let x = with_outliers(x.clone(), *count);
-                let run = |threads: usize| {
-                    crate::threads::pool(threads).unwrap().install(|| {
-                        linear_int8_on(
-                            token,
-                            x.view(),
-                            &packed,
-                            *count,
-                            Some(&bias),
-                            Epilogue::None,
-                        )
-                    })
-                };
-                let one = run(1);
-                assert_eq!(run(2), one, "{isa}, {count} outliers");
-                assert_eq!(run(3), one, "{isa}, {count} outliers");
+            for limit in LIMITS {
+                let packed = PackedInt8::with_limit(w.view(), limit, true);
+                for (isa, count) in Isa::available().into_iter().zip(COUNTS.iter().cycle()) {
+                    let token = isa.token().unwrap();
+                    let x = with_outliers(x.clone(), *count);
+                    let run = |threads: usize| {
+                        crate::threads::pool(threads).unwrap().install(|| {
+                            linear_int8_on(
+                                token,
+                                x.view(),
+                                &packed,
+                                *count,
+                                Some(&bias),
+                                Epilogue::None,
+                            )
+                        })
+                    };
+                    let one = run(1);
+                    assert_eq!(run(2), one, "{isa} ±{limit}, {count} outliers");
+                    assert_eq!(run(3), one, "{isa} ±{limit}, {count} outliers");
+                }
             }
         }
     }
@@ -1157,7 +1244,7 @@ mod tests {
         for (m, count) in [(3, 0), (40, 0), (40, 4)] {
             let (x, w, bias) = operands(m, 64, 50);
             let x = with_outliers(x, count);
-            let packed = PackedInt8::new(w.view(), false);
+            let packed = PackedInt8::new(w.view(), false, false);
             let product = |epilogue| linear_int8(x.view(), &packed, count, Some(&bias), epilogue);
             let fused = product(Epilogue::Act(Activation::Gelu));
             let mut separate = product(Epilogue::None);
@@ -1170,41 +1257,63 @@ mod tests {
     fn packing_keeps_levels_scales_and_sums() {
         let (_, mut w, _) = operands(1, 21, 24);
         w.row_mut(7).fill(0.0);
-        let packed = PackedInt8::new(w.view(), false);
-        for j in 0..24 {
-            let largest = w.row(j).iter().fold(0.0f32, |m, &v| m.max(v.abs()));
-            let scale = packed.scales[j];
-            if largest == 0.0 {
-                assert_eq!(scale, 1.0);
-            } else {
-                assert_eq!(scale, largest / 127.0);
+        for limit in LIMITS {
+            let packed = PackedInt8::with_limit(w.view(), limit, false);
+            let mut extremes = 0;
+            for j in 0..24 {
+                let largest = w.row(j).iter().fold(0.0f32, |m, &v| m.max(v.abs()));
+                let scale = packed.scales[j];
+                if largest == 0.0 {
+                    assert_eq!(scale, 1.0);
+                } else {
+                    assert_eq!(scale, largest / limit as f32);
+                }
+                let mut sum = 0;
+                for kk in 0..21 {
+                    let level = packed.level(j, kk);
+                    assert_eq!(level as f32, (w[[j, kk]] / scale).round_ties_even());
+                    assert!((-limit..=limit).contains(&level), "{level} beyond ±{limit}");
+                    extremes += (level.abs() == limit) as usize;
+                    sum += level as i32;
+                }
+                assert_eq!(packed.sums[j], sum);
             }
-            let mut sum = 0;
-            for kk in 0..21 {
-                let level = packed.level(j, kk);
-                assert_eq!(level as f32, (w[[j, kk]] / scale).round_ties_even());
-                sum += level as i32;
-            }
-            assert_eq!(packed.sums[j], sum);
-            assert!((-127..=127).contains(&packed.level(j, 0)));
+            // Each non-zero output's largest weight reaches the limit.
+            assert!(extremes >= 23, "±{limit}: {extremes}");
+            assert!(packed.sums[24..].iter().all(|&s| s == 0));
         }
-        assert!(packed.sums[24..].iter().all(|&s| s == 0));
+    }
+
+    #[test]
+    fn the_packing_follows_the_instruction_set() {
+        // ±127 where `vpdpbusd` multiplies, ±63 (`vpmaddubsw`) elsewhere.
+        for isa in Isa::available() {
+            let want = match isa {
+                Isa::Avx2Vnni | Isa::Avx512Bf16 => 127,
+                Isa::Portable | Isa::Avx2 | Isa::Avx512 => 63,
+            };
+            assert_eq!(weight_limit(isa.token().unwrap()), want, "{isa}");
+        }
+        let (_, w, _) = operands(1, 40, 16);
+        let narrowed = PackedInt8::new(w.view(), true, false);
+        assert_eq!(narrowed.limit, weight_limit(IsaToken::best()));
+        assert_eq!(PackedInt8::new(w.view(), false, false).limit, 127);
     }
 
     #[test]
     fn no_rows_no_depth_and_no_bias() {
         let (x, w, bias) = operands(4, 0, 5);
-        let packed = PackedInt8::new(w.view(), false);
+        let packed = PackedInt8::new(w.view(), false, false);
         let y = linear_int8(x.view(), &packed, 4, Some(&bias), Epilogue::None);
         assert_eq!(y, Array2::from_shape_fn((4, 5), |(_, j)| bias[j]));
         let (x, w, _) = operands(0, 9, 5);
-        let packed = PackedInt8::new(w.view(), false);
+        let packed = PackedInt8::new(w.view(), false, false);
         assert_eq!(
             linear_int8(x.view(), &packed, 4, None, Epilogue::None).dim(),
             (0, 5)
         );
         let (x, w, _) = operands(3, 9, 5);
-        let packed = PackedInt8::new(w.view(), false);
+        let packed = PackedInt8::new(w.view(), false, false);
         for count in COUNTS {
             let y = linear_int8(x.view(), &packed, count, None, Epilogue::None);
             assert_eq!(y, reference(&x, &packed, count, &[0.0; 5]));
