@@ -13,17 +13,18 @@
 
 use std::mem::MaybeUninit;
 
-use ndarray::Array4;
+use ndarray::{Array4, ArrayView3, ArrayView4};
 use rayon::prelude::*;
 
 use super::{choose_kernel, Config, Kernel};
-use crate::element::sealed::{Computed, Sealed};
+use crate::element::sealed::{Computed, FusedBackward, Sealed};
 use crate::element::{bf16, round_to_bf16, to_f32_on};
 use crate::isa::{dispatch, IsaToken, Simd, SimdJob};
+use crate::kernels::backward::fused as backward_kernel;
 use crate::kernels::fused::{self, bf16 as fused_bf16};
 use crate::kernels::round::round_into;
 use crate::kernels::{decode, reference};
-use crate::problem::{Precision, Problem};
+use crate::problem::{Dropout, Precision, Problem};
 use crate::Result;
 
 impl Sealed for bf16 {
@@ -68,6 +69,18 @@ impl Sealed for bf16 {
         };
         let (out, lse) = config.exec.install(run)?;
         Ok((out, [lse.value, lse.residual]))
+    }
+
+    fn fused_backward(
+        p: &Problem<'_, Self>,
+        out: ArrayView4<'_, Self>,
+        lse: (ArrayView3<'_, f32>, Option<ArrayView3<'_, f32>>),
+        dout: ArrayView4<'_, Self>,
+        dropout: Option<&Dropout>,
+        want_ds: bool,
+        isa: IsaToken,
+    ) -> FusedBackward<Self> {
+        backward_kernel::run(p, out, lse, dout, dropout, want_ds, isa)
     }
 }
 

@@ -64,7 +64,7 @@ pub(crate) mod bf16;
 mod float;
 mod output;
 
-pub(crate) use float::run;
+pub(crate) use float::{run, Widened};
 
 /// Keys per tile at most (the scratch is sized for it); see [`tile_keys`].
 const BK: usize = 128;
