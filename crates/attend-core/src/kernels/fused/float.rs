@@ -140,8 +140,8 @@ impl Widened for bf16 {
 ///
 /// # Panics
 /// If `!supports(p)` (checked by [`crate::attention::attention_with`]).
-pub(crate) fn run<T: Widened>(
-    p: &Problem<'_, T>,
+pub(crate) fn run<T: Widened, KV: Widened>(
+    p: &Problem<'_, T, KV>,
     isa: IsaToken,
     dropout: Option<&Dropout>,
 ) -> (Array4<T>, LogSumExp) {
@@ -198,29 +198,30 @@ unsafe fn over_panels<I: Simd, const MR: usize, const NQ: usize, A: Lhs<f32>>(
 }
 
 /// The problem, with what its units share.
-struct F32Operands<'a, 'p, T> {
-    p: &'a Problem<'p, T>,
+struct F32Operands<'a, 'p, T, KV> {
+    p: &'a Problem<'p, T, KV>,
     /// The scores' scale.
     scale: f32,
     dropout: Option<Dropout>,
 }
 
 /// A unit: its scaled `Qᵀ` and where its key/value head starts.
-struct F32Unit<'s, T> {
+struct F32Unit<'s, KV> {
     /// `Qᵀ · scale`, `[E][W]`.
     qt: &'s mut [f32],
     e: usize,
     /// The head's keys and values: base pointer, row and column strides.
-    k: (*const T, isize, isize),
-    v: (*const T, isize, isize),
+    k: (*const KV, isize, isize),
+    v: (*const KV, isize, isize),
 }
 
-impl<'p, T: Widened> Operands<'p> for F32Operands<'_, 'p, T> {
+impl<'p, T: Widened, KV: Widened> Operands<'p> for F32Operands<'_, 'p, T, KV> {
     type Elem = T;
+    type KvElem = KV;
     type Out = T;
-    type Unit<'s> = F32Unit<'s, T>;
+    type Unit<'s> = F32Unit<'s, KV>;
 
-    fn problem(&self) -> &Problem<'p, T> {
+    fn problem(&self) -> &Problem<'p, T, KV> {
         self.p
     }
 
@@ -247,7 +248,7 @@ impl<'p, T: Widened> Operands<'p> for F32Operands<'_, 'p, T> {
         isa: I,
         at: &UnitAt,
         rest: &mut &'s mut [f32],
-    ) -> F32Unit<'s, T> {
+    ) -> F32Unit<'s, KV> {
         let w = NQ * LANES;
         let e = self.p.dims().head_dim;
         let qt = carve(rest, e * w);
@@ -284,7 +285,7 @@ impl<'p, T: Widened> Operands<'p> for F32Operands<'_, 'p, T> {
     unsafe fn score_rows<I: Simd, const NQ: usize, const MR: usize>(
         &self,
         isa: I,
-        u: &F32Unit<'_, T>,
+        u: &F32Unit<'_, KV>,
         j: usize,
         s: *mut f32,
         mask: MaskRows,
@@ -307,7 +308,7 @@ impl<'p, T: Widened> Operands<'p> for F32Operands<'_, 'p, T> {
                 partial: DOT_CHUNK,
                 ahead: Ahead::NONE,
             };
-            over_panels::<I, MR, NQ, T>(isa, tile, s, Rescale::None);
+            over_panels::<I, MR, NQ, KV>(isa, tile, s, Rescale::None);
             if !mask.is_none() {
                 add_mask_terms::<I, NQ, MR>(isa, s, mask);
             }
@@ -318,7 +319,7 @@ impl<'p, T: Widened> Operands<'p> for F32Operands<'_, 'p, T> {
     unsafe fn weights<I: Simd, const NQ: usize>(
         &self,
         isa: I,
-        _: &mut F32Unit<'_, T>,
+        _: &mut F32Unit<'_, KV>,
         at: &UnitAt,
         (j0, j1): (usize, usize),
         s: *mut f32,
@@ -342,7 +343,12 @@ impl<'p, T: Widened> Operands<'p> for F32Operands<'_, 'p, T> {
     }
 
     #[inline(always)]
-    fn values_finite<I: Simd>(&self, isa: I, u: &F32Unit<'_, T>, (j0, j1): (usize, usize)) -> bool {
+    fn values_finite<I: Simd>(
+        &self,
+        isa: I,
+        u: &F32Unit<'_, KV>,
+        (j0, j1): (usize, usize),
+    ) -> bool {
         let (vp, vrs, vcs) = u.v;
         let ev = self.p.dims().value_dim;
         // x · 0 + acc: 0 for every finite x, NaN for a NaN or an infinity.
@@ -362,11 +368,11 @@ impl<'p, T: Widened> Operands<'p> for F32Operands<'_, 'p, T> {
                 }
                 let mut c = 0;
                 while c + LANES <= ev {
-                    acc = isa.fma(T::load_part(isa, row.add(c), LANES), zero, acc);
+                    acc = isa.fma(KV::load_part(isa, row.add(c), LANES), zero, acc);
                     c += LANES;
                 }
                 if c < ev {
-                    acc = isa.fma(T::load_part(isa, row.add(c), ev - c), zero, acc);
+                    acc = isa.fma(KV::load_part(isa, row.add(c), ev - c), zero, acc);
                 }
             }
         }
@@ -377,7 +383,7 @@ impl<'p, T: Widened> Operands<'p> for F32Operands<'_, 'p, T> {
     unsafe fn value_cols_seen<I: Simd, const NQ: usize>(
         &self,
         _: I,
-        u: &F32Unit<'_, T>,
+        u: &F32Unit<'_, KV>,
         (j0, j1): (usize, usize),
         s: *const f32,
         ot: *mut f32,
@@ -406,7 +412,7 @@ impl<'p, T: Widened> Operands<'p> for F32Operands<'_, 'p, T> {
     unsafe fn value_cols<I: Simd, const NQ: usize, const MC: usize>(
         &self,
         isa: I,
-        u: &F32Unit<'_, T>,
+        u: &F32Unit<'_, KV>,
         (j0, j1): (usize, usize),
         c0: usize,
         s: *const f32,
@@ -431,7 +437,7 @@ impl<'p, T: Widened> Operands<'p> for F32Operands<'_, 'p, T> {
                 partial: SUM_BLOCK,
                 ahead: Ahead::NONE,
             };
-            over_panels::<I, MC, NQ, T>(isa, tile, ot, rescale);
+            over_panels::<I, MC, NQ, KV>(isa, tile, ot, rescale);
         }
     }
 }
