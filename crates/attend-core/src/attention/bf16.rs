@@ -36,10 +36,11 @@ impl Sealed for bf16 {
         let run = || match which {
             // The f32 kernel, reading the bf16 numbers in place and widening them as
             // it loads them, where 32 registers let each widened broadcast of `k` or
-            // `v` feed four panels' products. On 16 registers it feeds one panel
-            // (two 8-lane products), and its shift made the forward 3–9 % slower
-            // than widening `k` and `v` once per call (docs/bf16.md), which AVX2
-            // does instead; its units still pack `q` and write the output in bf16.
+            // `v` feed four panels' products (narrower units widen each tile of
+            // them first). On 16 registers a broadcast feeds one panel (two 8-lane
+            // products), and its shift made the forward 3–9 % slower than widening
+            // `k` and `v` once per call (docs/bf16.md), and widening each tile
+            // 3–14 % slower; its units still pack `q` and write the output in bf16.
             Kernel::Fused if !isa.isa().has_bf16_products() && isa.registers() >= 32 => {
                 fused::run(problem, isa, None)
             }
