@@ -125,6 +125,14 @@ pub fn from_f32<T: Element, D: Dimension>(a: ArrayView<'_, f32, D>) -> Array<T, 
     convert(IsaToken::best(), a, T::from_f32)
 }
 
+/// [`from_f32`] with `isa`'s vectors, as [`to_f32_on`].
+pub(crate) fn from_f32_on<T: Element, D: Dimension>(
+    isa: IsaToken,
+    a: ArrayView<'_, f32, D>,
+) -> Array<T, D> {
+    convert(isa, a, T::from_f32)
+}
+
 /// Elements converted per task: large enough that a task's overhead is nothing
 /// beside it, small enough that both threads share a short tensor.
 const CONVERT_CHUNK: usize = 1 << 14;
@@ -173,10 +181,11 @@ pub fn round_to_bf16<D: Dimension>(a: ArrayView<'_, f32, D>) -> Array<f32, D> {
 }
 
 pub(crate) mod sealed {
-    use ndarray::{Array3, Array4};
+    use ndarray::{Array3, Array4, ArrayView3, ArrayView4};
 
     use crate::config::Config;
-    use crate::problem::Problem;
+    use crate::isa::IsaToken;
+    use crate::problem::{Dropout, Problem};
     use crate::Result;
 
     /// Keeps [`super::Element`] to the types the kernels exist for, and carries the
@@ -185,7 +194,22 @@ pub(crate) mod sealed {
         /// Computes a checked problem: the attention output and the log-sum-exp,
         /// `[value, residual]` (`kernels::lse::LogSumExp`'s parts).
         fn compute(p: &Problem<'_, Self>, config: &Config) -> Result<Computed<Self>>;
+        /// The fused backward of a checked problem on the current rayon pool
+        /// (`kernels::backward::fused::run`, which reads this type).
+        fn fused_backward(
+            p: &Problem<'_, Self>,
+            out: ArrayView4<'_, Self>,
+            lse: (ArrayView3<'_, f32>, Option<ArrayView3<'_, f32>>),
+            dout: ArrayView4<'_, Self>,
+            dropout: Option<&Dropout>,
+            want_ds: bool,
+            isa: IsaToken,
+        ) -> FusedBackward<Self>;
     }
+
+    /// What [`Sealed::fused_backward`] returns: the gradients `[dq, dk, dv]` and,
+    /// where asked for, the scores' gradient `[B, H, L, S]`.
+    pub type FusedBackward<T> = ([Array4<T>; 3], Option<Array4<f32>>);
 
     /// What [`Sealed::compute`] returns.
     pub type Computed<T> = (Array4<T>, [Array3<f32>; 2]);

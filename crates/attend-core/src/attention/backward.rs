@@ -23,6 +23,7 @@
 use ndarray::{Array3, Array4, ArrayView3, ArrayView4};
 
 use crate::config::Exec;
+use crate::element::Element;
 use crate::kernels::backward::{fused, reference, AttentionGrads};
 use crate::kernels::lse::LogSumExp;
 use crate::problem::{sum_to_mask_shape, AttentionOptions, Dropout, Precision, Problem};
@@ -63,13 +64,14 @@ pub struct BackwardConfig {
 /// [`attention_train`]), what rounding `lse` to f32 left out.
 ///
 /// One argument rather than two so that a backward call does not take six tensors
-/// of one type in a row, where swapping two compiles. `T` is the float type: f32
-/// for [`attention_backward`], f64 for the gradient checks
-/// ([`crate::grad::Scalar`]).
+/// of one type in a row, where swapping two compiles. `T` is the float type of the
+/// log-sum-exp: f32 for [`attention_backward`], f64 for the gradient checks
+/// ([`crate::grad::Scalar`]); `O` the output's element type, `T` but for bf16
+/// tensors, whose log-sum-exp is f32.
 #[derive(Clone, Copy, Debug)]
-pub struct Saved<'a, T = f32> {
+pub struct Saved<'a, T = f32, O = T> {
     /// The forward output, `[B, Hq, L, Ev]`.
-    pub out: ArrayView4<'a, T>,
+    pub out: ArrayView4<'a, O>,
     /// The forward log-sum-exp, `[B, Hq, L]` (−∞ for fully masked rows).
     pub lse: ArrayView3<'a, T>,
     /// What rounding `lse` left out ([`LogSumExp::residual`]), `[B, Hq, L]`. The
@@ -80,9 +82,9 @@ pub struct Saved<'a, T = f32> {
     pub lse_residual: Option<ArrayView3<'a, T>>,
 }
 
-impl<'a, T> Saved<'a, T> {
+impl<'a, T, O> Saved<'a, T, O> {
     /// The forward's output `out` and log-sum-exp `lse`.
-    pub fn new(out: ArrayView4<'a, T>, lse: ArrayView3<'a, T>) -> Self {
+    pub fn new(out: ArrayView4<'a, O>, lse: ArrayView3<'a, T>) -> Self {
         Saved {
             out,
             lse,
@@ -109,8 +111,8 @@ impl<'a, T> From<&'a (Array4<T>, Array3<T>)> for Saved<'a, T> {
 
 /// Views of what [`attention_with_lse_parts`](crate::attention::attention_with_lse_parts)
 /// or [`attention_train`] returned, `(out, lse)`, the residual included.
-impl<'a> From<&'a (Array4<f32>, LogSumExp)> for Saved<'a> {
-    fn from((out, lse): &'a (Array4<f32>, LogSumExp)) -> Self {
+impl<'a, O> From<&'a (Array4<O>, LogSumExp)> for Saved<'a, f32, O> {
+    fn from((out, lse): &'a (Array4<O>, LogSumExp)) -> Self {
         Saved::new(out.view(), lse.value.view()).with_lse_residual(lse.residual.view())
     }
 }
@@ -119,27 +121,29 @@ impl<'a> From<&'a (Array4<f32>, LogSumExp)> for Saved<'a> {
 ///
 /// `saved` holds what [`attention_with_lse`](crate::attention::attention_with_lse)
 /// returned for the same inputs and options. Fully masked rows give zero gradients.
-pub fn attention_backward(
-    q: ArrayView4<'_, f32>,
-    k: ArrayView4<'_, f32>,
-    v: ArrayView4<'_, f32>,
-    saved: Saved<'_>,
-    dout: ArrayView4<'_, f32>,
+/// On bf16 tensors the gradients are the f32 backward's on the bf16 numbers
+/// (widened exactly as the kernel reads them), each rounded to bf16 once.
+pub fn attention_backward<T: Element>(
+    q: ArrayView4<'_, T>,
+    k: ArrayView4<'_, T>,
+    v: ArrayView4<'_, T>,
+    saved: Saved<'_, f32, T>,
+    dout: ArrayView4<'_, T>,
     opts: &AttentionOptions<'_>,
-) -> Result<AttentionGrads> {
+) -> Result<AttentionGrads<T>> {
     attention_backward_with(q, k, v, saved, dout, opts, &BackwardConfig::default())
 }
 
 /// [`attention_backward`] with an explicit kernel, thread count and dropout.
-pub fn attention_backward_with(
-    q: ArrayView4<'_, f32>,
-    k: ArrayView4<'_, f32>,
-    v: ArrayView4<'_, f32>,
-    saved: Saved<'_>,
-    dout: ArrayView4<'_, f32>,
+pub fn attention_backward_with<T: Element>(
+    q: ArrayView4<'_, T>,
+    k: ArrayView4<'_, T>,
+    v: ArrayView4<'_, T>,
+    saved: Saved<'_, f32, T>,
+    dout: ArrayView4<'_, T>,
     opts: &AttentionOptions<'_>,
     config: &BackwardConfig,
-) -> Result<AttentionGrads> {
+) -> Result<AttentionGrads<T>> {
     let Saved {
         out,
         lse,
@@ -190,23 +194,26 @@ pub fn attention_backward_with(
     if use_fused {
         let dropout = config.dropout.as_ref();
         let lse = (lse, lse_residual);
-        let run = || fused::run(&p, out, lse, dout, dropout, bias_shape.is_some(), isa);
-        let (mut g, ds) = config.exec.install(run)?;
+        let run = || T::fused_backward(&p, out, lse, dout, dropout, bias_shape.is_some(), isa);
+        let ([dq, dk, dv], ds) = config.exec.install(run)?;
         let sum = |(ds, shape): (Array4<f32>, &[usize])| {
             sum_to_mask_shape(ds.mapv(f64::from), shape).mapv(|x| x as f32)
         };
-        g.dbias = ds.zip(bias_shape).map(sum);
-        return Ok(g);
+        let dbias = ds.zip(bias_shape).map(sum);
+        return Ok(AttentionGrads { dq, dk, dv, dbias });
     }
-    let (q, k, v) = (q.mapv(f64::from), k.mapv(f64::from), v.mapv(f64::from));
+    let exactly = |a: ArrayView4<'_, T>| a.mapv(|x| f64::from(x.to_f32()));
+    let (q, k, v) = (exactly(q), exactly(k), exactly(v));
     let exact = Problem::new(q.view(), k.view(), v.view(), opts)?;
-    let dout = dout.mapv(f64::from);
+    let dout = exactly(dout);
     let run = || reference::backward(&exact, dout.view(), config.dropout.as_ref());
     let g = config.exec.install(run)?;
+    // Through f32, as the fused kernel's gradients are rounded.
+    let round = |a: Array4<f64>| a.mapv(|x| T::from_f32(x as f32));
     Ok(AttentionGrads {
-        dq: g.dq.mapv(|x| x as f32),
-        dk: g.dk.mapv(|x| x as f32),
-        dv: g.dv.mapv(|x| x as f32),
+        dq: round(g.dq),
+        dk: round(g.dk),
+        dv: round(g.dv),
         dbias: bias_shape.map(|shape| sum_to_mask_shape(g.ds, shape).mapv(|x| x as f32)),
     })
 }

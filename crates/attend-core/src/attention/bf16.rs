@@ -4,26 +4,28 @@
 //! ([`Isa::has_bf16_products`](crate::isa::Isa::has_bf16_products)), the fused
 //! kernel has its own bf16 form, which reads the rows of `k` and `v` in place (a
 //! strided view is copied first). Elsewhere the f32 fused kernel runs on the bf16
-//! numbers widened (exact: a shift): on AVX-512 it reads the bf16 tensors in place,
-//! widening each number as it loads it, and writes its output in bf16; on AVX2 the
-//! inputs are widened once per call and the output rounded once. The pair products there are two fused
+//! numbers widened (exact: a shift): it reads `q` in place, widening it as a unit
+//! packs it, and writes its output in bf16; on AVX-512 it reads `k` and `v` in
+//! place too, widening each number as it loads it, on AVX2 they are widened once
+//! per call. The pair products there are two fused
 //! multiply-adds behind the shifts that widen each pair, 3.5–4× slower than the
 //! f32 kernel at B1 H8 N2048 on AVX2. The decode kernel reads bf16 rows in place and widens them as it loads
 //! them; the reference runs on the bf16 numbers widened to f32, exactly.
 
 use std::mem::MaybeUninit;
 
-use ndarray::Array4;
+use ndarray::{Array4, ArrayView3, ArrayView4};
 use rayon::prelude::*;
 
 use super::{choose_kernel, Config, Kernel};
-use crate::element::sealed::{Computed, Sealed};
+use crate::element::sealed::{Computed, FusedBackward, Sealed};
 use crate::element::{bf16, round_to_bf16, to_f32_on};
 use crate::isa::{dispatch, IsaToken, Simd, SimdJob};
+use crate::kernels::backward::fused as backward_kernel;
 use crate::kernels::fused::{self, bf16 as fused_bf16};
 use crate::kernels::round::round_into;
 use crate::kernels::{decode, reference};
-use crate::problem::{Precision, Problem};
+use crate::problem::{Dropout, Precision, Problem};
 use crate::Result;
 
 impl Sealed for bf16 {
@@ -34,19 +36,21 @@ impl Sealed for bf16 {
         let run = || match which {
             // The f32 kernel, reading the bf16 numbers in place and widening them as
             // it loads them, where 32 registers let each widened broadcast of `k` or
-            // `v` feed four panels' products. On 16 registers it feeds one panel
-            // (two 8-lane products), and its shift made the forward 3–9 % slower
-            // than widening the tensors once per call (docs/bf16.md), which AVX2
-            // does instead.
+            // `v` feed four panels' products (narrower units widen each tile of
+            // them first). On 16 registers a broadcast feeds one panel (two 8-lane
+            // products), and its shift made the forward 3–9 % slower than widening
+            // `k` and `v` once per call (docs/bf16.md), and widening each tile
+            // 3–14 % slower; its units still pack `q` and write the output in bf16.
             Kernel::Fused if !isa.isa().has_bf16_products() && isa.registers() >= 32 => {
                 fused::run(problem, isa, None)
             }
             Kernel::Fused if !isa.isa().has_bf16_products() => {
-                let [q, k, v] =
-                    [&problem.q, &problem.k, &problem.v].map(|a| to_f32_on(isa, a.view()));
-                let p = problem.with_tensors(q.view(), k.view(), v.view());
-                let (out, lse) = fused::run(&p, isa, None);
-                (round_output(&out, isa), lse)
+                let [k, v] = [&problem.k, &problem.v].map(|a| to_f32_on(isa, a.view()));
+                fused::run(
+                    &problem.with_tensors(problem.q.view(), k.view(), v.view()),
+                    isa,
+                    None,
+                )
             }
             Kernel::Fused if fused_bf16::reads_in_place(problem) => fused_bf16::run(problem, isa),
             Kernel::Fused => {
@@ -68,6 +72,18 @@ impl Sealed for bf16 {
         };
         let (out, lse) = config.exec.install(run)?;
         Ok((out, [lse.value, lse.residual]))
+    }
+
+    fn fused_backward(
+        p: &Problem<'_, Self>,
+        out: ArrayView4<'_, Self>,
+        lse: (ArrayView3<'_, f32>, Option<ArrayView3<'_, f32>>),
+        dout: ArrayView4<'_, Self>,
+        dropout: Option<&Dropout>,
+        want_ds: bool,
+        isa: IsaToken,
+    ) -> FusedBackward<Self> {
+        backward_kernel::run(p, out, lse, dout, dropout, want_ds, isa)
     }
 }
 

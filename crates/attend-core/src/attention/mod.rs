@@ -35,10 +35,12 @@ pub use backward::{
     Saved,
 };
 
-use ndarray::{Array3, Array4, ArrayView4};
+use ndarray::{Array3, Array4, ArrayView3, ArrayView4};
 
-use crate::element::sealed::{Computed, Sealed};
+use crate::element::sealed::{Computed, FusedBackward, Sealed};
 use crate::element::Dtype;
+use crate::isa::IsaToken;
+use crate::kernels::backward::fused as backward_kernel;
 use crate::kernels::{decode, fused, reference};
 use crate::{Error, Result};
 
@@ -169,5 +171,17 @@ impl Sealed for f32 {
         };
         let (out, lse) = config.exec.install(run)?;
         Ok((out, [lse.value, lse.residual]))
+    }
+
+    fn fused_backward(
+        p: &Problem<'_, Self>,
+        out: ArrayView4<'_, Self>,
+        lse: (ArrayView3<'_, f32>, Option<ArrayView3<'_, f32>>),
+        dout: ArrayView4<'_, Self>,
+        dropout: Option<&Dropout>,
+        want_ds: bool,
+        isa: IsaToken,
+    ) -> FusedBackward<Self> {
+        backward_kernel::run(p, out, lse, dout, dropout, want_ds, isa)
     }
 }

@@ -54,7 +54,7 @@ pub struct MaskTiles {
     blocks: usize,
 }
 
-impl<T: Sync> Problem<'_, T> {
+impl<Q: Sync, KV: Sync> Problem<'_, Q, KV> {
     /// The combined, transposed boolean and additive masks (key padding, causality
     /// and windows are applied tile by tile: see [`MaskTiles::tile`]), transposed
     /// with `isa`'s vectors.
@@ -152,8 +152,8 @@ impl<T: Sync> Problem<'_, T> {
 }
 
 /// One block of [`Problem::mask_tiles`], for [`dispatch`].
-struct BlockJob<'a, 'p, 'o, T> {
-    p: &'a Problem<'p, T>,
+struct BlockJob<'a, 'p, 'o, Q, KV> {
+    p: &'a Problem<'p, Q, KV>,
     /// `(b, h)` of the slice.
     at: (usize, usize),
     /// First query of the block.
@@ -163,7 +163,7 @@ struct BlockJob<'a, 'p, 'o, T> {
     out: &'o mut [f32],
 }
 
-impl<T: Sync> SimdJob for BlockJob<'_, '_, '_, T> {
+impl<Q: Sync, KV: Sync> SimdJob for BlockJob<'_, '_, '_, Q, KV> {
     type Output = ();
     #[inline(always)]
     fn run<I: Simd>(self, isa: I) {
@@ -183,16 +183,16 @@ impl MaskTiles {
     /// scores: no boolean or additive mask, no key padding. A tile the band cuts
     /// through then needs no copy of mask terms: its scores can be cut in place
     /// ([`cut_to_band`]).
-    pub fn band_only<T>(&self, p: &Problem<'_, T>) -> bool {
+    pub fn band_only<Q, KV>(&self, p: &Problem<'_, Q, KV>) -> bool {
         self.data.is_empty() && p.key_padding.is_none()
     }
 
     /// Whether the tile of queries `i0..i0 + ni` and keys `j0..j0 + nj` of batch `b`
     /// needs a copy made by [`tile`](Self::tile): causality or the window cuts
     /// through it, or key padding drops one of its keys.
-    pub fn needs_copy<T>(
+    pub fn needs_copy<Q, KV>(
         &self,
-        p: &Problem<'_, T>,
+        p: &Problem<'_, Q, KV>,
         b: usize,
         (i0, ni): (usize, usize),
         (j0, nj): (usize, usize),
@@ -238,9 +238,9 @@ impl MaskTiles {
     /// key padding, causality and the window keep score `(i0 + ii, j0 + jj)`, and
     /// −∞ when one drops it. Returns whether any score is kept.
     #[allow(clippy::too_many_arguments)]
-    pub fn tile<T>(
+    pub fn tile<Q, KV>(
         &self,
-        p: &Problem<'_, T>,
+        p: &Problem<'_, Q, KV>,
         (b, h): (usize, usize),
         (i0, ni): (usize, usize),
         (j0, nj): (usize, usize),
@@ -289,8 +289,8 @@ impl MaskTiles {
 ///
 /// # Panics
 /// If `out` is shorter than `width + nj − 1` or nothing bands the problem's keys.
-pub(crate) fn band_row<T>(
-    p: &Problem<'_, T>,
+pub(crate) fn band_row<Q, KV>(
+    p: &Problem<'_, Q, KV>,
     i0: usize,
     (j0, nj): (usize, usize),
     width: usize,
@@ -319,8 +319,8 @@ pub(crate) fn band_row<T>(
 /// scores themselves (a NaN score too: hidden, it is −∞ like any other). Both ends of a query's keys move right
 /// with the query ([`Problem::block_key_range`]), so each key is seen by one run of
 /// consecutive queries, `a..b`, and both ends of that run move right with the key.
-fn cut_to_band<T>(
-    p: &Problem<'_, T>,
+fn cut_to_band<Q, KV>(
+    p: &Problem<'_, Q, KV>,
     (i0, ni): (usize, usize),
     (j0, nj): (usize, usize),
     out: &mut [f32],

@@ -3,9 +3,9 @@
 //! can be run side by side and compared as a ratio.
 //!
 //! `--dtype bf16` times the forward on bf16 tensors (`torch_sdpa.py --dtype bf16`'s
-//! pair); with `--backward`, the bf16 forward and then the backward as the Python
-//! binding computes a bf16 one (the f32 backward of the bf16 numbers widened, its
-//! gradients rounded to bf16). The output names the instruction set that ran: only
+//! pair); with `--backward`, the bf16 forward and then the library's bf16 backward
+//! (the f32 backward of the bf16 numbers, widened as it reads them, its gradients
+//! rounded to bf16). The output names the instruction set that ran: only
 //! `avx512bf16` multiplies bf16 pairs with `vdpbf16ps`; elsewhere the inputs are
 //! widened to f32 and the f32 kernel runs.
 
@@ -13,7 +13,7 @@ use attend::attention::{attention_backward_with, BackwardConfig, BackwardKernel,
 use attend::attention::{
     attention_with, attention_with_lse_parts, AttentionOptions, Causal, Config, Kernel,
 };
-use attend::element::{bf16, from_f32, to_f32, Dtype};
+use attend::element::{bf16, from_f32, Dtype};
 use attend::kernels::Isa;
 use attend::timing::median_seconds;
 use attend::{limits, Error};
@@ -273,23 +273,19 @@ pub fn run(args: Args) -> Result<(), Error> {
             return Ok(());
         }
         if bf16 {
-            let (out, lse) =
+            // The bf16 backward: the f32 backward of the bf16 numbers, its
+            // gradients rounded to bf16.
+            let forward =
                 attention_with_lse_parts(qb.view(), kb.view(), vb.view(), &opts, &config)?;
-            // The Python binding's bf16 backward: the f32 backward of the bf16
-            // numbers, widened exactly, its gradients rounded to bf16.
-            let [q, k, v, out, dout] = [&qb, &kb, &vb, &out, &dout_b].map(|a| to_f32(a.view()));
-            let saved =
-                Saved::new(out.view(), lse.value.view()).with_lse_residual(lse.residual.view());
-            let g = attention_backward_with(
-                q.view(),
-                k.view(),
-                v.view(),
-                saved,
-                dout.view(),
+            attention_backward_with(
+                qb.view(),
+                kb.view(),
+                vb.view(),
+                Saved::from(&forward),
+                dout_b.view(),
                 &opts,
                 &bconfig,
             )?;
-            let _: [Array4<bf16>; 3] = [g.dq, g.dk, g.dv].map(|g| from_f32(g.view()));
             return Ok(());
         }
         let forward = attention_with_lse_parts(q.view(), k.view(), v.view(), &opts, &config)?;

@@ -14,6 +14,7 @@
 use ndarray::s;
 use rayon::prelude::*;
 
+use crate::element::Element;
 use crate::problem::Problem;
 
 /// The `|lse|` from which a row's residual is recomputed: from `2^16` on an f32's
@@ -25,7 +26,7 @@ const COARSE_LSE: f32 = 65_536.0;
 /// Each row's residual, in `[B, H, L]` order, for the forward's f32 log-sum-exps
 /// `lse`: 0, but recomputed for the rows whose finite `|lse|` reaches
 /// [`COARSE_LSE`].
-pub(super) fn residuals(p: &Problem<'_>, lse: &[f32]) -> Vec<f32> {
+pub(super) fn residuals<T: Element>(p: &Problem<'_, T>, lse: &[f32]) -> Vec<f32> {
     let d = p.dims();
     let mut residual = vec![0.0f32; lse.len()];
     let coarse = |x: f32| x.is_finite() && x.abs() >= COARSE_LSE;
@@ -55,20 +56,23 @@ pub(super) fn residuals(p: &Problem<'_>, lse: &[f32]) -> Vec<f32> {
 /// computes it, the scaled query's f32 dot product with the key plus the mask's
 /// term, but for the order of the dot product's sum (at these sizes its last bits
 /// are lost in the sum with the term).
-fn row_stats(p: &Problem<'_>, (b, h): (usize, usize), i: usize) -> (f64, f64) {
+fn row_stats<T: Element>(p: &Problem<'_, T>, (b, h): (usize, usize), i: usize) -> (f64, f64) {
     let d = p.dims();
     let kvh = h / (d.heads / d.kv_heads);
     let (lo, hi) = p.key_range(i);
     let mut terms = vec![0.0f32; hi.saturating_sub(lo)];
     p.mask_rows((b, h), i..i + 1, lo..hi)
         .write_terms(0, &mut terms);
-    let q = p.q.slice(s![b, h, i, ..]).mapv(|x| x * p.scale);
+    let q = p.q.slice(s![b, h, i, ..]).mapv(|x| x.to_f32() * p.scale);
     let scores: Vec<f32> = (lo..hi)
         .zip(&terms)
         .filter(|(_, &t)| t != f32::NEG_INFINITY)
         .map(|(j, &t)| {
             let k = p.k.slice(s![b, kvh, j, ..]);
-            let dot = q.iter().zip(&k).fold(0.0f32, |acc, (&x, &y)| acc + x * y);
+            let dot = q
+                .iter()
+                .zip(&k)
+                .fold(0.0f32, |acc, (&x, &y)| acc + x * y.to_f32());
             dot + t
         })
         .collect();

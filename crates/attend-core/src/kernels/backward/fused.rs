@@ -28,13 +28,16 @@
 //! additive or key-padding mask, and dropout) apply [`Problem`]'s per-score rules.
 //! Fully masked rows (`lse = −∞`) contribute nothing, so their gradients are zero.
 
+use std::any::{Any, TypeId};
 use std::borrow::Cow;
 
-use ndarray::{Array4, ArrayView3, ArrayView4, Zip};
+use ndarray::{Array4, ArrayView1, ArrayView2, ArrayView3, ArrayView4};
 use rayon::prelude::*;
 
-use super::{coarse, AttentionGrads};
+use super::coarse;
+use crate::element::{from_f32_on, to_f32_on, Element};
 use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES};
+use crate::kernels::fused::Widened;
 use crate::kernels::scratch::{carve, with_scratch};
 use crate::kernels::tile::{Ahead, Init, Tile, DOT_CHUNK, MR, NR, SUM_BLOCK, WIDE};
 use crate::problem::{along, Dims, Dropout, Problem, SoftmaxAxis};
@@ -51,7 +54,7 @@ const MIN_TASKS: usize = 4;
 /// Whether the fused backward handles `p`: softmax over keys and `E > 0` (its
 /// partial `dQ`s are summed in rows of `E`; with `E = 0` the reference, which has
 /// no rows to sum, gives `dV`).
-pub fn supports(p: &Problem<'_>) -> bool {
+pub fn supports<T>(p: &Problem<'_, T>) -> bool {
     p.softmax_axis == SoftmaxAxis::Keys && p.dims().head_dim > 0
 }
 
@@ -65,8 +68,8 @@ unsafe impl Send for Shared {}
 unsafe impl Sync for Shared {}
 
 /// Everything the tasks read.
-struct Ctx<'a, 'p> {
-    p: &'a Problem<'p>,
+struct Ctx<'a, 'p, T> {
+    p: &'a Problem<'p, T>,
     d: Dims,
     group: usize,
     scale: f32,
@@ -110,36 +113,51 @@ fn round_up(x: usize) -> usize {
     x.div_ceil(W) * W
 }
 
-/// `a` as a contiguous `[.., .., .., width]` buffer, borrowed when it already is one.
-fn packed<'a>(a: &'a ArrayView4<'_, f32>, width: usize) -> Cow<'a, [f32]> {
+/// `a` in f32 as a contiguous `[.., .., .., width]` buffer: borrowed when it
+/// already is one (f32), widened in one vectorised pass when it is one in bf16.
+fn packed<'a, T: Element>(a: &'a ArrayView4<'_, T>, width: usize, isa: IsaToken) -> Cow<'a, [f32]> {
     if a.dim().3 == width {
         if let Some(s) = a.to_slice() {
-            return Cow::Borrowed(s);
+            return match as_f32(s) {
+                Some(s) => Cow::Borrowed(s),
+                None => Cow::Owned(
+                    to_f32_on(isa, ArrayView1::from(s))
+                        .into_raw_vec_and_offset()
+                        .0,
+                ),
+            };
         }
     }
-    let (b, h, t, e) = a.dim();
+    let (b, h, t, _) = a.dim();
     let mut out = vec![0.0f32; b * h * t * width];
     for ((bi, hi, ti, ei), &x) in a.indexed_iter() {
-        out[((bi * h + hi) * t + ti) * width + ei] = x;
+        out[((bi * h + hi) * t + ti) * width + ei] = x.to_f32();
     }
-    let _ = e;
     Cow::Owned(out)
+}
+
+/// `s` itself where its elements are f32.
+fn as_f32<T: Element>(s: &[T]) -> Option<&[f32]> {
+    // SAFETY: `T` is `f32`, so the slice is one of f32 numbers.
+    (TypeId::of::<T>() == TypeId::of::<f32>())
+        .then(|| unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<f32>(), s.len()) })
 }
 
 /// Runs the fused backward on a validated problem, from the forward's output and
 /// log-sum-exp with its residual (recomputed where it matters if the caller has
-/// none, [`coarse::residuals`]); with `want_ds`, also returns the scores' gradient
+/// none, [`coarse::residuals`]): `[dq, dk, dv]` in the inputs' element type; with
+/// `want_ds`, also returns the scores' gradient
 /// `dS` `[B, H, L, S]` (the additive mask's, before its sum over broadcast axes), 0
 /// at the pairs that do not see each other.
-pub(crate) fn run(
-    p: &Problem<'_>,
-    out: ArrayView4<'_, f32>,
+pub(crate) fn run<T: Element + Widened>(
+    p: &Problem<'_, T>,
+    out: ArrayView4<'_, T>,
     (lse, residual): (ArrayView3<'_, f32>, Option<ArrayView3<'_, f32>>),
-    dout: ArrayView4<'_, f32>,
+    dout: ArrayView4<'_, T>,
     dropout: Option<&Dropout>,
     want_ds: bool,
     isa: IsaToken,
-) -> (AttentionGrads, Option<Array4<f32>>) {
+) -> ([Array4<T>; 3], Option<Array4<f32>>) {
     let d = p.dims();
     let (ep, evp) = (round_up(d.head_dim), round_up(d.value_dim));
     let key_blocks = d.kv_len.div_ceil(BC);
@@ -155,16 +173,7 @@ pub(crate) fn run(
                 let (b, h) = (bh / d.heads, bh % d.heads);
                 let rows = dout.slice(ndarray::s![b, h, .., ..]);
                 let outs = out.slice(ndarray::s![b, h, .., ..]);
-                for (x, (dr, or)) in chunk
-                    .iter_mut()
-                    .zip(rows.outer_iter().zip(outs.outer_iter()))
-                {
-                    let mut s = 0.0f32;
-                    for (&g, &o) in dr.iter().zip(&or) {
-                        s += g * o;
-                    }
-                    *x = s;
-                }
+                row_dots(rows, outs, chunk);
             });
     }
     let shift: Vec<f32> = lse.iter().copied().collect();
@@ -186,7 +195,7 @@ pub(crate) fn run(
         (Vec::new(), Vec::new())
     };
     let q_len_total = d.batch * d.heads * d.q_len;
-    let q = packed(&p.q, ep);
+    let q = packed(&p.q, ep, isa);
     let mut dq_bufs: Vec<Vec<f32>> = (0..chunks)
         .map(|_| vec![0.0f32; q_len_total * ep])
         .collect();
@@ -202,7 +211,7 @@ pub(crate) fn run(
         evp,
         qs: scaled(&q, p.scale),
         q,
-        dout: packed(&dout, evp),
+        dout: packed(&dout, evp, isa),
         shift,
         residual,
         dsum,
@@ -250,13 +259,51 @@ pub(crate) fn run(
             });
     }
     let dq = dq_bufs.swap_remove(0);
-    let grads = AttentionGrads {
-        dq: unpad([d.batch, d.heads, d.q_len, d.head_dim], ep, dq),
-        dk: unpad([d.batch, d.kv_heads, d.kv_len, d.head_dim], ep, dk),
-        dv: unpad([d.batch, d.kv_heads, d.kv_len, d.value_dim], evp, dv),
-        dbias: None,
-    };
+    let grads = [
+        unpad([d.batch, d.heads, d.q_len, d.head_dim], ep, dq, isa),
+        unpad([d.batch, d.kv_heads, d.kv_len, d.head_dim], ep, dk, isa),
+        unpad([d.batch, d.kv_heads, d.kv_len, d.value_dim], evp, dv, isa),
+    ];
     (grads, ds)
+}
+
+/// Rows of `D_i` at once: the sums of as many rows, each over its own
+/// columns in order, run side by side instead of one after another (each is a
+/// chain of dependent additions).
+const DOT_ROWS: usize = 8;
+
+/// `dots[i] = Σ_e a[i, e] · b[i, e]` in f32, each row's terms added in column
+/// order, [`DOT_ROWS`] rows side by side where the rows are contiguous.
+fn row_dots<T: Widened>(a: ArrayView2<'_, T>, b: ArrayView2<'_, T>, dots: &mut [f32]) {
+    let row = |m: &ArrayView2<'_, T>, i: usize| m.row(i).to_slice().map(<[T]>::as_ptr);
+    let width = a.ncols();
+    for (n, group) in dots.chunks_mut(DOT_ROWS).enumerate() {
+        let i0 = n * DOT_ROWS;
+        let rows: Option<Vec<_>> = (i0..i0 + group.len())
+            .map(|i| row(&a, i).zip(row(&b, i)))
+            .collect();
+        match rows {
+            Some(rows) if group.len() == DOT_ROWS => {
+                let mut s = [0.0f32; DOT_ROWS];
+                for e in 0..width {
+                    for (s, &(x, y)) in s.iter_mut().zip(&rows) {
+                        // SAFETY: each row holds `width` elements.
+                        unsafe { *s += (*x.add(e)).widen() * (*y.add(e)).widen() };
+                    }
+                }
+                group.copy_from_slice(&s);
+            }
+            _ => {
+                for (r, x) in group.iter_mut().enumerate() {
+                    let (ar, br) = (a.row(i0 + r), b.row(i0 + r));
+                    *x = ar
+                        .iter()
+                        .zip(&br)
+                        .fold(0.0, |s, (&g, &o)| s + g.widen() * o.widen());
+                }
+            }
+        }
+    }
 }
 
 /// `q · scale`, element by element, as the fused forward's vectors multiply it.
@@ -269,29 +316,37 @@ fn scaled(q: &[f32], scale: f32) -> Vec<f32> {
 }
 
 /// Whether each row `a[b, h, t, ..]` is finite, in `[B, H, T]` order.
-fn rows_finite(a: &ArrayView4<'_, f32>) -> Vec<bool> {
+fn rows_finite<T: Widened>(a: &ArrayView4<'_, T>) -> Vec<bool> {
     let (b, h, t, _) = a.dim();
     let mut out = Vec::with_capacity(b * h * t);
     for b in a.outer_iter() {
         for h in b.outer_iter() {
-            out.extend(h.outer_iter().map(|row| row.iter().all(|x| x.is_finite())));
+            out.extend(
+                h.outer_iter()
+                    .map(|row| row.iter().all(|x| x.widen().is_finite())),
+            );
         }
     }
     out
 }
 
-/// A `[.., width]` buffer as an array of `shape`, dropping the padding columns.
-fn unpad(shape: [usize; 4], width: usize, buf: Vec<f32>) -> Array4<f32> {
+/// A `[.., width]` buffer of f32 gradients as an array of `shape` in `T`, dropping
+/// the padding columns: the buffer itself for f32 without padding, else rounded
+/// (or copied) in one vectorised pass.
+fn unpad<T: Element>(shape: [usize; 4], width: usize, buf: Vec<f32>, isa: IsaToken) -> Array4<T> {
     let [b, h, t, e] = shape;
-    if width == e {
-        return Array4::from_shape_vec((b, h, t, e), buf).expect("sizes agree");
-    }
     let full = Array4::from_shape_vec((b, h, t, width), buf).expect("sizes agree");
-    let mut out = Array4::zeros((b, h, t, e));
-    Zip::from(&mut out)
-        .and(&full.slice(ndarray::s![.., .., .., ..e]))
-        .for_each(|o, &x| *o = x);
-    out
+    if width == e {
+        let full: Box<dyn Any> = Box::new(full);
+        return match full.downcast::<Array4<T>>() {
+            Ok(same) => *same,
+            Err(full) => {
+                let full = full.downcast::<Array4<f32>>().expect("the f32 buffer");
+                from_f32_on(isa, full.view())
+            }
+        };
+    }
+    from_f32_on(isa, full.slice(ndarray::s![.., .., .., ..e]))
 }
 
 /// Floats of scratch one task needs: the packed key block (`Kᵀ`, `K`), `Vᵀ`, the
@@ -303,13 +358,13 @@ pub fn scratch_len(d: &Dims) -> usize {
 
 /// One task (a key/value head of a batch row and a chunk of its key blocks), for
 /// [`dispatch`].
-struct TaskJob<'a, 'c, 'p, 's> {
-    ctx: &'a Ctx<'c, 'p>,
+struct TaskJob<'a, 'c, 'p, 's, T> {
+    ctx: &'a Ctx<'c, 'p, T>,
     task: (usize, usize, usize),
     scratch: &'s mut [f32],
 }
 
-impl SimdJob for TaskJob<'_, '_, '_, '_> {
+impl<T: Element + Widened> SimdJob for TaskJob<'_, '_, '_, '_, T> {
     type Output = ();
     #[inline(always)]
     fn run<I: Simd>(self, isa: I) {
@@ -328,9 +383,9 @@ impl SimdJob for TaskJob<'_, '_, '_, '_> {
 /// write the same gradient rows), and `ctx`'s gradient buffers must be alive;
 /// `scratch` must hold [`scratch_len`] floats.
 #[inline(always)]
-unsafe fn task<I: Simd>(
+unsafe fn task<I: Simd, T: Widened>(
     isa: I,
-    ctx: &Ctx<'_, '_>,
+    ctx: &Ctx<'_, '_, T>,
     b: usize,
     kvh: usize,
     c: usize,
@@ -371,12 +426,14 @@ unsafe fn task<I: Simd>(
             let keys = p.k.slice(ndarray::s![b, kvh, k0..k0 + nk, ..]);
             let values = p.v.slice(ndarray::s![b, kvh, k0..k0 + nk, ..]);
             for (j, (kj, vj)) in keys.outer_iter().zip(values.outer_iter()).enumerate() {
-                along(&mut krow[j * ep..j * ep + d.head_dim], kj, |t, x| *t = x);
+                along(&mut krow[j * ep..j * ep + d.head_dim], kj, |t, x| {
+                    *t = x.widen()
+                });
                 for (e, &x) in kj.iter().enumerate() {
-                    kt[e * BC + j] = x;
+                    kt[e * BC + j] = x.widen();
                 }
                 for (e, &x) in vj.iter().enumerate() {
-                    vt[e * BC + j] = x;
+                    vt[e * BC + j] = x.widen();
                 }
             }
             dk_acc.fill(0.0);
@@ -544,8 +601,8 @@ unsafe fn task<I: Simd>(
 
 /// A block of `rows.1` queries from `rows.0` and `nk` keys from `keys.0` of head
 /// `at`, for the backward's exact path.
-struct SeenBlock<'a, 'p> {
-    p: &'a Problem<'p>,
+struct SeenBlock<'a, 'p, T> {
+    p: &'a Problem<'p, T>,
     at: (usize, usize),
     rows: (usize, usize),
     keys: (usize, usize),
@@ -553,7 +610,7 @@ struct SeenBlock<'a, 'p> {
     shift: &'a [f32],
 }
 
-impl SeenBlock<'_, '_> {
+impl<T> SeenBlock<'_, '_, T> {
     /// The three products `dV += P̃ᵀ dO`, `dK += dSᵀ Q`, `dQ += dS K` of a block
     /// (as the [`Product`]s given describe them), one term at a time over the pairs
     /// that see each other only: a hidden pair adds nothing, not even its zero

@@ -13,15 +13,16 @@ pub(crate) mod reference;
 
 use ndarray::{Array4, ArrayD};
 
-/// The gradients of an attention call with respect to its three inputs.
+/// The gradients of an attention call with respect to its three inputs, in the
+/// inputs' element type `T` (bf16 gradients are the f32 ones rounded once).
 #[derive(Clone, Debug, PartialEq)]
-pub struct AttentionGrads {
+pub struct AttentionGrads<T = f32> {
     /// `∂loss/∂q`, shaped like `q`.
-    pub dq: Array4<f32>,
+    pub dq: Array4<T>,
     /// `∂loss/∂k`, shaped like `k` (grouped heads summed).
-    pub dk: Array4<f32>,
+    pub dk: Array4<T>,
     /// `∂loss/∂v`, shaped like `v` (grouped heads summed).
-    pub dv: Array4<f32>,
+    pub dv: Array4<T>,
     /// `∂loss/∂bias`, shaped like the additive mask as the caller gave it (summed
     /// over the axes it was broadcast along): the scores' gradient `dS`, 0 where a
     /// key is hidden. Only when asked for (`BackwardConfig::bias_grad`) and there

@@ -158,6 +158,7 @@ struct Bf16Unit<'s> {
 
 impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
     type Elem = bf16;
+    type KvElem = bf16;
     type Out = bf16;
     type Unit<'s> = Bf16Unit<'s>;
 

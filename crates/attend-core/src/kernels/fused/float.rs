@@ -17,13 +17,13 @@ use super::{
     drive, exp_shifted, head_ptr, join_sums, masked_score, query_vectors, register_block,
     running_max, seen_products,
 };
-use super::{MaskRows, Operands, Stats, UnitAt};
+use super::{MaskRows, Operands, Stats, UnitAt, BK};
 use crate::element::bf16;
 use crate::isa::transpose::transpose;
 use crate::isa::{bf16_to_f32, IsaToken, Simd, LANES};
 use crate::kernels::lse::LogSumExp;
 use crate::kernels::scratch::carve;
-use crate::kernels::tile::{Ahead, Lhs, Rescale, Tile, DOT_CHUNK, SUM_BLOCK};
+use crate::kernels::tile::{Ahead, Lhs, Rescale, Tile, DOT_CHUNK, SUM_BLOCK, WIDE};
 use crate::problem::{Dims, Dropout, Problem};
 
 /// Vectors of 16 queries a unit holds at most on instruction sets with 16 vector
@@ -140,8 +140,8 @@ impl Widened for bf16 {
 ///
 /// # Panics
 /// If `!supports(p)` (checked by [`crate::attention::attention_with`]).
-pub(crate) fn run<T: Widened>(
-    p: &Problem<'_, T>,
+pub(crate) fn run<T: Widened, KV: Widened>(
+    p: &Problem<'_, T, KV>,
     isa: IsaToken,
     dropout: Option<&Dropout>,
 ) -> (Array4<T>, LogSumExp) {
@@ -163,6 +163,48 @@ fn panels_in_registers<I: Simd>(nq: usize) -> usize {
         nq
     } else {
         1
+    }
+}
+
+/// Whether a unit of `nq` panels widens each tile's bf16 keys and values into its
+/// scratch before the tile's products, rather than each number as the register
+/// tile broadcasts it (a shift and a move into a vector register per broadcast):
+/// on 32 registers, where a unit narrower than four panels (causal N512's and
+/// N1024's) has each broadcast feed fewer than four products, whose shifts then
+/// cost more than one vectorised pass over the tile (docs/bf16.md). On 16
+/// registers a unit's tiles are too short for that pass to pay (the bf16 forward
+/// widens `k` and `v` once per call there instead).
+fn widens_tiles<I: Simd, KV: Widened>(nq: usize) -> bool {
+    KV::WIDENS && I::REGISTERS >= 32 && nq < WIDE
+}
+
+/// Widens `n` elements from `p`, `step` apart, into `dst`.
+///
+/// # Safety
+/// `p` must be valid for reading the `n` elements, `dst` hold `n` floats.
+#[inline(always)]
+unsafe fn widen_row<I: Simd, KV: Widened>(
+    isa: I,
+    (p, step): (*const KV, isize),
+    n: usize,
+    dst: *mut f32,
+) {
+    // SAFETY: the caller's contract, vector by vector or element by element.
+    unsafe {
+        if step != 1 {
+            for c in 0..n {
+                *dst.add(c) = (*p.offset(c as isize * step)).widen();
+            }
+            return;
+        }
+        let mut c = 0;
+        while c + LANES <= n {
+            isa.store(dst.add(c), KV::load_part(isa, p.add(c), LANES));
+            c += LANES;
+        }
+        if c < n {
+            isa.store_part(dst.add(c), KV::load_part(isa, p.add(c), n - c), n - c);
+        }
     }
 }
 
@@ -198,29 +240,35 @@ unsafe fn over_panels<I: Simd, const MR: usize, const NQ: usize, A: Lhs<f32>>(
 }
 
 /// The problem, with what its units share.
-struct F32Operands<'a, 'p, T> {
-    p: &'a Problem<'p, T>,
+struct F32Operands<'a, 'p, T, KV> {
+    p: &'a Problem<'p, T, KV>,
     /// The scores' scale.
     scale: f32,
     dropout: Option<Dropout>,
 }
 
 /// A unit: its scaled `Qᵀ` and where its key/value head starts.
-struct F32Unit<'s, T> {
+struct F32Unit<'s, KV> {
     /// `Qᵀ · scale`, `[E][W]`.
     qt: &'s mut [f32],
     e: usize,
     /// The head's keys and values: base pointer, row and column strides.
-    k: (*const T, isize, isize),
-    v: (*const T, isize, isize),
+    k: (*const KV, isize, isize),
+    v: (*const KV, isize, isize),
+    /// Where the unit widens each tile's keys `[BK][E]` and values `[BK][Ev]`
+    /// ([`widens_tiles`]; empty otherwise), and the tile's first key.
+    kw: &'s mut [f32],
+    vw: &'s mut [f32],
+    j0: usize,
 }
 
-impl<'p, T: Widened> Operands<'p> for F32Operands<'_, 'p, T> {
+impl<'p, T: Widened, KV: Widened> Operands<'p> for F32Operands<'_, 'p, T, KV> {
     type Elem = T;
+    type KvElem = KV;
     type Out = T;
-    type Unit<'s> = F32Unit<'s, T>;
+    type Unit<'s> = F32Unit<'s, KV>;
 
-    fn problem(&self) -> &Problem<'p, T> {
+    fn problem(&self) -> &Problem<'p, T, KV> {
         self.p
     }
 
@@ -238,7 +286,12 @@ impl<'p, T: Widened> Operands<'p> for F32Operands<'_, 'p, T> {
     }
 
     fn scratch_len(d: &Dims, w: usize) -> usize {
-        d.head_dim * w * if T::WIDENS { 2 } else { 1 }
+        let tiles = if KV::WIDENS {
+            BK * (d.head_dim + d.value_dim)
+        } else {
+            0
+        };
+        d.head_dim * w * if T::WIDENS { 2 } else { 1 } + tiles
     }
 
     #[inline(always)]
@@ -247,7 +300,7 @@ impl<'p, T: Widened> Operands<'p> for F32Operands<'_, 'p, T> {
         isa: I,
         at: &UnitAt,
         rest: &mut &'s mut [f32],
-    ) -> F32Unit<'s, T> {
+    ) -> F32Unit<'s, KV> {
         let w = NQ * LANES;
         let e = self.p.dims().head_dim;
         let qt = carve(rest, e * w);
@@ -272,11 +325,46 @@ impl<'p, T: Widened> Operands<'p> for F32Operands<'_, 'p, T> {
             // SAFETY: `x` is one whole vector (`w` is a multiple of 16).
             unsafe { isa.store(x.as_mut_ptr(), isa.mul(isa.load(x.as_ptr()), scale)) };
         }
+        let (kw, vw) = if widens_tiles::<I, KV>(NQ) {
+            let ev = self.p.dims().value_dim;
+            (carve(rest, BK * e), carve(rest, BK * ev))
+        } else {
+            (&mut [][..], &mut [][..])
+        };
         F32Unit {
             qt,
             e,
             k: head_ptr(&self.p.k, at.b, at.kvh),
             v: head_ptr(&self.p.v, at.b, at.kvh),
+            kw,
+            vw,
+            j0: 0,
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn begin_tile<I: Simd, const NQ: usize>(
+        &self,
+        isa: I,
+        u: &mut F32Unit<'_, KV>,
+        (j0, j1): (usize, usize),
+        _: Stats,
+    ) {
+        if !widens_tiles::<I, KV>(NQ) {
+            return;
+        }
+        let ((kp, krs, kcs), (vp, vrs, vcs)) = (u.k, u.v);
+        let ev = self.p.dims().value_dim;
+        u.j0 = j0;
+        for j in j0..j1 {
+            let r = j - j0;
+            // SAFETY: keys and values `j0..j1` are inside the head (a tile has at
+            // most `BK` keys), each row `e` or `ev` elements its column stride apart.
+            unsafe {
+                let (krow, vrow) = (kp.offset(j as isize * krs), vp.offset(j as isize * vrs));
+                widen_row(isa, (krow, kcs), u.e, u.kw.as_mut_ptr().add(r * u.e));
+                widen_row(isa, (vrow, vcs), ev, u.vw.as_mut_ptr().add(r * ev));
+            }
         }
     }
 
@@ -284,7 +372,7 @@ impl<'p, T: Widened> Operands<'p> for F32Operands<'_, 'p, T> {
     unsafe fn score_rows<I: Simd, const NQ: usize, const MR: usize>(
         &self,
         isa: I,
-        u: &F32Unit<'_, T>,
+        u: &F32Unit<'_, KV>,
         j: usize,
         s: *mut f32,
         mask: MaskRows,
@@ -296,18 +384,34 @@ impl<'p, T: Widened> Operands<'p> for F32Operands<'_, 'p, T> {
         // contract), read through the view's own strides; `qt` holds `e` rows of
         // `16·NQ` floats, `s` (and the mask terms, when there are any) `MR`.
         unsafe {
-            let tile = Tile {
-                a: kp.offset(j as isize * krs),
-                lda: krs,
-                sa: kcs,
-                b: u.qt.as_ptr(),
-                ldb: w,
-                next: LANES,
-                kc: u.e,
-                partial: DOT_CHUNK,
-                ahead: Ahead::NONE,
-            };
-            over_panels::<I, MR, NQ, T>(isa, tile, s, Rescale::None);
+            if widens_tiles::<I, KV>(NQ) {
+                // The tile's keys as `begin_tile` widened them, rows of `e`.
+                let tile = Tile {
+                    a: u.kw.as_ptr().add((j - u.j0) * u.e),
+                    lda: u.e as isize,
+                    sa: 1,
+                    b: u.qt.as_ptr(),
+                    ldb: w,
+                    next: LANES,
+                    kc: u.e,
+                    partial: DOT_CHUNK,
+                    ahead: Ahead::NONE,
+                };
+                over_panels::<I, MR, NQ, f32>(isa, tile, s, Rescale::None);
+            } else {
+                let tile = Tile {
+                    a: kp.offset(j as isize * krs),
+                    lda: krs,
+                    sa: kcs,
+                    b: u.qt.as_ptr(),
+                    ldb: w,
+                    next: LANES,
+                    kc: u.e,
+                    partial: DOT_CHUNK,
+                    ahead: Ahead::NONE,
+                };
+                over_panels::<I, MR, NQ, KV>(isa, tile, s, Rescale::None);
+            }
             if !mask.is_none() {
                 add_mask_terms::<I, NQ, MR>(isa, s, mask);
             }
@@ -318,7 +422,7 @@ impl<'p, T: Widened> Operands<'p> for F32Operands<'_, 'p, T> {
     unsafe fn weights<I: Simd, const NQ: usize>(
         &self,
         isa: I,
-        _: &mut F32Unit<'_, T>,
+        _: &mut F32Unit<'_, KV>,
         at: &UnitAt,
         (j0, j1): (usize, usize),
         s: *mut f32,
@@ -342,7 +446,12 @@ impl<'p, T: Widened> Operands<'p> for F32Operands<'_, 'p, T> {
     }
 
     #[inline(always)]
-    fn values_finite<I: Simd>(&self, isa: I, u: &F32Unit<'_, T>, (j0, j1): (usize, usize)) -> bool {
+    fn values_finite<I: Simd>(
+        &self,
+        isa: I,
+        u: &F32Unit<'_, KV>,
+        (j0, j1): (usize, usize),
+    ) -> bool {
         let (vp, vrs, vcs) = u.v;
         let ev = self.p.dims().value_dim;
         // x · 0 + acc: 0 for every finite x, NaN for a NaN or an infinity.
@@ -362,11 +471,11 @@ impl<'p, T: Widened> Operands<'p> for F32Operands<'_, 'p, T> {
                 }
                 let mut c = 0;
                 while c + LANES <= ev {
-                    acc = isa.fma(T::load_part(isa, row.add(c), LANES), zero, acc);
+                    acc = isa.fma(KV::load_part(isa, row.add(c), LANES), zero, acc);
                     c += LANES;
                 }
                 if c < ev {
-                    acc = isa.fma(T::load_part(isa, row.add(c), ev - c), zero, acc);
+                    acc = isa.fma(KV::load_part(isa, row.add(c), ev - c), zero, acc);
                 }
             }
         }
@@ -377,7 +486,7 @@ impl<'p, T: Widened> Operands<'p> for F32Operands<'_, 'p, T> {
     unsafe fn value_cols_seen<I: Simd, const NQ: usize>(
         &self,
         _: I,
-        u: &F32Unit<'_, T>,
+        u: &F32Unit<'_, KV>,
         (j0, j1): (usize, usize),
         s: *const f32,
         ot: *mut f32,
@@ -406,7 +515,7 @@ impl<'p, T: Widened> Operands<'p> for F32Operands<'_, 'p, T> {
     unsafe fn value_cols<I: Simd, const NQ: usize, const MC: usize>(
         &self,
         isa: I,
-        u: &F32Unit<'_, T>,
+        u: &F32Unit<'_, KV>,
         (j0, j1): (usize, usize),
         c0: usize,
         s: *const f32,
@@ -420,18 +529,35 @@ impl<'p, T: Widened> Operands<'p> for F32Operands<'_, 'p, T> {
         // inside the head (the caller's contract), read through the view's own
         // strides; `s` holds `j1 - j0` rows of `16·NQ` weights, `ot` `MC` rows.
         unsafe {
-            let tile = Tile {
-                a: vp.offset(j0 as isize * vrs + c0 as isize * vcs),
-                lda: vcs,
-                sa: vrs,
-                b: s,
-                ldb: w,
-                next: LANES,
-                kc: j1 - j0,
-                partial: SUM_BLOCK,
-                ahead: Ahead::NONE,
-            };
-            over_panels::<I, MC, NQ, T>(isa, tile, ot, rescale);
+            if widens_tiles::<I, KV>(NQ) {
+                // The tile's values as `begin_tile` widened them, rows of `ev`.
+                let ev = self.p.dims().value_dim;
+                let tile = Tile {
+                    a: u.vw.as_ptr().add((j0 - u.j0) * ev + c0),
+                    lda: 1,
+                    sa: ev as isize,
+                    b: s,
+                    ldb: w,
+                    next: LANES,
+                    kc: j1 - j0,
+                    partial: SUM_BLOCK,
+                    ahead: Ahead::NONE,
+                };
+                over_panels::<I, MC, NQ, f32>(isa, tile, ot, rescale);
+            } else {
+                let tile = Tile {
+                    a: vp.offset(j0 as isize * vrs + c0 as isize * vcs),
+                    lda: vcs,
+                    sa: vrs,
+                    b: s,
+                    ldb: w,
+                    next: LANES,
+                    kc: j1 - j0,
+                    partial: SUM_BLOCK,
+                    ahead: Ahead::NONE,
+                };
+                over_panels::<I, MC, NQ, KV>(isa, tile, ot, rescale);
+            }
         }
     }
 }

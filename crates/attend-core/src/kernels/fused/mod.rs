@@ -64,14 +64,14 @@ pub(crate) mod bf16;
 mod float;
 mod output;
 
-pub(crate) use float::run;
+pub(crate) use float::{run, Widened};
 
 /// Keys per tile at most (the scratch is sized for it); see [`tile_keys`].
 const BK: usize = 128;
 
 /// Whether the fused kernel handles this problem (the reference covers the rest:
 /// the softmax over queries, and empty value widths).
-pub fn supports<T>(p: &Problem<'_, T>) -> bool {
+pub fn supports<Q, KV>(p: &Problem<'_, Q, KV>) -> bool {
     p.softmax_axis == SoftmaxAxis::Keys && p.dims().value_dim > 0
 }
 
@@ -82,7 +82,7 @@ pub fn supports<T>(p: &Problem<'_, T>) -> bool {
 /// of a causal N512's work at `W = 64`; docs/fused-forward.md): there units are 4
 /// vectors wide only while those scores stay within [`BAND_WASTE`] of the visible
 /// ones, else at most 2.
-fn query_vectors<T>(p: &Problem<'_, T>) -> usize {
+fn query_vectors<Q, KV>(p: &Problem<'_, Q, KV>) -> usize {
     let widest = widest_unit(p.dims().q_len);
     if !p.is_banded() || (widest == 4 && band_waste(p, 4 * LANES) <= BAND_WASTE) {
         widest
@@ -100,7 +100,7 @@ const BAND_WASTE: f64 = 1.0 / 32.0;
 /// Scores that units of `w` queries compute though the band hides them, as a share
 /// of the visible scores: each unit computes its queries against the keys any of
 /// them sees.
-fn band_waste<T>(p: &Problem<'_, T>, w: usize) -> f64 {
+fn band_waste<Q, KV>(p: &Problem<'_, Q, KV>, w: usize) -> f64 {
     let q_len = p.dims().q_len;
     let (mut computed, mut visible) = (0, 0);
     for i0 in (0..q_len).step_by(w) {
@@ -166,15 +166,17 @@ fn tile_keys<I: Simd>() -> usize {
 /// `s[r][·]` is key `r`'s scores for the unit's queries, `ot[c][·]` value
 /// column `c` of their output.
 trait Operands<'p>: Sync {
-    /// The element type of `q`, `k` and `v`.
+    /// The element type of `q`.
     type Elem: Sync + 'p;
+    /// The element type of `k` and `v`.
+    type KvElem: Sync + 'p;
     /// The output's element type.
     type Out: Output;
     /// A unit's own state: its packed queries, its buffers, where its head starts.
     type Unit<'s>;
 
     /// The problem the operands are for.
-    fn problem(&self) -> &Problem<'p, Self::Elem>;
+    fn problem(&self) -> &Problem<'p, Self::Elem, Self::KvElem>;
 
     /// Vectors of 16 queries per unit for an instruction set with `registers`
     /// vector registers.
@@ -510,7 +512,7 @@ impl<'s> UnitScratch<'s> {
 
 /// One unit of work, for [`dispatch`].
 struct UnitJob<'a, 'p, 'o, 's, O: Operands<'p>> {
-    p: &'a Problem<'p, O::Elem>,
+    p: &'a Problem<'p, O::Elem, O::KvElem>,
     ops: &'a O,
     plan: &'a Plan,
     unit: Unit<'o, O::Out>,
@@ -572,7 +574,7 @@ macro_rules! with_block {
 #[inline(always)]
 fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
     isa: I,
-    (p, ops): (&Problem<'p, O::Elem>, &O),
+    (p, ops): (&Problem<'p, O::Elem, O::KvElem>, &O),
     plan: &Plan,
     u: Unit<'_, O::Out>,
     mut scratch: &mut [f32],
@@ -719,7 +721,11 @@ fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
 /// cache: the next block of the head, usually the thread's next unit, whose query
 /// packing otherwise waits on the rows' loads.
 #[inline(always)]
-fn prefetch_queries<T>(p: &Problem<'_, T>, (b, h): (usize, usize), rows: std::ops::Range<usize>) {
+fn prefetch_queries<Q, KV>(
+    p: &Problem<'_, Q, KV>,
+    (b, h): (usize, usize),
+    rows: std::ops::Range<usize>,
+) {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (p, (b, h), rows);
     #[cfg(target_arch = "x86_64")]
@@ -730,7 +736,7 @@ fn prefetch_queries<T>(p: &Problem<'_, T>, (b, h): (usize, usize), rows: std::op
         if cs != 1 {
             return; // rows that are not contiguous: left to the hardware
         }
-        let bytes = d.head_dim.saturating_sub(1) * std::mem::size_of::<T>();
+        let bytes = d.head_dim.saturating_sub(1) * std::mem::size_of::<Q>();
         for i in rows.start..rows.end.min(d.q_len) {
             let row = q.wrapping_offset(i as isize * rs).cast::<u8>();
             for at in (0..=bytes).step_by(64) {
