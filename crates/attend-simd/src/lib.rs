@@ -859,16 +859,21 @@ mod tests {
                     isa.load_pairs(b.as_ptr()),
                     isa.load_pairs(acc.as_ptr()),
                 );
+                // Each lane's sum of products of `a`'s unsigned and `w`'s signed
+                // bytes, in i64, added to `acc`'s.
+                let exact = |got: &[u32], w: &[u32], name: &str| {
+                    for i in 0..16 {
+                        let (x, y) = (a[i].to_le_bytes(), w[i].to_le_bytes());
+                        let sum: i64 = (0..4).map(|t| x[t] as i64 * y[t] as i8 as i64).sum();
+                        assert_eq!(
+                            got[i] as i32 as i64,
+                            acc[i] as i32 as i64 + sum,
+                            "{name} lane {i}"
+                        );
+                    }
+                };
                 isa.store_pairs(got.as_mut_ptr(), isa.dot4(vacc, va, vb));
-                for i in 0..16 {
-                    let (x, y) = (a[i].to_le_bytes(), b[i].to_le_bytes());
-                    let sum: i64 = (0..4).map(|t| x[t] as i64 * y[t] as i8 as i64).sum();
-                    assert_eq!(
-                        got[i] as i32 as i64,
-                        acc[i] as i32 as i64 + sum,
-                        "dot4 lane {i}"
-                    );
-                }
+                exact(&got, &b, "dot4");
                 let want0 = 4 * 255 * -128 + acc[0] as i32;
                 assert_eq!(got[0] as i32, want0, "dot4 at the bytes' extremes");
                 // `dot4_narrow` on `b`'s bytes brought into −63 ..= 63 (their
@@ -882,15 +887,7 @@ mod tests {
                     .collect();
                 let vn = isa.load_pairs(narrow.as_ptr());
                 isa.store_pairs(got.as_mut_ptr(), isa.dot4_narrow(vacc, va, vn));
-                for i in 0..16 {
-                    let (x, y) = (a[i].to_le_bytes(), narrow[i].to_le_bytes());
-                    let sum: i64 = (0..4).map(|t| x[t] as i64 * y[t] as i8 as i64).sum();
-                    assert_eq!(
-                        got[i] as i32 as i64,
-                        acc[i] as i32 as i64 + sum,
-                        "dot4_narrow lane {i}"
-                    );
-                }
+                exact(&got, &narrow, "dot4_narrow");
                 let want0 = 4 * 255 * -63 + acc[0] as i32;
                 assert_eq!(got[0] as i32, want0, "dot4_narrow at the bytes' extremes");
                 isa.store_pairs(

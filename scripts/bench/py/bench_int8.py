@@ -17,7 +17,7 @@ loaded beforehand (attend's `encode` and the peers' sentence-transformers tokeni
 sorted batches of 32, mean pooling): the ratios the issue asks for. Beside them, the
 corpus through `attend embed --input` in f32 and int8, the command's whole run
 (process start and the model's loading and quantizing included, which the in-process
-sides do not pay: mpnet's takes most of a second). Then one short sentence in process.
+sides do not pay). Then one short sentence in process.
 
 OpenVINO int8 is NNCF's post-training quantization (`nncf.quantize` with
 `ModelType.TRANSFORMER`, its recipe for transformers: int8 weights and activations

@@ -22,8 +22,8 @@ use attend_core::{Error, Result};
 /// of the token's quantization (`Linear::with_input_outliers`). In a simulation
 /// on MiniLM and mpnet (docs/int8.md) two recovered nearly all that quantizing
 /// the projection's inputs whole lost, and four to sixteen no more; each costs a
-/// multiply-add per output and token, which four made dearer than the bf16
-/// product this replaced (MiniLM's corpus 2.50 s against 2.37, two 2.35 s).
+/// pass over the token's outputs, and four made the projection dearer than the
+/// bf16 product it replaced.
 const QKV_OUTLIERS: usize = 2;
 
 /// Word, position and token-type embeddings, summed and normalised.
