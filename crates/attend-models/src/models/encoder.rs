@@ -21,9 +21,8 @@ use attend_core::{Error, Result};
 /// Inputs of each token that the int8 query, key and value projection keeps out
 /// of the token's quantization (`Linear::with_input_outliers`). In a simulation
 /// on MiniLM and mpnet (docs/int8.md) two recovered nearly all that quantizing
-/// the projection's inputs whole lost, and four to sixteen no more; each costs a
-/// pass over the token's outputs, and four made the projection dearer than the
-/// bf16 product it replaced.
+/// the projection's inputs whole lost, and four to sixteen no more; each costs
+/// its selection and a multiply-add per 16 outputs in the product's tile.
 const QKV_OUTLIERS: usize = 2;
 
 /// Word, position and token-type embeddings, summed and normalised.

@@ -29,12 +29,15 @@
 //! - **Outliers** (a layer made with some, [`linear_int8`]'s `outliers`): each
 //!   row's `outliers` entries of largest magnitude are left out of its
 //!   quantization (zero there, so its range is the rest's) and multiplied in f32
-//!   by the dequantized weights, then added to the output:
-//!   `y += (Σ_t x_t · ŵ[·][c_t]) · s_w`, over the row's outliers in column order
-//!   ([`AddOutliers`]). A LayerNorm's output has a few channels far larger than
-//!   the rest, which would otherwise set each token's scale and leave the other
-//!   channels a handful of levels; which channels they are is the row's own, so a
-//!   row's output does not depend on the batch, and no calibration is needed.
+//!   by the quantized weights in the tile, after the integer sum:
+//!   `share = Σ_t x_t · ŵ[·][c_t]` over the row's outliers in column order, and
+//!   `y = (f32(Σ (x̂ − z) ŵ) · s_x + share) · s_w + bias`. The tile reads each
+//!   outlier's weights from the quad row of its panel it has just streamed, as one
+//!   more `dot4` by a quad holding a single 1 (exact on every instruction set). A
+//!   LayerNorm's output has a few channels far larger than the rest, which would
+//!   otherwise set each token's scale and leave the other channels a handful of
+//!   levels; which channels they are is the row's own, so a row's output does not
+//!   depend on the batch, and no calibration is needed.
 //!
 //! The integer sums are exact, so for a given packing the output is the same
 //! bits on every instruction set, whatever the blocking, the batch or the thread
@@ -118,23 +121,13 @@ fn linear_int8_on(
     let parallel = m * n * k >= PARALLEL_MIN && rayon::current_num_threads() > 1;
     let rows = QuantizedRows::new(isa, x, outliers, parallel);
     let operands = QuadOperands { x: &rows, w };
-    // The outliers' share comes after the product, so the step after it does too.
-    let (fused, after) = match outliers {
-        0 => (epilogue, Epilogue::None),
-        _ => (Epilogue::None, epilogue),
-    };
     let problem = Problem {
         n,
         bias,
-        epilogue: fused,
+        epilogue,
         operands: &operands,
     };
-    let mut y = problem.run(isa, m, parallel);
-    if outliers > 0 {
-        AddOutliers::run_all(isa, &mut y, &rows, w, parallel);
-        after.apply_all(y.view_mut());
-    }
-    y
+    problem.run(isa, m, parallel)
 }
 
 /// A row's quantization: `x ≈ scale · (x̂ − zero)`.
@@ -146,47 +139,44 @@ struct RowScale {
 
 /// Quantizes `src` to bytes (see the module docs), written to all
 /// `src.len().div_ceil(4)` quads of `dst` (the last one padded with zeros, which
-/// meet zero weights), and returns the scale and zero point. A row that is all
-/// zeros gets scale 1; one holding an infinity or a NaN gets a NaN scale, so that
-/// its outputs are NaN, as the f32 product's would be.
+/// meet zero weights), with the `kept.len()` entries of largest magnitude kept out
+/// ([`select_outliers`]: written to `kept`, and quantized as zeros), and returns
+/// the scale and zero point. A row that is all zeros gets scale 1; one holding an
+/// infinity or a NaN gets a NaN scale, so that its outputs are NaN, as the f32
+/// product's would be, and keeps nothing out.
 ///
 /// The range in `isa`'s vectors (the lowest as the largest negation, a NaN or an
-/// infinity caught by a sum of `x · 0`, which the maxima may drop); the levels in
-/// plain arithmetic that the compiler vectorises (`vpmovdb` on AVX-512: in scalar
-/// code, a library call per rounding, the quantization took longer than a
-/// 384-wide product). Compiled inside an instruction set's entry point
-/// ([`QuantizeRows`]): as a closure handed to `dispatch` it was left out of line,
-/// in SSE2, and took 13 % of the int8 corpus's time (a `perf` profile, MiniLM,
-/// 1,000 lines) against 31 % for the int8 products.
+/// infinity caught by a sum of `x · 0`, which the maxima may drop), taken again
+/// without the outliers when there are some; the levels in plain arithmetic that
+/// the compiler vectorises (`vpmovdb` on AVX-512: in scalar code, a library call
+/// per rounding, the quantization took longer than a 384-wide product). Compiled
+/// inside an instruction set's entry point ([`QuantizeRows`]): as a closure handed
+/// to `dispatch` it was left out of line, in SSE2, and took 13 % of the int8
+/// corpus's time (a `perf` profile, MiniLM, 1,000 lines) against 31 % for the int8
+/// products.
 #[inline(always)]
-fn quantize_row<I: Simd>(isa: I, src: &[f32], dst: &mut [MaybeUninit<u32>]) -> RowScale {
-    let zero = isa.splat(0.0);
-    // The largest `x` and the largest `−x` (0 included), and the poison.
-    let (mut hi, mut low, mut poison) = (zero, zero, zero);
-    let mut take = |v: I::V| {
-        hi = isa.max(hi, v);
-        low = isa.max(low, isa.sub(zero, v));
-        poison = isa.fma(v, zero, poison);
-    };
-    let chunks = src.chunks_exact(LANES);
-    let rest = chunks.remainder();
-    for chunk in chunks {
-        // SAFETY: a chunk is 16 floats.
-        take(unsafe { isa.load(chunk.as_ptr()) });
+fn quantize_row<I: Simd>(
+    isa: I,
+    src: &[f32],
+    kept: &mut [Outlier],
+    dst: &mut [MaybeUninit<u32>],
+) -> RowScale {
+    kept.fill(Outlier::NONE);
+    let mut range = Range::of(isa, src, kept);
+    if !kept.is_empty() && !range.poisoned {
+        select_outliers(isa, src, range.lane_largest(isa), kept);
+        if kept.iter().any(|o| o.value != 0.0) {
+            range = Range::of(isa, src, kept);
+        }
     }
-    if !rest.is_empty() {
-        // SAFETY: `rest` holds `rest.len()` floats; the other lanes are 0.
-        take(unsafe { isa.load_part(rest.as_ptr(), rest.len()) });
-    }
-    let (lo, hi) = (-isa.max_lane(low), isa.max_lane(hi));
-    let poisoned = isa.sum(poison).is_nan();
-    let range = hi - lo;
-    let (scale, zero) = if poisoned || !range.is_finite() {
+    let (lo, hi) = (range.lo, range.hi);
+    let span = hi - lo;
+    let (scale, zero) = if range.poisoned || !span.is_finite() {
         (f32::NAN, 0)
-    } else if range == 0.0 {
+    } else if span == 0.0 {
         (1.0, 0)
     } else {
-        let scale = range / INPUT_LEVELS;
+        let scale = span / INPUT_LEVELS;
         (
             scale,
             (-lo / scale).round_ties_even().clamp(0.0, INPUT_LEVELS) as i32,
@@ -219,7 +209,81 @@ fn quantize_row<I: Simd>(isa: I, src: &[f32], dst: &mut [MaybeUninit<u32>]) -> R
     for b in padding {
         b.write(0);
     }
+    // An outlier is quantized as a zero: the zero point (0 in a poisoned row).
+    for o in kept.iter().filter(|o| o.value != 0.0) {
+        levels[o.column as usize].write(zero as u8);
+    }
     RowScale { scale, zero }
+}
+
+/// A row's range (0 included), in vectors: each lane's largest `x` and largest
+/// `−x`, their maxima, and whether a NaN or an infinity is in the row.
+struct Range<V> {
+    highs: V,
+    lows: V,
+    lo: f32,
+    hi: f32,
+    poisoned: bool,
+}
+
+impl<V: Copy> Range<V> {
+    /// The range of `src` without the entries `skip` names (zeros instead; unused
+    /// slots, of value 0, name nothing).
+    #[inline(always)]
+    fn of<I: Simd<V = V>>(isa: I, src: &[f32], skip: &[Outlier]) -> Self {
+        let zero = isa.splat(0.0);
+        let (mut highs, mut lows, mut poison) = (zero, zero, zero);
+        let mut take = |v: V| {
+            highs = isa.max(highs, v);
+            lows = isa.max(lows, isa.sub(zero, v));
+            poison = isa.fma(v, zero, poison);
+        };
+        let mut skipped = skip.iter().filter(|o| o.value != 0.0).peekable();
+        let chunks = src.chunks_exact(LANES);
+        let rest = chunks.remainder();
+        for (c, chunk) in chunks.enumerate() {
+            if skipped
+                .peek()
+                .is_none_or(|o| o.column as usize / LANES != c)
+            {
+                // SAFETY: a chunk is 16 floats.
+                take(unsafe { isa.load(chunk.as_ptr()) });
+                continue;
+            }
+            let mut patched = [0.0f32; LANES];
+            patched.copy_from_slice(chunk);
+            while let Some(o) = skipped.next_if(|o| o.column as usize / LANES == c) {
+                patched[o.column as usize % LANES] = 0.0;
+            }
+            // SAFETY: `patched` is 16 floats.
+            take(unsafe { isa.load(patched.as_ptr()) });
+        }
+        if !rest.is_empty() {
+            let mut patched = [0.0f32; LANES];
+            patched[..rest.len()].copy_from_slice(rest);
+            for o in skipped {
+                patched[o.column as usize % LANES] = 0.0;
+            }
+            // SAFETY: `patched` is 16 floats, 0 past `rest`.
+            take(unsafe { isa.load(patched.as_ptr()) });
+        }
+        Range {
+            highs,
+            lows,
+            lo: -isa.max_lane(lows),
+            hi: isa.max_lane(highs),
+            poisoned: isa.sum(poison).is_nan(),
+        }
+    }
+
+    /// Each lane's largest magnitude.
+    #[inline(always)]
+    fn lane_largest<I: Simd<V = V>>(&self, isa: I) -> [f32; LANES] {
+        let mut largest = [0.0f32; LANES];
+        // SAFETY: `largest` holds 16 floats.
+        unsafe { isa.store(largest.as_mut_ptr(), isa.max(self.highs, self.lows)) };
+        largest
+    }
 }
 
 /// The rows of `x` quantized: bytes as quads `[m][k/4]`, and each row's scale
@@ -320,32 +384,28 @@ impl Outlier {
     };
 }
 
-/// Fills `kept` with the entries of `src` of largest magnitude (an earlier one
-/// kept over a later one of the same size; zeros and NaNs never), in column
-/// order, and `rest` with `src` where they are zero. A row holding an infinity
-/// keeps nothing out, so that its quantization is poisoned as without outliers.
-/// Inlined into [`QuantizeRows`], so that its passes over whole vectors are
-/// compiled for the instruction set.
+/// Fills `kept` (all unused on entry) with the entries of `src` of largest
+/// magnitude (an earlier one kept over a later one of the same size; zeros never),
+/// in column order, given each lane's largest magnitude over the row's vectors,
+/// `lane_largest`. The row holds no NaN or infinity.
 #[inline(always)]
-fn split_outliers(src: &[f32], kept: &mut [Outlier], rest: &mut Vec<f32>) {
-    kept.fill(Outlier::NONE);
-    let Some(last) = kept.len().checked_sub(1) else {
-        return;
-    };
-    // A first pass finds each lane's largest magnitude. The `kept.len()` largest
-    // of those are as many entries, so every entry kept is at least the smallest
-    // of them, `floor`; few others are, and the second pass looks closer only at
-    // vectors holding one.
-    let mut lane_largest = [0.0f32; LANES];
-    for chunk in src.chunks(LANES) {
-        for (m, x) in lane_largest.iter_mut().zip(chunk) {
-            *m = m.max(x.abs());
-        }
-    }
+fn select_outliers<I: Simd>(
+    isa: I,
+    src: &[f32],
+    mut lane_largest: [f32; LANES],
+    kept: &mut [Outlier],
+) {
+    let last = kept.len() - 1;
+    // The `kept.len()` largest of the lanes' maxima are as many entries, so every
+    // entry kept is at least the smallest of them, `floor`; few others are, and
+    // only vectors holding one are looked at closer.
     lane_largest.sort_unstable_by(|a, b| b.total_cmp(a));
     let floor = lane_largest.get(last).copied().unwrap_or(0.0);
+    let zero = isa.splat(0.0);
     for (v, chunk) in src.chunks(LANES).enumerate() {
-        if !chunk.iter().fold(false, |any, x| any | (x.abs() >= floor)) {
+        // SAFETY: `chunk` holds `chunk.len()` ≤ 16 floats; the other lanes are 0.
+        let x = unsafe { isa.load_part(chunk.as_ptr(), chunk.len()) };
+        if isa.max_lane(isa.max(x, isa.sub(zero, x))) < floor {
             continue;
         }
         for (i, &x) in chunk.iter().enumerate() {
@@ -363,15 +423,7 @@ fn split_outliers(src: &[f32], kept: &mut [Outlier], rest: &mut Vec<f32>) {
             }
         }
     }
-    if kept.iter().any(|o| o.value.is_infinite()) {
-        kept.fill(Outlier::NONE);
-    }
     kept.sort_unstable_by_key(|o| o.column);
-    rest.clear();
-    rest.extend_from_slice(src);
-    for o in kept.iter().filter(|o| o.value != 0.0) {
-        rest[o.column as usize] = 0.0;
-    }
 }
 
 /// Rows a [`QuantizeRows`] job takes: enough to amortise a task, few enough that
@@ -396,7 +448,6 @@ impl SimdJob for QuantizeRows<'_, '_> {
     fn run<I: Simd>(self, isa: I) {
         let lda = quads(self.x.ncols());
         let rows = self.x.rows().into_iter();
-        let mut rest = Vec::new();
         for (i, ((row, dst), scale)) in rows
             .zip(self.dst.chunks_mut(lda))
             .zip(self.scales)
@@ -410,97 +461,8 @@ impl SimdJob for QuantizeRows<'_, '_> {
                     &strided
                 }
             };
-            *scale = match self.per_row {
-                0 => quantize_row(isa, src, dst),
-                per_row => {
-                    let kept = &mut self.outliers[i * per_row..(i + 1) * per_row];
-                    split_outliers(src, kept, &mut rest);
-                    quantize_row(isa, &rest, dst)
-                }
-            };
-        }
-    }
-}
-
-/// Rows an [`AddOutliers`] job takes: enough that their outliers' columns,
-/// read once for the job, serve many rows.
-const OUTLIER_CHUNK: usize = 64;
-
-/// Adds rows' outliers' share to their product `y` (the module docs): a job, so
-/// that the sums are compiled for the instruction set.
-struct AddOutliers<'a> {
-    /// Whole rows of the product, from row `first`.
-    y: &'a mut [f32],
-    first: usize,
-    rows: &'a QuantizedRows,
-    w: &'a PackedInt8,
-}
-
-impl AddOutliers<'_> {
-    /// Adds every row's outliers' share to `y [m, n]`, in parallel by rows if
-    /// `parallel`.
-    fn run_all(
-        isa: IsaToken,
-        y: &mut Array2<f32>,
-        rows: &QuantizedRows,
-        w: &PackedInt8,
-        parallel: bool,
-    ) {
-        let n = w.n;
-        let y = y.as_slice_mut().expect("the product is row-major");
-        let job = |(chunk, y): (usize, &mut [f32])| {
-            dispatch(
-                isa,
-                AddOutliers {
-                    y,
-                    first: chunk * OUTLIER_CHUNK,
-                    rows,
-                    w,
-                },
-            )
-        };
-        if parallel {
-            y.par_chunks_mut(OUTLIER_CHUNK * n)
-                .enumerate()
-                .for_each(job);
-        } else {
-            y.chunks_mut(OUTLIER_CHUNK * n).enumerate().for_each(job);
-        }
-    }
-}
-
-impl SimdJob for AddOutliers<'_> {
-    type Output = ();
-
-    #[inline(always)]
-    fn run<I: Simd>(self, _isa: I) {
-        let n = self.w.n;
-        // The weights of the columns these rows keep out, each read once from the
-        // panels (a cache line per panel) and shared by the rows that keep it: a
-        // LayerNorm's outliers are mostly the same few channels.
-        let mut columns: Vec<(u32, Vec<f32>)> = Vec::new();
-        let mut share = vec![0.0f32; n];
-        for (i, y) in self.y.chunks_mut(n).enumerate() {
-            let kept = self.rows.outliers(self.first + i);
-            if kept.iter().all(|o| o.value == 0.0) {
-                continue;
-            }
-            share.fill(0.0);
-            for o in kept.iter().filter(|o| o.value != 0.0) {
-                let at = match columns.iter().position(|(c, _)| *c == o.column) {
-                    Some(at) => at,
-                    None => {
-                        columns.push((o.column, self.w.column(o.column as usize)));
-                        columns.len() - 1
-                    }
-                };
-                for (s, &w) in share.iter_mut().zip(&columns[at].1) {
-                    *s += o.value * w;
-                }
-            }
-            for ((y, s), scale) in y.iter_mut().zip(&share).zip(&self.w.scales) {
-                *y += s * scale;
-            }
+            let kept = &mut self.outliers[i * self.per_row..(i + 1) * self.per_row];
+            *scale = quantize_row(isa, src, kept, dst);
         }
     }
 }
@@ -681,24 +643,6 @@ impl PackedInt8 {
         self.data.len() * std::mem::size_of::<u32>()
             + self.scales.len() * std::mem::size_of::<f32>()
             + self.sums.len() * std::mem::size_of::<i32>()
-    }
-
-    /// Column `kk` of the quantized weight, `ŵ[·, kk]`, as f32: byte `kk % 4` of
-    /// quad `kk / 4` of every panel's 16 outputs.
-    fn column(&self, kk: usize) -> Vec<f32> {
-        let (quad, low) = (kk / 4, 24 - 8 * (kk % 4));
-        let mut column = Vec::with_capacity(self.n.div_ceil(NR) * NR);
-        for p in 0..self.n.div_ceil(NR) {
-            let words = &self.data[(p * quads(self.k) + quad) * NR..][..NR];
-            // The byte moved to the top, then back with its sign.
-            column.extend(
-                words
-                    .iter()
-                    .map(|&word| ((word << low) as i32 >> 24) as f32),
-            );
-        }
-        column.truncate(self.n);
-        column
     }
 
     /// The quantized weight `ŵ[j, kk]`.
@@ -882,15 +826,53 @@ impl QuadOperands<'_> {
                 let j0 = (p + q) * NR;
                 let sums = isa.load_pairs(w.sums[j0..].as_ptr().cast());
                 let w_scale = isa.load(w.scales[j0..].as_ptr());
-                let b = isa.load(bias[q].as_ptr());
+                let bias = isa.load(bias[q].as_ptr());
                 for i in 0..R {
                     let RowScale { scale, zero } = x.scales[r + i];
                     let exact = isa.mul_sub_i32(acc[q][i], isa.splat_pair(zero as u32), sums);
-                    let y = isa.fma(isa.i32_to_f32(exact), isa.mul(isa.splat(scale), w_scale), b);
+                    let exact = isa.i32_to_f32(exact);
+                    let y = if x.per_row == 0 {
+                        isa.fma(exact, isa.mul(isa.splat(scale), w_scale), bias)
+                    } else {
+                        let share = self.outliers_share::<I, NARROW>(isa, r + i, b[q]);
+                        isa.fma(isa.fma(exact, isa.splat(scale), share), w_scale, bias)
+                    };
                     isa.store(c.add(i * ldc + q * NR), y);
                 }
             }
         }
+    }
+
+    /// Row `r`'s outliers times the panel's 16 quantized weights of their
+    /// columns, as f32, summed in column order from 0: each weight the `dot4` of
+    /// its quad row (`panel`, 16 quads) with a quad of a single 1 at its byte,
+    /// exact, so the same on every instruction set.
+    ///
+    /// # Safety
+    /// `panel` must point to a whole panel of `w`; with `NARROW`, every weight
+    /// level is at most [`NARROW_LEVEL`] in magnitude.
+    #[inline(always)]
+    unsafe fn outliers_share<I: Simd, const NARROW: bool>(
+        &self,
+        isa: I,
+        r: usize,
+        panel: *const u32,
+    ) -> I::V {
+        let none = isa.splat_pair(0);
+        let mut share = isa.splat(0.0);
+        for o in self.x.outliers(r) {
+            let column = o.column as usize;
+            let one = isa.splat_pair(1 << (8 * (column % 4)));
+            // SAFETY: the column is inside the row, so its quad row is in the panel.
+            let quads = unsafe { isa.load_pairs(panel.add(column / 4 * NR)) };
+            let weight = if NARROW {
+                isa.dot4_narrow(none, one, quads)
+            } else {
+                isa.dot4(none, one, quads)
+            };
+            share = isa.fma(isa.splat(o.value), isa.i32_to_f32(weight), share);
+        }
+        share
     }
 }
 
@@ -957,7 +939,7 @@ mod tests {
                 src[c] = 0.0;
             }
             let mut dst = vec![MaybeUninit::new(0u32); quads(src.len())];
-            scales.push(quantize_row(portable, &src, &mut dst));
+            scales.push(quantize_row(portable, &src, &mut [], &mut dst));
             // SAFETY: `quantize_row` wrote every quad.
             let words = dst.iter().map(|d| unsafe { d.assume_init() });
             levels.push(words.flat_map(u32::to_le_bytes).take(src.len()).collect());
@@ -968,8 +950,8 @@ mod tests {
 
     /// The int8 product by its definition: the sums of products of the quantized
     /// numbers in i64, less the zero point's share, then the one rounding to f32
-    /// and the fused multiply-add of the module docs; then the outliers' share,
-    /// summed in column order and scaled. The exact answer every instruction set
+    /// and the fused multiply-adds of the module docs (with outliers, their share
+    /// summed in column order and added before the weight's scale). The exact answer every instruction set
     /// must give, bit for bit.
     fn reference(x: &Array2<f32>, w: &PackedInt8, count: usize, bias: &[f32]) -> Array2<f32> {
         let (levels, scales, kept) = quantized(x, count);
@@ -978,14 +960,15 @@ mod tests {
                 .map(|kk| (levels[i][kk] as i64 - scales[i].zero as i64) * w.level(j, kk) as i64)
                 .sum();
             let exact = i32::try_from(sum).expect("fits i32");
-            let y = (exact as f32).mul_add(scales[i].scale * w.scales[j], bias[j]);
-            if kept[i].is_empty() {
-                return y;
+            if count == 0 {
+                return (exact as f32).mul_add(scales[i].scale * w.scales[j], bias[j]);
             }
             let share = kept[i]
                 .iter()
-                .fold(0.0f32, |s, &(c, v)| s + v * w.level(j, c) as f32);
-            y + share * w.scales[j]
+                .fold(0.0f32, |s, &(c, v)| v.mul_add(w.level(j, c) as f32, s));
+            (exact as f32)
+                .mul_add(scales[i].scale, share)
+                .mul_add(w.scales[j], bias[j])
         })
     }
 
@@ -1058,36 +1041,62 @@ mod tests {
 
     #[test]
     fn outliers_are_the_largest_magnitudes_earliest_first() {
-        let row = [0.5, -3.0, 2.0, 3.0, 0.0, -2.0, f32::NAN, 1.0];
-        let mut kept = [Outlier::NONE; 3];
-        let mut rest = Vec::new();
-        split_outliers(&row, &mut kept, &mut rest);
+        let IsaToken::Portable(portable) = Isa::Portable.token().unwrap() else {
+            unreachable!("the portable token")
+        };
+        // The row's outliers, and its levels, against those of the row with
+        // zeros in the outliers' places, quantized without outliers.
+        let split = |row: &[f32], slots: usize| {
+            let mut kept = vec![Outlier::NONE; slots];
+            let mut dst = vec![MaybeUninit::new(0u32); quads(row.len())];
+            let scale = quantize_row(portable, row, &mut kept, &mut dst);
+            let mut zeroed = row.to_vec();
+            for o in kept.iter().filter(|o| o.value != 0.0) {
+                zeroed[o.column as usize] = 0.0;
+            }
+            let mut want = vec![MaybeUninit::new(0u32); quads(row.len())];
+            let want_scale = quantize_row(portable, &zeroed, &mut [], &mut want);
+            let words = |d: &[MaybeUninit<u32>]| -> Vec<u32> {
+                // SAFETY: `quantize_row` wrote every quad of both.
+                d.iter().map(|w| unsafe { w.assume_init() }).collect()
+            };
+            assert_eq!(words(&dst), words(&want), "{row:?}");
+            assert_eq!(scale.zero, want_scale.zero, "{row:?}");
+            assert!(
+                scale.scale == want_scale.scale
+                    || (scale.scale.is_nan() && want_scale.scale.is_nan())
+            );
+            kept
+        };
         let at = |column, value| Outlier { column, value };
-        assert_eq!(kept, [at(1, -3.0), at(2, 2.0), at(3, 3.0)]);
-        assert_eq!(&rest[..6], &[0.5, 0.0, 0.0, 0.0, 0.0, -2.0]);
-        assert!(rest[6].is_nan());
+        let row = [0.5, -3.0, 2.0, 3.0, 0.0, -2.0, 0.25, 1.0];
+        assert_eq!(split(&row, 3), [at(1, -3.0), at(2, 2.0), at(3, 3.0)]);
         // Fewer non-zero entries than slots: the rest stay unused.
-        split_outliers(&[0.0, 1.5, 0.0], &mut kept, &mut rest);
-        assert_eq!(kept, [Outlier::NONE, Outlier::NONE, at(1, 1.5)]);
-        // An infinity keeps nothing out.
-        split_outliers(&[9.0, f32::INFINITY, 1.0], &mut kept, &mut rest);
-        assert_eq!(kept, [Outlier::NONE; 3]);
-        assert_eq!(rest[..2], [9.0, f32::INFINITY]);
-        // Across vectors, in a row longer than one.
+        assert_eq!(
+            split(&[0.0, 1.5, 0.0], 3),
+            [Outlier::NONE, Outlier::NONE, at(1, 1.5)]
+        );
+        // An infinity or a NaN keeps nothing out.
+        assert_eq!(split(&[9.0, f32::INFINITY, 1.0], 3), [Outlier::NONE; 3]);
+        assert_eq!(split(&[9.0, f32::NAN, 1.0], 2), [Outlier::NONE; 2]);
+        // Across vectors, in a row longer than one, the first of two the same size.
         let long: Vec<f32> = (0..70)
-            .map(|i| {
-                if i == 65 {
-                    -9.0
-                } else if i == 3 {
-                    8.0
-                } else {
-                    0.1
-                }
+            .map(|i| match i {
+                65 => -9.0,
+                3 | 40 => 8.0,
+                _ => 0.1 * (i % 7) as f32 - 0.3,
             })
             .collect();
-        let mut two = [Outlier::NONE; 2];
-        split_outliers(&long, &mut two, &mut rest);
-        assert_eq!(two, [at(3, 8.0), at(65, -9.0)]);
+        assert_eq!(split(&long, 2), [at(3, 8.0), at(65, -9.0)]);
+        assert_eq!(split(&long, 3), [at(3, 8.0), at(40, 8.0), at(65, -9.0)]);
+        // Several in one vector.
+        let mut dense = long.clone();
+        dense[66] = 7.0;
+        assert_eq!(split(&dense, 3), [at(3, 8.0), at(40, 8.0), at(65, -9.0)]);
+        assert_eq!(
+            split(&dense, 4),
+            [at(3, 8.0), at(40, 8.0), at(65, -9.0), at(66, 7.0)]
+        );
     }
 
     #[test]
