@@ -54,23 +54,25 @@ unsafe fn dot2_half(acc: __m256, a: __m256i, b: __m256i) -> __m256 {
     }
 }
 
-/// `acc + Σ (a.byte[t] − 128) · b.byte[t]` for eight lanes of four bytes, `b`'s
-/// in −127 ..= 127 (see [`Simd::dot4`]): `a`'s bytes centred to signed ones `c`,
-/// and `vpmaddubsw` of `|c|` (at most 128) with `b` given `c`'s sign (`vpsignb`),
-/// whose pair sums (at most 2 · 128 · 127) cannot saturate, then `vpmaddwd` by
-/// ones: two multiplications per 32 byte products, as [`Simd::dot4_narrow`]'s,
-/// and three other instructions, where widening the bytes to 16 bits took two
-/// `vpmaddwd` and seven others (docs/int8.md).
+/// `acc + Σ a.byte[t] · b.byte[t]` for eight lanes of four bytes (see
+/// [`Simd::dot4`]): the bytes widened to 16 bits, even and odd ones apart, and
+/// multiplied in pairs by `vpmaddwd`, whose sums (at most 2 · 255 · 128) cannot
+/// saturate.
 ///
 /// # Safety
 /// The CPU must have AVX2.
 #[inline(always)]
-unsafe fn dot4_centred_half(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+unsafe fn dot4_half(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
     // SAFETY: the caller guarantees AVX2; no memory is touched.
     unsafe {
-        let centred = _mm256_xor_si256(a, _mm256_set1_epi8(0x80u8 as i8));
-        let pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(centred), _mm256_sign_epi8(b, centred));
-        _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+        let low_bytes = _mm256_set1_epi16(0x00FF);
+        let a_even = _mm256_and_si256(a, low_bytes);
+        let a_odd = _mm256_srli_epi16::<8>(a);
+        let b_even = _mm256_srai_epi16::<8>(_mm256_slli_epi16::<8>(b));
+        let b_odd = _mm256_srai_epi16::<8>(b);
+        let even = _mm256_madd_epi16(a_even, b_even);
+        let odd = _mm256_madd_epi16(a_odd, b_odd);
+        _mm256_add_epi32(acc, _mm256_add_epi32(even, odd))
     }
 }
 
@@ -226,7 +228,6 @@ unsafe impl<const VNNI: bool> Simd for Avx2Of<VNNI> {
     type P = P2;
     const REGISTERS: usize = 8;
     const NATIVE_DOT4: bool = VNNI;
-    const DOT4_CENTRE: i32 = if VNNI { 0 } else { 128 };
     #[inline(always)]
     unsafe fn load(self, p: *const f32) -> V2 {
         // SAFETY: the caller guarantees 16 readable floats; the token, AVX2.
@@ -453,12 +454,7 @@ unsafe impl<const VNNI: bool> Simd for Avx2Of<VNNI> {
             };
         }
         // SAFETY: the token proves AVX2.
-        unsafe {
-            P2(
-                dot4_centred_half(acc.0, a.0, b.0),
-                dot4_centred_half(acc.1, a.1, b.1),
-            )
-        }
+        unsafe { P2(dot4_half(acc.0, a.0, b.0), dot4_half(acc.1, a.1, b.1)) }
     }
     #[inline(always)]
     fn dot4_narrow(self, acc: P2, a: P2, b: P2) -> P2 {

@@ -66,7 +66,6 @@ unsafe impl<const BF16: bool> Simd for Avx512Of<BF16> {
     type P = __m512i;
     const REGISTERS: usize = 32;
     const NATIVE_DOT4: bool = BF16;
-    const DOT4_CENTRE: i32 = if BF16 { 0 } else { 128 };
     #[inline(always)]
     unsafe fn load(self, p: *const f32) -> __m512 {
         // SAFETY: the caller guarantees 16 readable floats; the token, AVX-512F.
@@ -339,15 +338,17 @@ unsafe impl<const BF16: bool> Simd for Avx512Of<BF16> {
             // SAFETY: `BF16` tokens exist only on CPUs with AVX512-VNNI.
             return unsafe { _mm512_dpbusd_epi32(acc, a, b) };
         }
-        // SAFETY: the token proves AVX-512 BW. As AVX2's `dot4_centred_half`, with
-        // `c`'s sign moved to `b` by a masked negation (AVX-512 has no `vpsignb`;
-        // where `c` is 0, `|c|` is too).
+        // SAFETY: the token proves AVX-512 BW. As AVX2's `dot4_half`: the bytes
+        // widened to 16 bits, even and odd apart, whose pair sums cannot saturate.
         unsafe {
-            let centred = _mm512_xor_si512(a, _mm512_set1_epi8(0x80u8 as i8));
-            let negative = _mm512_movepi8_mask(centred);
-            let signed = _mm512_mask_sub_epi8(b, negative, _mm512_setzero_si512(), b);
-            let pairs = _mm512_maddubs_epi16(_mm512_abs_epi8(centred), signed);
-            _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)))
+            let low_bytes = _mm512_set1_epi16(0x00FF);
+            let a_even = _mm512_and_si512(a, low_bytes);
+            let a_odd = _mm512_srli_epi16::<8>(a);
+            let b_even = _mm512_srai_epi16::<8>(_mm512_slli_epi16::<8>(b));
+            let b_odd = _mm512_srai_epi16::<8>(b);
+            let even = _mm512_madd_epi16(a_even, b_even);
+            let odd = _mm512_madd_epi16(a_odd, b_odd);
+            _mm512_add_epi32(acc, _mm512_add_epi32(even, odd))
         }
     }
     #[inline(always)]

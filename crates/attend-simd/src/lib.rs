@@ -438,12 +438,8 @@ pub unsafe trait Simd: Copy + Send + Sync {
     /// Sixteen-lane vector registers, for choosing register blocks.
     const REGISTERS: usize;
     /// Whether [`Simd::dot4`] is one instruction (`vpdpbusd`), which needs no
-    /// registers for centred bytes and their signs: int8 tiles can take more rows.
+    /// registers for bytes widened to 16 bits: int8 tiles can take more rows.
     const NATIVE_DOT4: bool;
-    /// What [`Simd::dot4`] takes off each of its unsigned bytes before multiplying:
-    /// 0 where it is `vpdpbusd` (and in portable code), 128 where it centres them
-    /// to signed bytes so that `vpmaddubsw` can multiply them exactly.
-    const DOT4_CENTRE: i32;
     /// Loads 16 contiguous floats.
     ///
     /// # Safety
@@ -541,21 +537,18 @@ pub unsafe trait Simd: Copy + Send + Sync {
     /// # Safety
     /// `p` must be valid for writing 16 `u16`.
     unsafe fn store_bf16(self, p: *mut u16, x: Self::V);
-    /// `acc + Σ (a.byte[t] − DOT4_CENTRE) · b.byte[t]` over the four bytes of each
-    /// lane, `a`'s bytes unsigned (0 to 255) and `b`'s signed in −127 ..= 127, the
-    /// sum wrapping in i32 ([`DOT4_CENTRE`](Self::DOT4_CENTRE)): `vpdpbusd`
-    /// (AVX512-VNNI, AVX-VNNI); elsewhere `a`'s bytes centred to `c = a − 128`
-    /// and `vpmaddubsw` of `|c|` (0 to 128) with `b` given `c`'s sign, whose
-    /// two-product 16-bit sums stay within 2 · 128 · 127 = 32,512, then `vpmaddwd`
-    /// by ones: no intermediate saturates, so the sum is exact on every
-    /// instruction set. A byte of `b` of −128 may give a wrong sum.
+    /// `acc + Σ a.byte[t] · b.byte[t]` over the four bytes of each lane, `a`'s
+    /// bytes unsigned (0 to 255) and `b`'s signed (−128 to 127), the sum wrapping
+    /// in i32: `vpdpbusd` (AVX512-VNNI, AVX-VNNI), which other instruction sets
+    /// compute exactly by widening the bytes to 16 bits (`vpmaddwd`): no
+    /// intermediate saturates, so every instruction set gives the same sums.
     fn dot4(self, acc: Self::P, a: Self::P, b: Self::P) -> Self::P;
-    /// `acc + Σ a.byte[t] · b.byte[t]` (no centre) where every byte of `b` is in
-    /// −63 ..= 63 ([`NARROW_LEVEL`]): `vpdpbusd` where there is one, and elsewhere
-    /// `vpmaddubsw` (two byte products summed in 16 bits, at most 2 · 255 · 63 =
-    /// 32,130, so nothing saturates) followed by `vpmaddwd` by ones: no centring
-    /// of `a` and no signs moved, fewer instructions than [`dot4`](Self::dot4)'s.
-    /// A byte of `b` outside that range may give a wrong sum (saturated) on those
+    /// [`dot4`](Self::dot4) where every byte of `b` is in −63 ..= 63 ([`NARROW_LEVEL`]):
+    /// `vpdpbusd` where there is one, and elsewhere `vpmaddubsw` (two byte products
+    /// summed in 16 bits, at most 2 · 255 · 63 = 32,130, so nothing saturates)
+    /// followed by `vpmaddwd` by ones: on AVX2 twice the rate of the widening,
+    /// whose two `vpmaddwd` share one port (`scripts/peak/int8-peak`). A byte of
+    /// `b` outside that range may give a wrong sum (saturated) on those
     /// instruction sets.
     fn dot4_narrow(self, acc: Self::P, a: Self::P, b: Self::P) -> Self::P;
     /// `acc − a · b` lane by lane, in i32, wrapping.
@@ -832,9 +825,8 @@ mod tests {
     }
 
     /// `dot4`, `mul_sub_i32` and `i32_to_f32` against plain integer arithmetic,
-    /// lane by lane, on the bytes' extremes (255 × −127 and 0 × 127 in every
-    /// product of some lanes: `vpmaddubsw` of the bytes as they are would
-    /// saturate on the first, of the centred ones on neither) and on mixed ones.
+    /// lane by lane, on the bytes' extremes (255 × −128 in every product of some
+    /// lanes, which `vpmaddubsw` would saturate) and on mixed ones.
     struct CheckQuads;
 
     impl SimdJob for CheckQuads {
@@ -851,12 +843,9 @@ mod tests {
                 .collect();
             let b: Vec<u32> = (0..16u32)
                 .map(|i| match i {
-                    0 => quad([0x81; 4]),
+                    0 => quad([0x80; 4]),
                     1 => quad([0x7F; 4]),
-                    // −127 ..= 127, as `dot4` asks.
-                    _ => quad(std::array::from_fn(|t| {
-                        ((i * 53 + t as u32 * 29) as u8 as i8).max(-127) as u8
-                    })),
+                    _ => quad(std::array::from_fn(|t| (i * 53 + t as u32 * 29) as u8)),
                 })
                 .collect();
             let acc: Vec<u32> = (0..16)
@@ -870,14 +859,12 @@ mod tests {
                     isa.load_pairs(b.as_ptr()),
                     isa.load_pairs(acc.as_ptr()),
                 );
-                // Each lane's sum of products of `a`'s unsigned bytes less
-                // `centre` and `w`'s signed ones, in i64, added to `acc`'s.
-                let exact = |got: &[u32], w: &[u32], centre: i32, name: &str| {
+                // Each lane's sum of products of `a`'s unsigned and `w`'s signed
+                // bytes, in i64, added to `acc`'s.
+                let exact = |got: &[u32], w: &[u32], name: &str| {
                     for i in 0..16 {
                         let (x, y) = (a[i].to_le_bytes(), w[i].to_le_bytes());
-                        let sum: i64 = (0..4)
-                            .map(|t| (x[t] as i64 - centre as i64) * y[t] as i8 as i64)
-                            .sum();
+                        let sum: i64 = (0..4).map(|t| x[t] as i64 * y[t] as i8 as i64).sum();
                         assert_eq!(
                             got[i] as i32 as i64,
                             acc[i] as i32 as i64 + sum,
@@ -886,12 +873,9 @@ mod tests {
                     }
                 };
                 isa.store_pairs(got.as_mut_ptr(), isa.dot4(vacc, va, vb));
-                exact(&got, &b, I::DOT4_CENTRE, "dot4");
-                let centre = I::DOT4_CENTRE;
-                let want0 = 4 * (255 - centre) * -127 + acc[0] as i32;
+                exact(&got, &b, "dot4");
+                let want0 = 4 * 255 * -128 + acc[0] as i32;
                 assert_eq!(got[0] as i32, want0, "dot4 at the bytes' extremes");
-                let want1 = 4 * -centre * 127 + acc[1] as i32;
-                assert_eq!(got[1] as i32, want1, "dot4 at the bytes' extremes");
                 // `dot4_narrow` on `b`'s bytes brought into −63 ..= 63 (their
                 // extremes in lanes 0 and 1: 255 × ±63 in every product).
                 let narrow: Vec<u32> = b
@@ -903,7 +887,7 @@ mod tests {
                     .collect();
                 let vn = isa.load_pairs(narrow.as_ptr());
                 isa.store_pairs(got.as_mut_ptr(), isa.dot4_narrow(vacc, va, vn));
-                exact(&got, &narrow, 0, "dot4_narrow");
+                exact(&got, &narrow, "dot4_narrow");
                 let want0 = 4 * 255 * -63 + acc[0] as i32;
                 assert_eq!(got[0] as i32, want0, "dot4_narrow at the bytes' extremes");
                 isa.store_pairs(

@@ -27,7 +27,6 @@ unsafe impl Simd for Portable {
     type P = P;
     const REGISTERS: usize = 4;
     const NATIVE_DOT4: bool = false;
-    const DOT4_CENTRE: i32 = 0;
     #[inline(always)]
     unsafe fn load(self, p: *const f32) -> V {
         // SAFETY: the caller guarantees 16 readable floats.

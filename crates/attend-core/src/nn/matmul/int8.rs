@@ -17,16 +17,14 @@
 //!   activations after GELU is nearly all positive; its own zero point spends
 //!   all 256 levels on its range where a symmetric scale would waste half.
 //! - **Product**: [`Simd::dot4`] (`vpdpbusd` on AVX512-VNNI and AVX-VNNI,
-//!   unsigned bytes of `x` against signed ones of `w`; elsewhere `vpmaddubsw` on
-//!   `x̂ − 128`'s magnitude and `w` given its sign, which cannot saturate, so
-//!   that the sum is `Σ (x̂ − c) ŵ` with `c` = [`Simd::DOT4_CENTRE`]), or for a
-//!   ±63 packing without VNNI [`Simd::dot4_narrow`] (`vpmaddubsw` on `x̂` as it
-//!   is, which cannot saturate on such weights: fewer instructions, `c` = 0),
-//!   then `vpmaddwd` by ones, sums in i32 over the whole depth in one register
-//!   tile, exactly (at most `255 · 127 · k`, far from overflow for any encoder's
-//!   `k`). The zero point comes off in i32, `Σ (x̂ − c) ŵ − (z − c) · Σ ŵ`, and
-//!   one rounding to f32 and a fused multiply-add give
-//!   `y = f32(Σ (x̂ − z) ŵ) · (s_x · s_w) + bias`.
+//!   unsigned bytes of `x` against signed ones of `w`; exact 16-bit widening
+//!   elsewhere), or for a ±63 packing without VNNI [`Simd::dot4_narrow`]
+//!   (`vpmaddubsw`, which cannot saturate on such weights, and `vpmaddwd` by
+//!   ones: twice the widening's rate on AVX2, which runs one `vpmaddwd` a cycle), sums
+//!   `Σ x̂ ŵ` in i32 over the whole depth in one register tile, exactly (at most
+//!   `255 · 127 · k`, far from overflow for any encoder's `k`). The zero point
+//!   comes off in i32, `Σ x̂ ŵ − z · Σ ŵ`, and one rounding to f32 and a fused
+//!   multiply-add give `y = f32(Σ (x̂ − z) ŵ) · (s_x · s_w) + bias`.
 //!
 //! - **Outliers** (a layer made with some, [`linear_int8`]'s `outliers`): each
 //!   row's `outliers` entries of largest magnitude are left out of its
@@ -65,22 +63,23 @@ fn quads(k: usize) -> usize {
 const WEIGHT_LEVELS: i8 = 127;
 /// Levels of a quantized input: 0 ..= 255.
 const INPUT_LEVELS: f32 = 255.0;
-/// Rows a 16-register instruction set takes in one tile. Where `dot4` is one
-/// instruction (AVX-VNNI), six rows (twelve accumulators of a panel's two halves)
-/// give `vpdpbusd` the independent sums its latency needs: three gave 387 GOP/s
-/// on one Zen 5 thread against 512 with twelve sums (`scripts/peak/int8-peak`,
-/// avxvnni_tile and avxvnni).
+/// Rows a 16-register instruction set takes in one tile: three rows of one panel
+/// are six accumulators of two halves, with the widened bytes beside them. Where
+/// `dot4` is one instruction (AVX-VNNI) there are no widened bytes to hold, and
+/// six rows (twelve accumulators) give `vpdpbusd` the independent sums its
+/// latency needs: three gave 387 GOP/s on one Zen 5 thread against 512 with
+/// twelve sums (`scripts/peak/int8-peak`, avxvnni_tile and avxvnni).
 ///
 /// [`Simd::dot4_narrow`] without VNNI (`vpmaddubsw`, then `vpmaddwd` by ones)
-/// holds only its pair sums and the ones beside the twelve sums, the panel's two
-/// halves and the row's quad: it takes six rows too. [`Simd::dot4`] without VNNI
-/// also holds the row's centred quad, its magnitude and the constant that
-/// centres it: four rows (eight sums) leave a register spare.
+/// holds no widened bytes either, only its pair sums and the ones beside the
+/// twelve sums, the panel's two halves and the row's quad: it takes six rows too
+/// (not compared with five; `dense_bench` ran 1.25-2.0x the widening's three-row
+/// tile, loaded: docs/int8.md).
 const fn rows_16<I: Simd>(narrow: bool) -> usize {
     if I::NATIVE_DOT4 || narrow {
         MR
     } else {
-        4
+        3
     }
 }
 /// Steps ahead of the sum at which a tile asks for its panels' next lines.
@@ -777,6 +776,7 @@ impl QuadOperands<'_> {
         bias: [&[f32; NR]; P],
     ) {
         let TileAt { r, rows, p, .. } = at;
+        let wide = I::NATIVE_DOT4 || NARROW;
         // SAFETY: the caller's guarantees (rows of `x`, panels of `w`, `c`'s rows),
         // split by panel and by rows below for 16-register instruction sets (no
         // recursion: it could not be inlined into the instruction set's entry point).
@@ -790,9 +790,10 @@ impl QuadOperands<'_> {
                             1 => self.rows::<I, 1, 1, NARROW>(isa, r, p + q, c, ldc, bias),
                             2 => self.rows::<I, 2, 1, NARROW>(isa, r, p + q, c, ldc, bias),
                             3 => self.rows::<I, 3, 1, NARROW>(isa, r, p + q, c, ldc, bias),
-                            4 => self.rows::<I, 4, 1, NARROW>(isa, r, p + q, c, ldc, bias),
-                            5 => self.rows::<I, 5, 1, NARROW>(isa, r, p + q, c, ldc, bias),
-                            _ => self.rows::<I, 6, 1, NARROW>(isa, r, p + q, c, ldc, bias),
+                            4 if wide => self.rows::<I, 4, 1, NARROW>(isa, r, p + q, c, ldc, bias),
+                            5 if wide => self.rows::<I, 5, 1, NARROW>(isa, r, p + q, c, ldc, bias),
+                            _ if wide => self.rows::<I, 6, 1, NARROW>(isa, r, p + q, c, ldc, bias),
+                            _ => unreachable!("at most rows_16 rows"),
                         }
                     }
                 }
@@ -876,8 +877,6 @@ impl QuadOperands<'_> {
                     }
                 }
             }
-            // What the product took off each input byte, to take off the zero point.
-            let centre = if NARROW { 0 } else { I::DOT4_CENTRE };
             #[allow(clippy::needless_range_loop)]
             for q in 0..P {
                 let j0 = (p + q) * NR;
@@ -886,8 +885,7 @@ impl QuadOperands<'_> {
                 let b = isa.load(bias[q].as_ptr());
                 for i in 0..R {
                     let RowScale { scale, zero } = x.scales[r + i];
-                    let zero = isa.splat_pair((zero - centre) as u32);
-                    let exact = isa.mul_sub_i32(acc[q][i], zero, sums);
+                    let exact = isa.mul_sub_i32(acc[q][i], isa.splat_pair(zero as u32), sums);
                     let y = isa.fma(isa.i32_to_f32(exact), isa.mul(isa.splat(scale), w_scale), b);
                     isa.store(c.add(i * ldc + q * NR), y);
                 }
@@ -1019,7 +1017,7 @@ mod tests {
     #[test]
     fn the_bits_of_the_i64_reference_on_every_edge_and_instruction_set() {
         // Row counts on both sides of the 6-row tile, of the two-panel tile of up
-        // to 12 rows and of the 4-row one of 16-register instruction sets; partial
+        // to 12 rows and of the 3-row one of 16-register instruction sets; partial
         // panels; depths not a multiple of 4; depths of the encoders.
         for &(m, k, n) in &[
             (1, 1, 1),
