@@ -9,7 +9,10 @@
 //!   quarter of the f32 panel's bytes), zero past `n` and past `k`
 //!   ([`PackedInt8`]). Each output's sum of its quantized weights is kept too.
 //!   A *narrowed* packing on a CPU without VNNI quantizes to −63 ..= 63 instead
-//!   (`s_w[j] = max|w[j]| / 63`), chosen once at load ([`weight_limit`]).
+//!   (`s_w[j] = max|w[j]| / 63`), chosen once at load ([`weight_limit`]); with
+//!   `C` weights corrected per output, `s_w[j]` is its (`C` + 1)-th largest
+//!   magnitude over 63 and the weights beyond ±63 are packed clamped, each with
+//!   its *residual* (full level less clamped) kept as a [`Correction`].
 //! - **Inputs**: asymmetric, one scale and zero point per row (per token), chosen
 //!   at run time from the row's range (dynamic quantization, no calibration):
 //!   `s_x = (max − min) / 255` over the row and 0, `z = round(−min / s_x)`,
@@ -24,7 +27,12 @@
 //!   `Σ x̂ ŵ` in i32 over the whole depth in one register tile, exactly (at most
 //!   `255 · 127 · k`, far from overflow for any encoder's `k`). The zero point
 //!   comes off in i32, `Σ x̂ ŵ − z · Σ ŵ`, and one rounding to f32 and a fused
-//!   multiply-add give `y = f32(Σ (x̂ − z) ŵ) · (s_x · s_w) + bias`.
+//!   multiply-add give `y = f32(Σ (x̂ − z) ŵ) · (s_x · s_w) + bias`. A corrected
+//!   packing's sums `Σ ŵ` are of the full levels, and its tile adds
+//!   `Σ residual · x̂[column]` to each row's sum in i32 before the zero point
+//!   comes off (scalar code in the epilogue: `16 · C` byte products per row and
+//!   panel, against the tile's `k / 4` quads), so the sum is exact at the full
+//!   levels.
 //!
 //! - **Outliers** (a layer made with some, [`linear_int8`]'s `outliers`): each
 //!   row's `outliers` entries of largest magnitude are left out of its
