@@ -138,7 +138,7 @@ impl Linear {
     /// activation stay f32 (`nn::matmul`'s int8 product: `vpdpbusd` where the CPU
     /// has AVX512-VNNI, bytes widened to 16 bits elsewhere: the same bits).
     pub fn for_inference_with(self, precision: Precision) -> Self {
-        self.reduce(precision, false)
+        self.reduce(precision, None)
     }
 
     /// [`for_inference_with`](Self::for_inference_with)`(Precision::Int8)`, but on
@@ -148,12 +148,23 @@ impl Linear {
     /// twice the weights' rounding error (docs/int8.md). With VNNI it is the same
     /// layer. For layers measured to keep their accuracy so.
     pub fn for_inference_int8_narrowed(self) -> Self {
-        self.reduce(Precision::Int8, true)
+        self.reduce(Precision::Int8, Some(0))
+    }
+
+    /// [`for_inference_int8_narrowed`](Self::for_inference_int8_narrowed) with
+    /// each output's `corrected` largest weights kept at their full levels: its
+    /// scale is set by its (`corrected` + 1)-th largest magnitude, and the
+    /// weights beyond ±63 are packed clamped with the rest added back, exactly,
+    /// to the product's i32 sums (`residual · x̂` for each row). Most of the ±63
+    /// loss sits in each output's largest weights (docs/int8.md). With VNNI it
+    /// is the same ±127 layer.
+    pub fn for_inference_int8_narrowed_corrected(self, corrected: usize) -> Self {
+        self.reduce(Precision::Int8, Some(corrected))
     }
 
     /// The inference layer in `precision`; in int8, `narrow` as
-    /// [`for_inference_int8_narrowed`](Self::for_inference_int8_narrowed) says.
-    fn reduce(self, precision: Precision, narrow: bool) -> Self {
+    /// [`PackedInt8::new`] takes it (`Some(corrected)` for a narrowed one).
+    fn reduce(self, precision: Precision, narrow: Option<usize>) -> Self {
         let weight = match self.unpacked() {
             Some(w) => w,
             None => self.weight,
@@ -438,7 +449,7 @@ enum Reduced {
 impl Reduced {
     /// `w` packed for `precision`'s product (bf16 or int8, without outliers; in
     /// int8 `narrow` as `Linear::for_inference_int8_narrowed` says).
-    fn new(precision: Precision, narrow: bool, w: ArrayView2<'_, f32>) -> Self {
+    fn new(precision: Precision, narrow: Option<usize>, w: ArrayView2<'_, f32>) -> Self {
         match precision {
             Precision::Int8 => Reduced::Int8 {
                 weight: std::sync::Arc::new(PackedInt8::new(w, narrow, true)),
@@ -454,7 +465,7 @@ impl Reduced {
     /// `w` packed as this is (its precision, and its narrowing and outliers in
     /// int8).
     fn repacked(&self, w: ArrayView2<'_, f32>) -> Self {
-        match (Reduced::new(self.precision(), self.narrowed(), w), self) {
+        match (Reduced::new(self.precision(), self.narrowing(), w), self) {
             (Reduced::Int8 { weight, .. }, Reduced::Int8 { outliers, .. }) => Reduced::Int8 {
                 weight,
                 outliers: *outliers,
@@ -463,11 +474,11 @@ impl Reduced {
         }
     }
 
-    /// Whether an int8 weight was quantized to fewer levels than ±127.
-    fn narrowed(&self) -> bool {
+    /// An int8 weight's narrowing, as [`PackedInt8::new`] takes it.
+    fn narrowing(&self) -> Option<usize> {
         match self {
-            Reduced::Bf16(_) => false,
-            Reduced::Int8 { weight, .. } => weight.narrowed(),
+            Reduced::Bf16(_) => None,
+            Reduced::Int8 { weight, .. } => weight.narrowing(),
         }
     }
 

@@ -9,7 +9,10 @@
 //!   quarter of the f32 panel's bytes), zero past `n` and past `k`
 //!   ([`PackedInt8`]). Each output's sum of its quantized weights is kept too.
 //!   A *narrowed* packing on a CPU without VNNI quantizes to −63 ..= 63 instead
-//!   (`s_w[j] = max|w[j]| / 63`), chosen once at load ([`weight_limit`]).
+//!   (`s_w[j] = max|w[j]| / 63`), chosen once at load ([`weight_limit`]); with
+//!   `C` weights corrected per output, `s_w[j]` is its (`C` + 1)-th largest
+//!   magnitude over 63 and the weights beyond ±63 are packed clamped, each with
+//!   its *residual* (full level less clamped) kept as a [`Correction`].
 //! - **Inputs**: asymmetric, one scale and zero point per row (per token), chosen
 //!   at run time from the row's range (dynamic quantization, no calibration):
 //!   `s_x = (max − min) / 255` over the row and 0, `z = round(−min / s_x)`,
@@ -24,7 +27,12 @@
 //!   `Σ x̂ ŵ` in i32 over the whole depth in one register tile, exactly (at most
 //!   `255 · 127 · k`, far from overflow for any encoder's `k`). The zero point
 //!   comes off in i32, `Σ x̂ ŵ − z · Σ ŵ`, and one rounding to f32 and a fused
-//!   multiply-add give `y = f32(Σ (x̂ − z) ŵ) · (s_x · s_w) + bias`.
+//!   multiply-add give `y = f32(Σ (x̂ − z) ŵ) · (s_x · s_w) + bias`. A corrected
+//!   packing's sums `Σ ŵ` are of the full levels, and its tile adds
+//!   `Σ residual · x̂[column]` to each row's sum in i32 before the zero point
+//!   comes off (scalar code in the epilogue: `16 · C` byte products per row and
+//!   panel, against the tile's `k / 4` quads), so the sum is exact at the full
+//!   levels.
 //!
 //! - **Outliers** (a layer made with some, [`linear_int8`]'s `outliers`): each
 //!   row's `outliers` entries of largest magnitude are left out of its
@@ -481,9 +489,35 @@ pub(crate) struct PackedInt8 {
     data: LargePageArray<u32>,
     /// `s_w[j]`, 0 past `n`.
     scales: Vec<f32>,
-    /// `Σ_k ŵ[j][k]`, 0 past `n`.
+    /// `Σ_k ŵ[j][k]` of the full levels (corrections included), 0 past `n`.
     sums: Vec<i32>,
+    /// Weights corrected per output (0 unless narrowed to ±63).
+    corrected: usize,
+    /// Output `j`'s corrections from `max(corrected, 1) · j` (unused slots:
+    /// residual 0).
+    corrections: Vec<Correction>,
 }
+
+/// A weight whose full level lies beyond the packing's limit: its column and
+/// its residual, the full level less the packed (clamped) one, added in i32 as
+/// `residual · x̂[column]` after the tile's sum.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Correction {
+    column: u32,
+    residual: i32,
+}
+
+impl Correction {
+    /// An unused slot: a residual of 0 adds nothing.
+    const NONE: Correction = Correction {
+        column: 0,
+        residual: 0,
+    };
+}
+
+/// The largest full level of a corrected weight: its residual stays far from
+/// overflowing the tile's i32 sums (`255 · 32,767` per correction).
+const FULL_LEVELS: f32 = i16::MAX as f32;
 
 impl std::fmt::Debug for PackedInt8 {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -491,18 +525,33 @@ impl std::fmt::Debug for PackedInt8 {
     }
 }
 
+/// An output's levels, scale, sum and corrections, as the packing fills them.
+type Output<'a> = (
+    (&'a mut [i8], &'a mut f32),
+    (&'a mut i32, &'a mut [Correction]),
+);
+
 /// Output `j`'s scale for weights of at most `limit` in magnitude, from its
 /// weights' largest magnitude (1 for a row of zeros, whose weights all quantize to
 /// 0 either way; NaN for one holding a NaN or an infinity, so that its outputs are
 /// NaN).
-fn weight_scale(row: ndarray::ArrayView1<'_, f32>, limit: i8) -> f32 {
+///
+/// With `corrected` weights corrected, from its (`corrected` + 1)-th largest
+/// magnitude instead, so that the `corrected` largest may quantize beyond the
+/// limit (their full levels kept at most [`FULL_LEVELS`]).
+fn weight_scale(row: ndarray::ArrayView1<'_, f32>, limit: i8, corrected: usize) -> f32 {
     let largest = row.iter().fold(0.0f32, |m, &x| m.max(x.abs()));
     if row.iter().any(|x| !x.is_finite()) {
         f32::NAN
     } else if largest == 0.0 {
         1.0
-    } else {
+    } else if corrected == 0 {
         largest / limit as f32
+    } else {
+        let mut sizes: Vec<f32> = row.iter().map(|x| x.abs()).collect();
+        let at = corrected.min(sizes.len() - 1);
+        let (_, &mut next, _) = sizes.select_nth_unstable_by(at, |a, b| b.total_cmp(a));
+        (next / limit as f32).max(largest / FULL_LEVELS)
     }
 }
 
@@ -513,11 +562,16 @@ fn weight_scale(row: ndarray::ArrayView1<'_, f32>, limit: i8) -> f32 {
 /// quantization at load (`rintf` in a profile).
 #[inline(always)]
 fn weight_level(x: f32, scale: f32, limit: i8) -> i8 {
+    full_level(x, scale).clamp(-limit as i32, limit as i32) as i8
+}
+
+/// `x` quantized with `scale`, unclamped (at most [`FULL_LEVELS`] in magnitude
+/// for the scales of [`weight_scale`]), rounded as [`weight_level`] says.
+#[inline(always)]
+fn full_level(x: f32, scale: f32) -> i32 {
     const ROUND: f32 = 12_582_912.0;
-    let q = (x / scale + ROUND) - ROUND;
-    let limit = limit as f32;
     // A NaN (a poisoned row's) becomes 0 through `as`, as before.
-    q.clamp(-limit, limit) as i8
+    ((x / scale + ROUND) - ROUND) as i32
 }
 
 /// The weights' largest level (magnitude) for the product on `isa`: 127 where `dot4` is
@@ -534,47 +588,71 @@ fn weight_limit(isa: IsaToken) -> i8 {
 
 impl PackedInt8 {
     /// Quantizes and packs `w [n, k]` (any strides) to ±127, in parallel if
-    /// `parallel`; with `narrow`, to this CPU's best instruction set's
-    /// [`weight_limit`] instead (±63 where it has no VNNI).
-    pub(crate) fn new(w: ArrayView2<'_, f32>, narrow: bool, parallel: bool) -> Self {
-        let limit = if narrow {
-            weight_limit(IsaToken::best())
-        } else {
-            WEIGHT_LEVELS
-        };
-        Self::with_limit(w, limit, parallel)
+    /// `parallel`; with `narrow` (`Some(corrected)`), to this CPU's best
+    /// instruction set's [`weight_limit`] instead, and where that is ±63 (no
+    /// VNNI) each output's `corrected` largest weights corrected (the module
+    /// docs).
+    pub(crate) fn new(w: ArrayView2<'_, f32>, narrow: Option<usize>, parallel: bool) -> Self {
+        match narrow {
+            Some(corrected) if weight_limit(IsaToken::best()) < WEIGHT_LEVELS => {
+                Self::with_limit(w, NARROW_LEVEL, corrected, parallel)
+            }
+            _ => Self::with_limit(w, WEIGHT_LEVELS, 0, parallel),
+        }
     }
 
-    /// Quantizes `w [n, k]` to `−limit ..= limit` and packs it. Every
+    /// Quantizes `w [n, k]` to `−limit ..= limit`, each output's `corrected`
+    /// largest weights corrected to their full levels, and packs it. Every
     /// instruction set multiplies any packing exactly; where `limit` ≤
     /// [`NARROW_LEVEL`] those without VNNI use [`Simd::dot4_narrow`].
-    fn with_limit(w: ArrayView2<'_, f32>, limit: i8, parallel: bool) -> Self {
+    fn with_limit(w: ArrayView2<'_, f32>, limit: i8, corrected: usize, parallel: bool) -> Self {
         let (n, k) = w.dim();
         let panels = n.div_ceil(NR);
         let mut scales = vec![0.0f32; panels * NR];
         let mut sums = vec![0i32; panels * NR];
+        // At least a slot an output, so that the chunks of slots pair with the
+        // outputs' (one unused when none are corrected).
+        let stride = corrected.max(1);
+        let mut corrections = vec![Correction::NONE; panels * NR * stride];
         // Each output's levels once, row by row, then packed from them.
         let mut levels = vec![0i8; n * k];
-        let quantize = |(j, ((level, scale), sum)): (usize, ((&mut [i8], &mut f32), &mut i32))| {
+        let quantize = |(j, ((level, scale), (sum, fixes))): (usize, Output<'_>)| {
             let row = w.row(j);
-            *scale = weight_scale(row, limit);
+            *scale = weight_scale(row, limit, corrected);
             for (l, &x) in level.iter_mut().zip(row) {
                 *l = weight_level(x, *scale, limit);
             }
             *sum = level.iter().map(|&l| l as i32).sum();
+            // The weights beyond the limit are at most the `corrected` largest
+            // (the scale is the next one's), in column order.
+            let beyond = row.iter().enumerate().filter_map(|(column, &x)| {
+                let residual = full_level(x, *scale) - level[column] as i32;
+                (residual != 0).then_some(Correction {
+                    column: column as u32,
+                    residual,
+                })
+            });
+            for (slot, fix) in fixes[..corrected].iter_mut().zip(beyond) {
+                *slot = fix;
+                *sum += fix.residual;
+            }
         };
         if k > 0 && parallel {
             levels
                 .par_chunks_mut(k)
                 .zip(scales[..n].par_iter_mut())
-                .zip(sums[..n].par_iter_mut())
+                .zip(
+                    sums[..n]
+                        .par_iter_mut()
+                        .zip(corrections.par_chunks_mut(stride)),
+                )
                 .enumerate()
                 .for_each(quantize);
         } else if k > 0 {
             levels
                 .chunks_mut(k)
                 .zip(scales[..n].iter_mut())
-                .zip(sums[..n].iter_mut())
+                .zip(sums[..n].iter_mut().zip(corrections.chunks_mut(stride)))
                 .enumerate()
                 .for_each(quantize);
         } else {
@@ -618,12 +696,15 @@ impl PackedInt8 {
             data,
             scales,
             sums,
+            corrected,
+            corrections,
         }
     }
 
-    /// Whether the weights were quantized to fewer levels than ±127.
-    pub(crate) fn narrowed(&self) -> bool {
-        self.limit < WEIGHT_LEVELS
+    /// As [`new`](Self::new) takes it: `Some(corrected)` if the weights were
+    /// quantized to fewer levels than ±127, `None` if not.
+    pub(crate) fn narrowing(&self) -> Option<usize> {
+        (self.limit < WEIGHT_LEVELS).then_some(self.corrected)
     }
 
     /// `[n, k]`.
@@ -631,10 +712,11 @@ impl PackedInt8 {
         (self.n, self.k)
     }
 
-    /// The quantized weight `[n, k]`, dequantized to f32 (`ŵ · s_w`).
+    /// The quantized weight `[n, k]`, dequantized to f32 (`ŵ · s_w`, corrected
+    /// weights at their full levels).
     pub(crate) fn unpack(&self) -> Array2<f32> {
         Array2::from_shape_fn((self.n, self.k), |(j, kk)| {
-            self.level(j, kk) as f32 * self.scales[j]
+            self.full_level(j, kk) as f32 * self.scales[j]
         })
     }
 
@@ -643,6 +725,23 @@ impl PackedInt8 {
         self.data.len() * std::mem::size_of::<u32>()
             + self.scales.len() * std::mem::size_of::<f32>()
             + self.sums.len() * std::mem::size_of::<i32>()
+            + self.corrections.len() * std::mem::size_of::<Correction>()
+    }
+
+    /// Output `j`'s corrections.
+    fn corrections(&self, j: usize) -> &[Correction] {
+        let from = j * self.corrected.max(1);
+        &self.corrections[from..from + self.corrected]
+    }
+
+    /// The weight `[j, kk]`'s full level: its packed one, plus its correction's
+    /// residual if it has one.
+    fn full_level(&self, j: usize, kk: usize) -> i32 {
+        let residual = self
+            .corrections(j)
+            .iter()
+            .find(|c| c.column as usize == kk && c.residual != 0);
+        self.level(j, kk) as i32 + residual.map_or(0, |c| c.residual)
     }
 
     /// The quantized weight `ŵ[j, kk]`.
@@ -829,12 +928,19 @@ impl QuadOperands<'_> {
                 let bias = isa.load(bias[q].as_ptr());
                 for i in 0..R {
                     let RowScale { scale, zero } = x.scales[r + i];
-                    let exact = isa.mul_sub_i32(acc[q][i], isa.splat_pair(zero as u32), sums);
+                    let exact = if w.corrected > 0 {
+                        // `Σ x̂ ŵ + Σ residual · x̂[column] − z · Σ ŵ`, the last two
+                        // in scalar code, lane by lane.
+                        let offsets = self.corrected_offsets(isa, r + i, j0, zero);
+                        isa.mul_sub_i32(acc[q][i], isa.splat_pair(1), offsets)
+                    } else {
+                        isa.mul_sub_i32(acc[q][i], isa.splat_pair(zero as u32), sums)
+                    };
                     let exact = isa.i32_to_f32(exact);
                     let y = if x.per_row == 0 {
                         isa.fma(exact, isa.mul(isa.splat(scale), w_scale), bias)
                     } else {
-                        let share = self.outliers_share::<I, NARROW>(isa, r + i, b[q]);
+                        let share = self.outliers_share::<I, NARROW>(isa, r + i, j0, b[q]);
                         isa.fma(isa.fma(exact, isa.splat(scale), share), w_scale, bias)
                     };
                     isa.store(c.add(i * ldc + q * NR), y);
@@ -843,10 +949,32 @@ impl QuadOperands<'_> {
         }
     }
 
-    /// Row `r`'s outliers times the panel's 16 quantized weights of their
-    /// columns, as f32, summed in column order from 0: each weight the `dot4` of
-    /// its quad row (`panel`, 16 quads) with a quad of a single 1 at its byte,
-    /// exact, so the same on every instruction set.
+    /// `z · Σ ŵ[j] − Σ residual · x̂[r][column]` over the corrections of the 16
+    /// outputs from `j0`, for row `r` of zero point `zero`: what comes off the
+    /// tile's sum of a corrected packing, exact in i32.
+    #[inline(always)]
+    fn corrected_offsets<I: Simd>(&self, isa: I, r: usize, j0: usize, zero: i32) -> I::P {
+        let (x, w) = (self.x, self.w);
+        // SAFETY: the row's `lda` quads are `4 · lda` initialised bytes.
+        let row = unsafe {
+            std::slice::from_raw_parts(x.quads.as_ptr().add(r * x.lda).cast::<u8>(), 4 * x.lda)
+        };
+        let offsets: [u32; NR] = std::array::from_fn(|lane| {
+            let fixes = w.corrections(j0 + lane);
+            let share = fixes.iter().fold(0i32, |s, c| {
+                s.wrapping_add(c.residual.wrapping_mul(row[c.column as usize] as i32))
+            });
+            zero.wrapping_mul(w.sums[j0 + lane]).wrapping_sub(share) as u32
+        });
+        // SAFETY: `offsets` is 16 u32s.
+        unsafe { isa.load_pairs(offsets.as_ptr()) }
+    }
+
+    /// Row `r`'s outliers times the 16 quantized weights of their columns of the
+    /// panel of outputs from `j0`, as f32, summed in column order from 0: each
+    /// weight the `dot4` of its quad row (`panel`, 16 quads) with a quad of a
+    /// single 1 at its byte, plus its correction's residual if it has one, exact,
+    /// so the same on every instruction set.
     ///
     /// # Safety
     /// `panel` must point to a whole panel of `w`; with `NARROW`, every weight
@@ -856,6 +984,7 @@ impl QuadOperands<'_> {
         &self,
         isa: I,
         r: usize,
+        j0: usize,
         panel: *const u32,
     ) -> I::V {
         let none = isa.splat_pair(0);
@@ -870,7 +999,20 @@ impl QuadOperands<'_> {
             } else {
                 isa.dot4(none, one, quads)
             };
-            share = isa.fma(isa.splat(o.value), isa.i32_to_f32(weight), share);
+            let mut weight = isa.i32_to_f32(weight);
+            if self.w.corrected > 0 {
+                // A corrected weight at its full level (sums of small integers:
+                // exact in f32).
+                let residuals: [u32; NR] = std::array::from_fn(|lane| {
+                    let fixes = self.w.corrections(j0 + lane);
+                    let fix = fixes.iter().find(|c| c.column == o.column);
+                    fix.map_or(0, |c| c.residual) as u32
+                });
+                // SAFETY: `residuals` is 16 u32s.
+                let residuals = unsafe { isa.load_pairs(residuals.as_ptr()) };
+                weight = isa.add(weight, isa.i32_to_f32(residuals));
+            }
+            share = isa.fma(isa.splat(o.value), weight, share);
         }
         share
     }
@@ -957,7 +1099,9 @@ mod tests {
         let (levels, scales, kept) = quantized(x, count);
         Array2::from_shape_fn((x.nrows(), w.n), |(i, j)| {
             let sum: i64 = (0..x.ncols())
-                .map(|kk| (levels[i][kk] as i64 - scales[i].zero as i64) * w.level(j, kk) as i64)
+                .map(|kk| {
+                    (levels[i][kk] as i64 - scales[i].zero as i64) * w.full_level(j, kk) as i64
+                })
                 .sum();
             let exact = i32::try_from(sum).expect("fits i32");
             if count == 0 {
@@ -965,7 +1109,7 @@ mod tests {
             }
             let share = kept[i]
                 .iter()
-                .fold(0.0f32, |s, &(c, v)| v.mul_add(w.level(j, c) as f32, s));
+                .fold(0.0f32, |s, &(c, v)| v.mul_add(w.full_level(j, c) as f32, s));
             (exact as f32)
                 .mul_add(scales[i].scale, share)
                 .mul_add(w.scales[j], bias[j])
@@ -993,9 +1137,10 @@ mod tests {
     /// The outlier counts the tests run: none, and the encoders'.
     const COUNTS: [usize; 2] = [0, 4];
 
-    /// The weights' two packings: bytes of ±127 (`vpdpbusd`, or widened to 16
-    /// bits), and of ±63 (`vpmaddubsw` without VNNI).
-    const LIMITS: [i8; 2] = [WEIGHT_LEVELS, NARROW_LEVEL];
+    /// The weights' packings, as (limit, weights corrected per output): bytes of
+    /// ±127 (`vpdpbusd`, or widened to 16 bits), and of ±63 (`vpmaddubsw`
+    /// without VNNI), uncorrected and with the encoders' corrections.
+    const PACKINGS: [(i8, usize); 3] = [(WEIGHT_LEVELS, 0), (NARROW_LEVEL, 0), (NARROW_LEVEL, 4)];
 
     #[test]
     fn the_bits_of_the_i64_reference_on_every_edge_and_instruction_set() {
@@ -1017,8 +1162,10 @@ mod tests {
             (487, 130, 40),
         ] {
             let (x, w, bias) = operands(m, k, n);
-            for limit in LIMITS {
-                let packed = PackedInt8::with_limit(w.view(), limit, false);
+            for (limit, corrected) in PACKINGS {
+                // Three weights an output far beyond the rest for the corrections.
+                let w = with_outliers(w.clone(), if corrected > 0 { 3 } else { 0 });
+                let packed = PackedInt8::with_limit(w.view(), limit, corrected, false);
                 for count in COUNTS {
                     let x = with_outliers(x.clone(), count);
                     let want = reference(&x, &packed, count, &bias);
@@ -1032,7 +1179,10 @@ mod tests {
                             Some(&bias),
                             Epilogue::None,
                         );
-                        assert_eq!(y, want, "{isa} {m}x{k}x{n}, ±{limit}, {count} outliers");
+                        assert_eq!(
+                            y, want,
+                            "{isa} {m}x{k}x{n}, ±{limit} {corrected} corrected, {count} outliers"
+                        );
                     }
                 }
             }
@@ -1110,12 +1260,12 @@ mod tests {
         // it, and `s_x` is the step of the rest of its row. Rows with outliers
         // forty times the rest hold the product to that smaller step, which
         // quantizing them would multiply by about forty.
-        for (&(m, k, n), limit) in [(3, 64, 20), (13, 768, 48), (40, 1536, 33)]
+        for (&(m, k, n), (limit, corrected)) in [(3, 64, 20), (13, 768, 48), (40, 1536, 33)]
             .iter()
-            .flat_map(|shape| LIMITS.map(|limit| (shape, limit)))
+            .flat_map(|shape| PACKINGS.map(|packing| (shape, packing)))
         {
             let (x, w, bias) = operands(m, k, n);
-            let packed = PackedInt8::with_limit(w.view(), limit, false);
+            let packed = PackedInt8::with_limit(w.view(), limit, corrected, false);
             let dequantized = packed.unpack();
             for count in COUNTS {
                 let x = with_outliers(x.clone(), 4);
@@ -1183,7 +1333,7 @@ mod tests {
         x[[3, 20]] = f32::NAN;
         x[[4, 36]] = f32::NEG_INFINITY;
         w[[5, 2]] = f32::NAN;
-        let packed = PackedInt8::new(w.view(), false, false);
+        let packed = PackedInt8::new(w.view(), None, false);
         for isa in Isa::available() {
             let token = isa.token().unwrap();
             for count in COUNTS {
@@ -1206,7 +1356,7 @@ mod tests {
         for (&(k, n), count) in [(400, 40), (1536, 48)].iter().zip(COUNTS.iter().rev()) {
             let (x, w, bias) = operands(30, k, n);
             let x = with_outliers(x, *count);
-            let packed = PackedInt8::new(w.view(), false, false);
+            let packed = PackedInt8::new(w.view(), None, false);
             let product = |x| linear_int8(x, &packed, *count, Some(&bias), Epilogue::None);
             let all = product(x.view());
             for m in [1, 5, 6, 7, 12, 13, 30] {
@@ -1223,8 +1373,8 @@ mod tests {
         // One row block, and three (`MC`).
         for m in [5, 200, 3 * super::super::MC - 7] {
             let (x, w, bias) = operands(m, 1536, 384);
-            for limit in LIMITS {
-                let packed = PackedInt8::with_limit(w.view(), limit, true);
+            for (limit, corrected) in PACKINGS {
+                let packed = PackedInt8::with_limit(w.view(), limit, corrected, true);
                 for (isa, count) in Isa::available().into_iter().zip(COUNTS.iter().cycle()) {
                     let token = isa.token().unwrap();
                     let x = with_outliers(x.clone(), *count);
@@ -1253,7 +1403,7 @@ mod tests {
         for (m, count) in [(3, 0), (40, 0), (40, 4)] {
             let (x, w, bias) = operands(m, 64, 50);
             let x = with_outliers(x, count);
-            let packed = PackedInt8::new(w.view(), false, false);
+            let packed = PackedInt8::new(w.view(), None, false);
             let product = |epilogue| linear_int8(x.view(), &packed, count, Some(&bias), epilogue);
             let fused = product(Epilogue::Act(Activation::Gelu));
             let mut separate = product(Epilogue::None);
@@ -1263,33 +1413,45 @@ mod tests {
     }
 
     #[test]
-    fn packing_keeps_levels_scales_and_sums() {
-        let (_, mut w, _) = operands(1, 21, 24);
+    fn packing_keeps_levels_scales_sums_and_corrections() {
+        // A row of zeros, and rows with three weights far larger than the rest.
+        let (_, w, _) = operands(1, 21, 24);
+        let mut w = with_outliers(w, 3);
         w.row_mut(7).fill(0.0);
-        for limit in LIMITS {
-            let packed = PackedInt8::with_limit(w.view(), limit, false);
-            let mut extremes = 0;
+        for (limit, corrected) in PACKINGS {
+            let packed = PackedInt8::with_limit(w.view(), limit, corrected, false);
+            let (mut extremes, mut beyond) = (0, 0);
             for j in 0..24 {
-                let largest = w.row(j).iter().fold(0.0f32, |m, &v| m.max(v.abs()));
+                let mut sizes: Vec<f32> = w.row(j).iter().map(|v| v.abs()).collect();
+                sizes.sort_by(|a, b| b.total_cmp(a));
                 let scale = packed.scales[j];
-                if largest == 0.0 {
+                if sizes[0] == 0.0 {
                     assert_eq!(scale, 1.0);
+                } else if corrected == 0 {
+                    assert_eq!(scale, sizes[0] / limit as f32);
                 } else {
-                    assert_eq!(scale, largest / limit as f32);
+                    // The (corrected + 1)-th largest at the limit.
+                    assert_eq!(scale, sizes[corrected] / limit as f32);
                 }
                 let mut sum = 0;
                 for kk in 0..21 {
+                    let full = (w[[j, kk]] / scale).round_ties_even();
                     let level = packed.level(j, kk);
-                    assert_eq!(level as f32, (w[[j, kk]] / scale).round_ties_even());
-                    assert!((-limit..=limit).contains(&level), "{level} beyond ±{limit}");
+                    assert_eq!(level as f32, full.clamp(-limit as f32, limit as f32));
+                    assert_eq!(packed.full_level(j, kk) as f32, full, "[{j}, {kk}]");
                     extremes += (level.abs() == limit) as usize;
-                    sum += level as i32;
+                    beyond += (full.abs() > limit as f32) as usize;
+                    sum += full as i32;
                 }
                 assert_eq!(packed.sums[j], sum);
             }
-            // Each non-zero output's largest weight reaches the limit.
+            // Each non-zero output's largest weight reaches the limit; with
+            // corrections, its three large ones go beyond it.
             assert!(extremes >= 23, "±{limit}: {extremes}");
             assert!(packed.sums[24..].iter().all(|&s| s == 0));
+            let corrections = packed.corrections.iter().filter(|c| c.residual != 0);
+            assert_eq!(corrections.count(), beyond);
+            assert!(beyond <= corrected * 23 && beyond >= corrected.min(3) * 23);
         }
     }
 
@@ -1304,25 +1466,25 @@ mod tests {
             assert_eq!(weight_limit(isa.token().unwrap()), want, "{isa}");
         }
         let (_, w, _) = operands(1, 40, 16);
-        let narrowed = PackedInt8::new(w.view(), true, false);
+        let narrowed = PackedInt8::new(w.view(), Some(0), false);
         assert_eq!(narrowed.limit, weight_limit(IsaToken::best()));
-        assert_eq!(PackedInt8::new(w.view(), false, false).limit, 127);
+        assert_eq!(PackedInt8::new(w.view(), None, false).limit, 127);
     }
 
     #[test]
     fn no_rows_no_depth_and_no_bias() {
         let (x, w, bias) = operands(4, 0, 5);
-        let packed = PackedInt8::new(w.view(), false, false);
+        let packed = PackedInt8::new(w.view(), None, false);
         let y = linear_int8(x.view(), &packed, 4, Some(&bias), Epilogue::None);
         assert_eq!(y, Array2::from_shape_fn((4, 5), |(_, j)| bias[j]));
         let (x, w, _) = operands(0, 9, 5);
-        let packed = PackedInt8::new(w.view(), false, false);
+        let packed = PackedInt8::new(w.view(), None, false);
         assert_eq!(
             linear_int8(x.view(), &packed, 4, None, Epilogue::None).dim(),
             (0, 5)
         );
         let (x, w, _) = operands(3, 9, 5);
-        let packed = PackedInt8::new(w.view(), false, false);
+        let packed = PackedInt8::new(w.view(), None, false);
         for count in COUNTS {
             let y = linear_int8(x.view(), &packed, count, None, Epilogue::None);
             assert_eq!(y, reference(&x, &packed, count, &[0.0; 5]));
