@@ -17,39 +17,13 @@ sentence-transformers in f32, on the sentences of bench_int8.py plus one long te
 import os
 import sys
 
-import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_int8 import sentences, agreement  # noqa: E402
-from sentence_transformers import SentenceTransformer  # noqa: E402
+from int8_sim import load, quantized_rows, report  # noqa: E402
 
 QKV_OUTLIERS = 2
-torch.set_num_threads(1)
-model_dir = sys.argv[1]
-st = SentenceTransformer(model_dir, device="cpu")
-texts = sentences(int(sys.argv[2]) if len(sys.argv) > 2 else 1000)
-long = " ".join(["the committee postponed the vote on the new bus timetable after the storm"] * 30)
-texts = texts + [long]
-with torch.inference_mode():
-    want = st.encode(texts, batch_size=32, convert_to_numpy=True)
-
-
-def quantized_rows(x, kept):
-    """x [..., k] per row to bytes over its range and 0, the `kept` largest |x| exact."""
-    x = x.clone()
-    exact = torch.zeros_like(x)
-    if kept:
-        idx = x.abs().topk(kept, dim=-1).indices
-        exact.scatter_(-1, idx, x.gather(-1, idx))
-        x.scatter_(-1, idx, 0.0)
-    hi = x.amax(-1, keepdim=True).clamp(min=0)
-    lo = x.amin(-1, keepdim=True).clamp(max=0)
-    s = (hi - lo) / 255
-    s[s == 0] = 1
-    z = torch.round(-lo / s)
-    q = torch.clamp(torch.round(x / s) + z, 0, 255)
-    return (q - z) * s, exact
+st, texts, want = load(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 1000)
 
 
 def quantized_weight(w, limit, corrected):
@@ -118,8 +92,4 @@ for i, (label, qkv, down) in enumerate(variants):
     if only and str(i) not in only:
         continue
     setup(qkv, down)
-    with torch.inference_mode():
-        got = st.encode(texts, batch_size=32, convert_to_numpy=True)
-    worst, mean, overlap = agreement(got[:-1], want[:-1])
-    cos_long = float((got[-1] @ want[-1]) / np.linalg.norm(got[-1]) / np.linalg.norm(want[-1]))
-    print(f"{i} {label}: worst {worst:.5f} mean {mean:.5f} overlap {overlap:.3f}  long {cos_long:.5f}", flush=True)
+    report(f"{i} {label}", st, texts, want)

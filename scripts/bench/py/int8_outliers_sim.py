@@ -11,34 +11,12 @@ bench_int8.py plus one long text (its cosine printed apart).
 import os
 import sys
 
-import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_int8 import sentences, agreement
-from sentence_transformers import SentenceTransformer
-torch.set_num_threads(1)
-model_dir = sys.argv[1]
-st = SentenceTransformer(model_dir, device="cpu")
-texts = sentences(int(sys.argv[2]) if len(sys.argv) > 2 else 1000)
-long = " ".join(["the committee postponed the vote on the new bus timetable after the storm"] * 30)
-texts = texts + [long]
-with torch.inference_mode():
-    want = st.encode(texts, batch_size=32, convert_to_numpy=True)
+from int8_sim import load, quantized_rows, report  # noqa: E402
 
-def qrow(x, T):
-    # x [..., k]: per row asym u8 over range and 0, with the T largest |x| kept exact
-    x = x.clone()
-    keep = torch.zeros_like(x)
-    if T:
-        idx = x.abs().topk(T, dim=-1).indices
-        keep.scatter_(-1, idx, x.gather(-1, idx))
-        x.scatter_(-1, idx, 0.0)
-    hi = x.amax(-1, keepdim=True).clamp(min=0); lo = x.amin(-1, keepdim=True).clamp(max=0)
-    s = (hi - lo) / 255; s[s == 0] = 1
-    z = torch.round(-lo / s)
-    q = torch.clamp(torch.round(x / s) + z, 0, 255)
-    return (q - z) * s, keep
+st, texts, want = load(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 1000)
 
 mode = {}
 orig = torch.nn.Linear.forward
@@ -49,7 +27,7 @@ def fwd(self, x):
     w = self.weight
     sw = w.abs().amax(1, keepdim=True) / 127
     wq = torch.round(w / sw).clamp(-127, 127) * sw
-    xq, keep = qrow(x, T)
+    xq, keep = quantized_rows(x, T)
     return xq @ wq.T + keep @ wq.T + self.bias
 torch.nn.Linear.forward = fwd
 enc = st[0].auto_model.encoder
@@ -61,8 +39,4 @@ def setup(T_qkv, T_rest=0):
             mode[id(m)] = (T_qkv if is_qkv else T_rest) if not (is_qkv and T_qkv < 0) else None
 for label, t in [("qkv unquantized", -1), ("T=0", 0), ("T=2", 2), ("T=4", 4), ("T=8", 8), ("T=16", 16)]:
     setup(t)
-    with torch.inference_mode():
-        got = st.encode(texts, batch_size=32, convert_to_numpy=True)
-    w, m, o = agreement(got[:-1], want[:-1])
-    cl = float((got[-1] @ want[-1]) / np.linalg.norm(got[-1]) / np.linalg.norm(want[-1]))
-    print(f"{label}: worst {w:.5f} mean {m:.5f} overlap {o:.3f}  long {cl:.5f}", flush=True)
+    report(label, st, texts, want)
