@@ -610,8 +610,8 @@ impl PackedInt8 {
         let panels = n.div_ceil(NR);
         let mut scales = vec![0.0f32; panels * NR];
         let mut sums = vec![0i32; panels * NR];
-        // At least a slot an output, so that the chunks of slots pair with the
-        // outputs' (one unused when none are corrected).
+        // At least a slot an output while quantizing, so that the chunks of slots
+        // pair with the outputs' (one unused when none are corrected).
         let stride = corrected.max(1);
         let mut corrections = vec![Correction::NONE; panels * NR * stride];
         // Each output's levels once, row by row, then packed from them.
@@ -659,6 +659,9 @@ impl PackedInt8 {
             // No weights: every row is all zeros.
             scales[..n].fill(1.0);
         }
+        // Without corrections the unused slots go: a weight stays about a byte.
+        corrections.truncate(panels * NR * corrected);
+        corrections.shrink_to_fit();
         let panel = quads(k) * NR;
         // Not zeroed first (as the f32 packing): each panel writes all of its part,
         // zeros in the lanes past `n`.
@@ -730,8 +733,7 @@ impl PackedInt8 {
 
     /// Output `j`'s corrections.
     fn corrections(&self, j: usize) -> &[Correction] {
-        let from = j * self.corrected.max(1);
-        &self.corrections[from..from + self.corrected]
+        &self.corrections[j * self.corrected..(j + 1) * self.corrected]
     }
 
     /// The weight `[j, kk]`'s full level: its packed one, plus its correction's
