@@ -5,6 +5,12 @@ than the call (scripts/bench/op-overhead), so under ``attend._attend.SMALL_WORK`
 multiply-adds the extension runs it where it was called. Seen from outside: such a
 call starts no worker threads, while a larger one starts its pool's. Each check runs
 in a fresh interpreter, so that no earlier call has built a pool.
+
+A worker names itself once it runs, which on a loaded machine can be after the call
+that built its pool has returned (the other workers may have done all the work). So
+the large call's count is polled until it reaches the pool's size, within a bound,
+and the small call's count is taken after a pause long enough for any worker it had
+started to have named itself.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 
 SCENARIO = """
 import os
+import time
 import numpy as np
 import attend
 from attend import _attend
@@ -33,6 +40,13 @@ def workers():
     return sum(name.startswith("attend-3-") for name in names)
 
 
+def workers_within(seconds, until):
+    deadline = time.monotonic() + seconds
+    while not until(workers()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return workers()
+
+
 def call(length, head=64):
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((1, 8, length, head)).astype(np.float32) for _ in range(3))
@@ -45,10 +59,10 @@ def call(length, head=64):
 
 small = call(16)
 assert small < _attend.SMALL_WORK, small
-print("after a small call:", workers())
+print("after a small call:", workers_within(1.0, lambda n: n > 0))
 large = call(128)
 assert large >= _attend.SMALL_WORK, large
-print("after a large call:", workers())
+print("after a large call:", workers_within(30.0, lambda n: n >= 3))
 """
 
 
