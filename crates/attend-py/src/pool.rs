@@ -118,7 +118,7 @@ fn hand_over<R: Send>(
         .unwrap_or_else(|_| Err(Box::new("the thread pool dropped the call unrun")))
 }
 
-/// The instruction set the kernels run on this CPU (`"avx512bf16"`, `"avx512"`,
+/// The instruction set the kernels run on this CPU (`"amx"`, `"avx512bf16"`, `"avx512"`,
 /// `"avx2vnni"`, `"avx2"`, `"portable"`; at most the one `ATTEND_MAX_ISA` names),
 /// so benchmarks can say which path ran.
 #[pyfunction]

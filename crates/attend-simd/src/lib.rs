@@ -44,6 +44,8 @@
 #![warn(missing_docs)]
 
 #[cfg(target_arch = "x86_64")]
+pub mod amx;
+#[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
@@ -58,6 +60,8 @@ pub use bf16::{bf16_bits, bf16_to_f32};
 pub use erf::erf;
 pub use exp::{exp, exp_scalar, EXP2_POLY, EXP2_TABLE, EXP2_TABLE_POLY, EXP_MIN_ARG, LOG2_E};
 
+#[cfg(target_arch = "x86_64")]
+pub use amx::Amx;
 #[cfg(target_arch = "x86_64")]
 pub use avx2::{Avx2, Avx2Of, Avx2Vnni};
 #[cfg(target_arch = "x86_64")]
@@ -102,16 +106,22 @@ pub enum Isa {
     /// Sapphire Rapids on, AMD Zen 4 on): bf16 dot products (`vdpbf16ps`) at twice
     /// the f32 rate, int8 ones (`vpdpbusd`) at four times.
     Avx512Bf16,
+    /// [`Isa::Avx512Bf16`] with AMX tiles (AMX-TILE and AMX-INT8: Intel Sapphire
+    /// Rapids on), where the OS grants them: the int8 dense products by
+    /// `tdpbusd`, 16 rows × 16 outputs × 64 bytes an instruction ([`amx`]).
+    /// Everything else runs as on [`Isa::Avx512Bf16`], with the same vectors.
+    Amx,
 }
 
 impl Isa {
     /// Every instruction set, worst first.
-    pub const ALL: [Isa; 5] = [
+    pub const ALL: [Isa; 6] = [
         Isa::Portable,
         Isa::Avx2,
         Isa::Avx2Vnni,
         Isa::Avx512,
         Isa::Avx512Bf16,
+        Isa::Amx,
     ];
 
     /// The best instruction set this CPU supports, at most the one named by
@@ -122,7 +132,7 @@ impl Isa {
     /// assert!(isa.is_available());
     /// ```
     pub fn detect() -> Isa {
-        let cap = Isa::env_cap().ok().flatten().unwrap_or(Isa::Avx512Bf16);
+        let cap = Isa::env_cap().ok().flatten().unwrap_or(Isa::Amx);
         let best = Isa::ALL
             .into_iter()
             .rev()
@@ -155,12 +165,13 @@ impl Isa {
     }
 
     /// Whether `self` multiplies bf16 numbers faster than f32 ones ([`Simd::dot2`]
-    /// in one `vdpbf16ps`, at twice the f32 rate): only [`Isa::Avx512Bf16`].
+    /// in one `vdpbf16ps`, at twice the f32 rate): [`Isa::Avx512Bf16`] and
+    /// [`Isa::Amx`].
     /// Elsewhere `dot2` is two fused multiply-adds behind the shifts that widen
     /// its pairs, slower than the f32 kernels on the same numbers widened once, so
     /// bf16 work runs those there (docs/design.md, "Precision").
     pub fn has_bf16_products(self) -> bool {
-        self == Isa::Avx512Bf16
+        self >= Isa::Avx512Bf16
     }
 
     /// Whether this CPU can run kernels built for `self`.
@@ -176,7 +187,8 @@ impl Isa {
             .collect()
     }
 
-    /// Lower-case name (`portable`, `avx2`, `avx2vnni`, `avx512`, `avx512bf16`).
+    /// Lower-case name (`portable`, `avx2`, `avx2vnni`, `avx512`, `avx512bf16`,
+    /// `amx`).
     pub fn name(self) -> &'static str {
         match self {
             Isa::Portable => "portable",
@@ -184,6 +196,7 @@ impl Isa {
             Isa::Avx2Vnni => "avx2vnni",
             Isa::Avx512 => "avx512",
             Isa::Avx512Bf16 => "avx512bf16",
+            Isa::Amx => "amx",
         }
     }
 
@@ -215,8 +228,10 @@ impl Isa {
             Isa::Avx512 => Avx512::new().map(IsaToken::Avx512),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Bf16 => Avx512Bf16::new().map(IsaToken::Avx512Bf16),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Amx => Amx::new().map(IsaToken::Amx),
             #[cfg(not(target_arch = "x86_64"))]
-            Isa::Avx2 | Isa::Avx2Vnni | Isa::Avx512 | Isa::Avx512Bf16 => None,
+            Isa::Avx2 | Isa::Avx2Vnni | Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => None,
         };
         token.ok_or(IsaError::Unavailable(self))
     }
@@ -278,6 +293,9 @@ pub enum IsaToken {
     #[cfg(target_arch = "x86_64")]
     /// AVX-512 with AVX512-BF16 and AVX512-VNNI.
     Avx512Bf16(Avx512Bf16),
+    #[cfg(target_arch = "x86_64")]
+    /// AVX-512 with AVX512-BF16, AVX512-VNNI and AMX tiles.
+    Amx(Amx),
 }
 
 impl IsaToken {
@@ -293,6 +311,8 @@ impl IsaToken {
             IsaToken::Avx512(_) => Isa::Avx512,
             #[cfg(target_arch = "x86_64")]
             IsaToken::Avx512Bf16(_) => Isa::Avx512Bf16,
+            #[cfg(target_arch = "x86_64")]
+            IsaToken::Amx(_) => Isa::Amx,
         }
     }
 
@@ -307,7 +327,7 @@ impl IsaToken {
             #[cfg(target_arch = "x86_64")]
             IsaToken::Avx512(_) => Avx512::REGISTERS,
             #[cfg(target_arch = "x86_64")]
-            IsaToken::Avx512Bf16(_) => Avx512Bf16::REGISTERS,
+            IsaToken::Avx512Bf16(_) | IsaToken::Amx(_) => Avx512Bf16::REGISTERS,
         }
     }
 
@@ -323,7 +343,16 @@ impl IsaToken {
             #[cfg(target_arch = "x86_64")]
             IsaToken::Avx512(_) => Avx512::NATIVE_DOT4,
             #[cfg(target_arch = "x86_64")]
-            IsaToken::Avx512Bf16(_) => Avx512Bf16::NATIVE_DOT4,
+            IsaToken::Avx512Bf16(_) | IsaToken::Amx(_) => Avx512Bf16::NATIVE_DOT4,
+        }
+    }
+
+    /// The AMX tiles, where this token grants them ([`Isa::Amx`]).
+    #[cfg(target_arch = "x86_64")]
+    pub fn amx(self) -> Option<Amx> {
+        match self {
+            IsaToken::Amx(t) => Some(t),
+            _ => None,
         }
     }
 
@@ -377,6 +406,9 @@ pub fn dispatch<J: SimdJob>(token: IsaToken, job: J) -> J::Output {
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         IsaToken::Avx512Bf16(t) => unsafe { run_avx512bf16(t, job) },
+        // SAFETY: as above; the job runs on the vectors, not the tiles.
+        #[cfg(target_arch = "x86_64")]
+        IsaToken::Amx(t) => unsafe { run_avx512bf16(t.vectors(), job) },
     }
 }
 

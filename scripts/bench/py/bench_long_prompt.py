@@ -317,7 +317,7 @@ def main() -> None:
     )
     if args.profile:
         peak = fma_peak(args.threads)
-        bf16_peak = 2 * peak if attend.isa() == "avx512bf16" else peak
+        bf16_peak = 2 * peak if attend.isa() in ("avx512bf16", "amx") else peak
         print(
             f"\nwhere one forward's time goes (torch.profiler, self CPU ms per operator group; one call per side); "
             f"f32 FMA peak {peak:.1f} GFLOP/s (scripts/peak/fma-peak {args.threads}), bf16 peak {bf16_peak:.1f}:\n"

@@ -6,7 +6,7 @@
 //! pair); with `--backward`, the bf16 forward and then the library's bf16 backward
 //! (the f32 backward of the bf16 numbers, widened as it reads them, its gradients
 //! rounded to bf16). The output names the instruction set that ran: only
-//! `avx512bf16` multiplies bf16 pairs with `vdpbf16ps`; elsewhere the inputs are
+//! `avx512bf16` and `amx` multiply bf16 pairs with `vdpbf16ps`; elsewhere the inputs are
 //! widened to f32 and the f32 kernel runs.
 
 use attend::attention::{attention_backward_with, BackwardConfig, BackwardKernel, Exec, Saved};
@@ -55,7 +55,7 @@ pub struct Args {
     /// Worker threads.
     #[arg(long, default_value_t = 2, value_parser = flags::threads)]
     threads: usize,
-    /// Instruction set: avx512bf16, avx512, avx2vnni, avx2 or portable (default:
+    /// Instruction set: amx, avx512bf16, avx512, avx2vnni, avx2 or portable (default:
     /// the best available).
     #[arg(long, value_parser = flags::isa)]
     isa: Option<Isa>,
@@ -326,9 +326,9 @@ pub fn run(args: Args) -> Result<(), Error> {
             args.threads,
             median * 1e3,
             gflops,
-            match (bf16, isa) {
-                (false, _) | (true, Isa::Avx512Bf16) => "",
-                (true, _) => " (bf16 widened to f32 for the f32 kernel: no vdpbf16ps on this path)",
+            match (bf16, isa.has_bf16_products()) {
+                (false, _) | (true, true) => "",
+                (true, false) => " (bf16 widened to f32 for the f32 kernel: no vdpbf16ps on this path)",
             }
         )?;
     }

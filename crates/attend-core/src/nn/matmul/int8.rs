@@ -59,10 +59,12 @@ use std::mem::MaybeUninit;
 use ndarray::{Array2, ArrayView2};
 use rayon::prelude::*;
 
-use super::{bias_only, Depth, Epilogue, Init, Operands, Problem, TileAt, NR, PARALLEL_MIN};
-use crate::isa::{dispatch, IsaToken, Simd, SimdJob, LANES, NARROW_LEVEL};
+use super::{bias_only, Block, Depth, Epilogue, Init, Operands, Problem, TileAt, NR, PARALLEL_MIN};
+use crate::isa::{dispatch, Amx, IsaToken, Simd, SimdJob, LANES, NARROW_LEVEL};
 use crate::kernels::tile::{self, MR};
 use crate::memory::LargePageArray;
+
+mod amx;
 
 /// Quads in a row of `k` numbers.
 fn quads(k: usize) -> usize {
@@ -127,8 +129,10 @@ fn linear_int8_on(
         return bias_only(m, n, bias, epilogue);
     }
     let parallel = m * n * k >= PARALLEL_MIN && rayon::current_num_threads() > 1;
-    let rows = QuantizedRows::new(isa, x, outliers, parallel);
-    let operands = QuadOperands { x: &rows, w };
+    let amx = isa.amx().filter(|_| amx::fits(quads(k)));
+    let pad = if amx.is_some() { amx::PAD_ROWS } else { 0 };
+    let rows = QuantizedRows::new(isa, x, outliers, pad, parallel);
+    let operands = QuadOperands { x: &rows, w, amx };
     let problem = Problem {
         n,
         bias,
@@ -294,8 +298,9 @@ impl<V: Copy> Range<V> {
     }
 }
 
-/// The rows of `x` quantized: bytes as quads `[m][k/4]`, and each row's scale
-/// and zero point, and the entries each row keeps out of its quantization.
+/// The rows of `x` quantized: bytes as quads `[m][k/4]` (and zero rows after
+/// them, where asked), and each row's scale and zero point, and the entries each
+/// row keeps out of its quantization.
 struct QuantizedRows {
     quads: Vec<u32>,
     /// Quads per row.
@@ -310,13 +315,20 @@ struct QuantizedRows {
 
 impl QuantizedRows {
     /// Quantizes every row of `x [m, k]`, each with its `per_row` largest
-    /// magnitudes kept out. `O(m·k)` against the product's `O(m·n·k)`: scalar
-    /// code, vectorised by the compiler for `isa`.
-    fn new(isa: IsaToken, x: ArrayView2<'_, f32>, per_row: usize, parallel: bool) -> Self {
+    /// magnitudes kept out, and keeps `pad` rows of zeros after them. `O(m·k)`
+    /// against the product's `O(m·n·k)`: scalar code, vectorised by the
+    /// compiler for `isa`.
+    fn new(
+        isa: IsaToken,
+        x: ArrayView2<'_, f32>,
+        per_row: usize,
+        pad: usize,
+        parallel: bool,
+    ) -> Self {
         let (m, k) = x.dim();
         let lda = quads(k);
         // Written once, not zeroed first: every quad of every row is set below.
-        let mut quads = Vec::with_capacity(m * lda);
+        let mut quads = Vec::with_capacity((m + pad) * lda);
         let mut scales = vec![
             RowScale {
                 scale: 0.0,
@@ -356,6 +368,7 @@ impl QuantizedRows {
         }
         // SAFETY: `quantize_row` wrote all `lda` quads of each of the `m` rows.
         unsafe { quads.set_len(m * lda) };
+        quads.resize((m + pad) * lda, 0);
         QuantizedRows {
             quads,
             lda,
@@ -753,10 +766,39 @@ impl PackedInt8 {
     }
 }
 
-/// The int8 product's operands: the quantized rows of `x` and the packed weight.
+/// The int8 product's operands: the quantized rows of `x` and the packed weight,
+/// and the AMX tiles where they multiply them ([`amx`]).
 struct QuadOperands<'a> {
     x: &'a QuantizedRows,
     w: &'a PackedInt8,
+    amx: Option<Amx>,
+}
+
+/// What [`QuadOperands::dequantize`] needs of one panel of 16 outputs from `j0`:
+/// the sums of their levels, their scales and bias, and the packed panel.
+struct Dequantize<I: Simd> {
+    j0: usize,
+    sums: I::P,
+    scales: I::V,
+    bias: I::V,
+    weights: *const u32,
+}
+
+impl<I: Simd> Dequantize<I> {
+    /// Panel `j0 / 16` of `w` (packed at `weights`), its outputs' `bias`.
+    #[inline(always)]
+    fn new(isa: I, w: &PackedInt8, j0: usize, weights: *const u32, bias: &[f32; NR]) -> Self {
+        // SAFETY: sums and scales are kept for whole panels (padded past `n`).
+        unsafe {
+            Dequantize {
+                j0,
+                sums: isa.load_pairs(w.sums[j0..j0 + NR].as_ptr().cast()),
+                scales: isa.load(w.scales[j0..j0 + NR].as_ptr()),
+                bias: isa.load(bias.as_ptr()),
+                weights,
+            }
+        }
+    }
 }
 
 impl Depth for QuadOperands<'_> {
@@ -801,6 +843,25 @@ impl Operands for QuadOperands<'_> {
                 self.tile_with::<I, P, false>(isa, at, c, ldc, bias)
             }
         }
+    }
+
+    #[inline(always)]
+    unsafe fn whole_block<I: Simd>(
+        &self,
+        isa: I,
+        block: &Block,
+        n: usize,
+        bias: Option<&[f32]>,
+        out: *mut f32,
+    ) -> bool {
+        let Some(amx) = self.amx else {
+            return false;
+        };
+        let at = (block.rows.clone(), block.panels.clone());
+        // SAFETY: the caller's guarantees; `linear_int8_on` made the rows with
+        // `PAD_ROWS` more wherever it set `amx`, and only for a depth that fits.
+        unsafe { self.amx_block(isa, amx, at, n, bias, out) };
+        true
     }
 }
 
@@ -925,29 +986,50 @@ impl QuadOperands<'_> {
             #[allow(clippy::needless_range_loop)]
             for q in 0..P {
                 let j0 = (p + q) * NR;
-                let sums = isa.load_pairs(w.sums[j0..].as_ptr().cast());
-                let w_scale = isa.load(w.scales[j0..].as_ptr());
-                let bias = isa.load(bias[q].as_ptr());
+                let panel = Dequantize::new(isa, w, j0, b[q], bias[q]);
                 for i in 0..R {
-                    let RowScale { scale, zero } = x.scales[r + i];
-                    let exact = if w.corrected > 0 {
-                        // `Σ x̂ ŵ + Σ residual · x̂[column] − z · Σ ŵ`, the last two
-                        // in scalar code, lane by lane.
-                        let offsets = self.corrected_offsets(isa, r + i, j0, zero);
-                        isa.mul_sub_i32(acc[q][i], isa.splat_pair(1), offsets)
-                    } else {
-                        isa.mul_sub_i32(acc[q][i], isa.splat_pair(zero as u32), sums)
-                    };
-                    let exact = isa.i32_to_f32(exact);
-                    let y = if x.per_row == 0 {
-                        isa.fma(exact, isa.mul(isa.splat(scale), w_scale), bias)
-                    } else {
-                        let share = self.outliers_share::<I, NARROW>(isa, r + i, j0, b[q]);
-                        isa.fma(isa.fma(exact, isa.splat(scale), share), w_scale, bias)
-                    };
+                    let y = self.dequantize::<I, NARROW>(isa, &panel, acc[q][i], r + i);
                     isa.store(c.add(i * ldc + q * NR), y);
                 }
             }
+        }
+    }
+
+    /// Row `r`'s 16 outputs of `panel` from their byte products' sum `acc`
+    /// (`Σ x̂ ŵ`, exact): the zero point off in i32, then scales, outliers and
+    /// bias in f32, as the module docs say.
+    ///
+    /// # Safety
+    /// As [`outliers_share`](Self::outliers_share)'s for `panel.weights`.
+    #[inline(always)]
+    unsafe fn dequantize<I: Simd, const NARROW: bool>(
+        &self,
+        isa: I,
+        panel: &Dequantize<I>,
+        acc: I::P,
+        r: usize,
+    ) -> I::V {
+        let (x, w, j0) = (self.x, self.w, panel.j0);
+        let RowScale { scale, zero } = x.scales[r];
+        let exact = if w.corrected > 0 {
+            // `Σ x̂ ŵ + Σ residual · x̂[column] − z · Σ ŵ`, the last two in scalar
+            // code, lane by lane.
+            let offsets = self.corrected_offsets(isa, r, j0, zero);
+            isa.mul_sub_i32(acc, isa.splat_pair(1), offsets)
+        } else {
+            isa.mul_sub_i32(acc, isa.splat_pair(zero as u32), panel.sums)
+        };
+        let exact = isa.i32_to_f32(exact);
+        if x.per_row == 0 {
+            isa.fma(exact, isa.mul(isa.splat(scale), panel.scales), panel.bias)
+        } else {
+            // SAFETY: the caller's guarantee.
+            let share = unsafe { self.outliers_share::<I, NARROW>(isa, r, j0, panel.weights) };
+            isa.fma(
+                isa.fma(exact, isa.splat(scale), share),
+                panel.scales,
+                panel.bias,
+            )
         }
     }
 
@@ -1148,7 +1230,9 @@ mod tests {
     fn the_bits_of_the_i64_reference_on_every_edge_and_instruction_set() {
         // Row counts on both sides of the 6-row tile, of the two-panel tile of up
         // to 12 rows and of the 3-row one of 16-register instruction sets; partial
-        // panels; depths not a multiple of 4; depths of the encoders.
+        // panels; depths not a multiple of 4; depths of the encoders. AMX's tiles
+        // (depths of whole 64-byte steps): 16 and 32 rows, one or two panels,
+        // partial ones.
         for &(m, k, n) in &[
             (1, 1, 1),
             (1, 4, 16),
@@ -1162,6 +1246,9 @@ mod tests {
             (50, 1000, 70),
             (97, 1536, 384),
             (487, 130, 40),
+            (17, 64, 33),
+            (40, 320, 70),
+            (33, 256, 16),
         ] {
             let (x, w, bias) = operands(m, k, n);
             for (limit, corrected) in PACKINGS {
@@ -1462,7 +1549,7 @@ mod tests {
         // ±127 where `vpdpbusd` multiplies, ±63 (`vpmaddubsw`) elsewhere.
         for isa in Isa::available() {
             let want = match isa {
-                Isa::Avx2Vnni | Isa::Avx512Bf16 => 127,
+                Isa::Avx2Vnni | Isa::Avx512Bf16 | Isa::Amx => 127,
                 Isa::Portable | Isa::Avx2 | Isa::Avx512 => 63,
             };
             assert_eq!(weight_limit(isa.token().unwrap()), want, "{isa}");

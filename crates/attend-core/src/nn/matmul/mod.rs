@@ -73,7 +73,7 @@ const PARALLEL_MIN: usize = 1 << 17;
 pub(crate) fn available() -> bool {
     matches!(
         IsaToken::best().isa(),
-        Isa::Avx2 | Isa::Avx2Vnni | Isa::Avx512 | Isa::Avx512Bf16
+        Isa::Avx2 | Isa::Avx2Vnni | Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx
     )
 }
 
@@ -496,6 +496,24 @@ trait Operands: Depth {
         ldc: usize,
         init: [Init<'_>; P],
     );
+
+    /// Computes a whole block of the output, bias included, where the operands
+    /// have a faster way than register tiles (int8 on AMX); false, having
+    /// written nothing, where they have not.
+    ///
+    /// # Safety
+    /// `out` must point to the `[m, n]` output and no other thread may write the
+    /// block's part of it; the block's rows and panels must be the operands'.
+    unsafe fn whole_block<I: Simd>(
+        &self,
+        _isa: I,
+        _block: &Block,
+        _n: usize,
+        _bias: Option<&[f32]>,
+        _out: *mut f32,
+    ) -> bool {
+        false
+    }
 }
 
 /// The operands of the products whose register tile is [`Tile`] (f32 numbers or
@@ -646,6 +664,11 @@ impl<O: Operands> Problem<'_, O> {
         // SAFETY: the caller upholds this function's contract (see # Safety).
         unsafe {
             let (depth, n) = (self.operands.depth(), self.n);
+            let columns = b.panels.start * NR..(b.panels.end * NR).min(n);
+            if self.operands.whole_block(isa, b, n, self.bias, out.0) {
+                self.epilogue.apply(out.0, n, b.rows.clone(), columns);
+                return;
+            }
             let tall = b.rows.len() > MR && tile::tall::<I>(b.rows.len());
             let block = self.steps(b.rows.len());
             for s0 in (0..depth).step_by(block) {
@@ -672,7 +695,6 @@ impl<O: Operands> Problem<'_, O> {
                     }
                 }
             }
-            let columns = b.panels.start * NR..(b.panels.end * NR).min(n);
             self.epilogue.apply(out.0, n, b.rows.clone(), columns);
         }
     }

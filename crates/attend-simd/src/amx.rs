@@ -1,0 +1,226 @@
+//! Intel AMX: eight tile registers of up to 16 rows × 64 bytes, and a tile
+//! multiply (`tdpbusd`) that sums 16 × 16 × 64 byte products into i32 in one
+//! instruction, eight times what `vpdpbusd` does on a 512-bit register.
+//!
+//! Linux hands a process the tiles' 8 KiB of state only when it asks for them
+//! (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`): [`Amx::new`] asks once
+//! and exists only where the answer was yes. The tile instructions are written as
+//! inline assembly: Rust's AMX intrinsics are not stable.
+
+use std::arch::asm;
+use std::marker::PhantomData;
+
+use super::Avx512Bf16;
+
+/// Proof that the CPU has AMX-TILE and AMX-INT8 besides [`Avx512Bf16`]'s
+/// features, and that the operating system let this process use the tiles: only
+/// [`Amx::new`] makes one.
+#[derive(Clone, Copy, Debug)]
+pub struct Amx(Avx512Bf16);
+
+impl Amx {
+    /// The token, if this CPU has the features and the OS grants the tiles.
+    pub fn new() -> Option<Self> {
+        static GRANTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let vectors = Avx512Bf16::new()?;
+        GRANTED
+            .get_or_init(|| has_amx_int8() && request_tiles())
+            .then_some(Amx(vectors))
+    }
+
+    /// The vector instructions every AMX CPU has, for everything but the tiles.
+    pub fn vectors(self) -> Avx512Bf16 {
+        self.0
+    }
+
+    /// The tiles configured as eight of 16 rows × 64 bytes, for this thread until
+    /// the guard drops (which releases them, so that a context switch saves no
+    /// tile state).
+    pub fn tiles(self) -> Tiles {
+        let config = TileConfig::full();
+        // SAFETY: the token proves AMX-TILE; `config` is a valid palette-1
+        // configuration of 64 bytes.
+        unsafe { asm!("ldtilecfg [{0}]", in(reg) &config, options(nostack, readonly)) };
+        Tiles(PhantomData)
+    }
+}
+
+/// Whether CPUID reports AMX-TILE and AMX-INT8 (leaf 7, EDX bits 24 and 25).
+fn has_amx_int8() -> bool {
+    let leaf = std::arch::x86_64::__cpuid_count(7, 0);
+    leaf.edx & (1 << 24) != 0 && leaf.edx & (1 << 25) != 0
+}
+
+/// Asks Linux for the tile data state; whether it was granted.
+#[cfg(target_os = "linux")]
+fn request_tiles() -> bool {
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: arch_prctl with this code reads no memory; it only sets a flag of
+    // the process.
+    unsafe {
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        ) == 0
+    }
+}
+
+/// Elsewhere the tiles are not used.
+#[cfg(not(target_os = "linux"))]
+fn request_tiles() -> bool {
+    false
+}
+
+/// `ldtilecfg`'s 64-byte operand (palette 1).
+#[repr(C, align(64))]
+struct TileConfig {
+    palette: u8,
+    start_row: u8,
+    reserved: [u8; 14],
+    bytes_per_row: [u16; 16],
+    rows: [u8; 16],
+}
+
+impl TileConfig {
+    /// All eight tiles 16 rows of 64 bytes.
+    fn full() -> Self {
+        let mut config = TileConfig {
+            palette: 1,
+            start_row: 0,
+            reserved: [0; 14],
+            bytes_per_row: [0; 16],
+            rows: [0; 16],
+        };
+        config.bytes_per_row[..8].fill(64);
+        config.rows[..8].fill(16);
+        config
+    }
+}
+
+/// Rows of a tile.
+pub const TILE_ROWS: usize = 16;
+/// Bytes of a tile row, and so of one step of a tile product's sum.
+pub const TILE_BYTES: usize = 64;
+
+/// The tiles, configured on this thread ([`Amx::tiles`]); not `Send`, since the
+/// configuration is the thread's.
+pub struct Tiles(PhantomData<*const ()>);
+
+impl Drop for Tiles {
+    fn drop(&mut self) {
+        // SAFETY: a `Tiles` exists only after `ldtilecfg` ran on this thread.
+        unsafe { asm!("tilerelease", options(nostack, nomem)) };
+    }
+}
+
+/// One block of a byte product in tiles: up to 2 × 2 tiles of 16 × 16 sums.
+pub struct BytePanels<const R: usize, const C: usize> {
+    /// Row `i` of the first tile of rows: `R · 16` rows of unsigned bytes,
+    /// `stride` bytes apart, 64 bytes a step.
+    pub rows: *const u8,
+    /// Bytes between rows.
+    pub stride: usize,
+    /// The `C` panels of signed bytes as quads: at each step 16 rows of 16
+    /// outputs' four bytes, 1 KiB.
+    pub panels: [*const u8; C],
+    /// Steps of 64 bytes.
+    pub steps: usize,
+}
+
+impl Tiles {
+    /// `sums[i][j] = Σ rows[i][b] · panel(j)[b]` over `steps · 64` bytes `b`,
+    /// unsigned by signed bytes summed exactly in i32 (`tdpbusd`), for the
+    /// `16·R` rows and `16·C` outputs of `block` (`R`, `C` ∈ {1, 2});
+    /// `sums` has rows of 32 (columns past `16·C` untouched).
+    ///
+    /// # Safety
+    /// The rows must be readable for `16·R` rows of `64 · steps` bytes `stride`
+    /// apart, and each panel for `steps` KiB.
+    #[inline]
+    pub unsafe fn dot4<const R: usize, const C: usize>(
+        &self,
+        block: &BytePanels<R, C>,
+        sums: &mut [[i32; 32]; 32],
+    ) {
+        const { assert!((R == 1 || R == 2) && (C == 1 || C == 2)) };
+        let (stride, panel_stride) = (block.stride, TILE_BYTES);
+        let second_rows = block.rows.wrapping_add(TILE_ROWS * stride);
+        let b0 = block.panels[0];
+        let b1 = block.panels[C - 1];
+        // SAFETY: the tiles are configured (`self`); the
+        // caller guarantees the reads; the stores are inside `sums` (rows of 128
+        // bytes, `16·R` rows, `16·C` columns).
+        unsafe {
+            asm!(
+                "tilezero tmm0",
+                "tilezero tmm1",
+                "tilezero tmm2",
+                "tilezero tmm3",
+                options(nostack, nomem)
+            );
+            for s in 0..block.steps {
+                let a0 = block.rows.add(s * TILE_BYTES);
+                let a1 = second_rows.wrapping_add(s * TILE_BYTES);
+                let (p0, p1) = (b0.add(s * 1024), b1.add(s * 1024));
+                match (R, C) {
+                    (2, 2) => asm!(
+                        "tileloadd tmm4, [{a0} + {sa}*1]",
+                        "tileloadd tmm6, [{p0} + {sb}*1]",
+                        "tdpbusd tmm0, tmm4, tmm6",
+                        "tileloadd tmm7, [{p1} + {sb}*1]",
+                        "tdpbusd tmm1, tmm4, tmm7",
+                        "tileloadd tmm5, [{a1} + {sa}*1]",
+                        "tdpbusd tmm2, tmm5, tmm6",
+                        "tdpbusd tmm3, tmm5, tmm7",
+                        a0 = in(reg) a0, a1 = in(reg) a1, p0 = in(reg) p0, p1 = in(reg) p1,
+                        sa = in(reg) stride, sb = in(reg) panel_stride,
+                        options(nostack, readonly)
+                    ),
+                    (2, 1) => asm!(
+                        "tileloadd tmm4, [{a0} + {sa}*1]",
+                        "tileloadd tmm6, [{p0} + {sb}*1]",
+                        "tdpbusd tmm0, tmm4, tmm6",
+                        "tileloadd tmm5, [{a1} + {sa}*1]",
+                        "tdpbusd tmm2, tmm5, tmm6",
+                        a0 = in(reg) a0, a1 = in(reg) a1, p0 = in(reg) p0,
+                        sa = in(reg) stride, sb = in(reg) panel_stride,
+                        options(nostack, readonly)
+                    ),
+                    (1, 2) => asm!(
+                        "tileloadd tmm4, [{a0} + {sa}*1]",
+                        "tileloadd tmm6, [{p0} + {sb}*1]",
+                        "tdpbusd tmm0, tmm4, tmm6",
+                        "tileloadd tmm7, [{p1} + {sb}*1]",
+                        "tdpbusd tmm1, tmm4, tmm7",
+                        a0 = in(reg) a0, p0 = in(reg) p0, p1 = in(reg) p1,
+                        sa = in(reg) stride, sb = in(reg) panel_stride,
+                        options(nostack, readonly)
+                    ),
+                    _ => asm!(
+                        "tileloadd tmm4, [{a0} + {sa}*1]",
+                        "tileloadd tmm6, [{p0} + {sb}*1]",
+                        "tdpbusd tmm0, tmm4, tmm6",
+                        a0 = in(reg) a0, p0 = in(reg) p0,
+                        sa = in(reg) stride, sb = in(reg) panel_stride,
+                        options(nostack, readonly)
+                    ),
+                }
+            }
+            let out = sums.as_mut_ptr().cast::<i32>();
+            let ldc = 32 * std::mem::size_of::<i32>();
+            let (c01, c10, c11) = (out.add(16), out.add(16 * 32), out.add(16 * 32 + 16));
+            asm!("tilestored [{c} + {s}*1], tmm0", c = in(reg) out, s = in(reg) ldc, options(nostack));
+            if C == 2 {
+                asm!("tilestored [{c} + {s}*1], tmm1", c = in(reg) c01, s = in(reg) ldc, options(nostack));
+            }
+            if R == 2 {
+                asm!("tilestored [{c} + {s}*1], tmm2", c = in(reg) c10, s = in(reg) ldc, options(nostack));
+            }
+            if R == 2 && C == 2 {
+                asm!("tilestored [{c} + {s}*1], tmm3", c = in(reg) c11, s = in(reg) ldc, options(nostack));
+            }
+        }
+    }
+}
