@@ -23,11 +23,14 @@
  *            halves of a panel of 16-bit weight pairs, 12 chains of one vpmaddwd
  *            and one vpaddd per 8 lanes x 2 products (32 ops), nothing widened in
  *            the loop: measured level with avx2 (one vpmaddwd a cycle bounds
- *            both), so attend does not widen its weights at load.
+ *            both), so attend does not widen its weights at load;
+ *   amx      AMX's tdpbusd on four independent accumulator tiles (16 rows x 16
+ *            lanes x 64 byte products each, 32,768 ops), the tiles' operands
+ *            already loaded: attend's amx level (Intel Sapphire Rapids on).
  * An op is a multiply or an add (a byte product and its sum: 2 ops), as a flop.
  *
  *   gcc -O2 -mavx512f -mavx512bw -mavx512vnni -mavxvnni -mavx2 -pthread -o int8_peak int8_peak.c
- *   ./int8_peak vnni|avxvnni|avx2|maddubs|exact|avxvnni_tile|pairs [THREADS]
+ *   ./int8_peak vnni|avxvnni|avx2|maddubs|exact|avxvnni_tile|pairs|amx [THREADS]
  *
  * Prints one JSON line: what, threads, GOP/s. */
 #include <immintrin.h>
@@ -35,7 +38,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #define ITERS 100000000L
 
@@ -162,6 +167,28 @@ static void *pairs(void *out) {
   *(int *)out = _mm256_extract_epi32(s, 0);
   return NULL;
 }
+/* ldtilecfg's operand: palette 1, eight tiles of 16 rows x 64 bytes. */
+struct tile_config {
+  unsigned char palette, start_row, reserved[14];
+  unsigned short bytes_per_row[16];
+  unsigned char rows[16];
+} __attribute__((aligned(64)));
+
+static void *amx(void *out) {
+  struct tile_config c = {.palette = 1};
+  for (int i = 0; i < 8; i++) c.bytes_per_row[i] = 64, c.rows[i] = 16;
+  __asm__ volatile("ldtilecfg %0" ::"m"(c));
+  __asm__ volatile("tilezero %%tmm4\n\ttilezero %%tmm5\n\ttilezero %%tmm6\n\ttilezero %%tmm7" ::);
+  for (long i = 0; i < ITERS / 8; i++)
+    __asm__ volatile("tdpbusd %%tmm6, %%tmm4, %%tmm0\n\t"
+                     "tdpbusd %%tmm7, %%tmm4, %%tmm1\n\t"
+                     "tdpbusd %%tmm6, %%tmm5, %%tmm2\n\t"
+                     "tdpbusd %%tmm7, %%tmm5, %%tmm3" ::);
+  __asm__ volatile("tilerelease" ::);
+  *(int *)out = 0;
+  return NULL;
+}
+
 /* 12 accumulators x 8 lanes x 2 products x 2 ops per loop trip. */
 #define PAIRS_OPS (12 * 32.0)
 
@@ -184,8 +211,17 @@ int main(int argc, char **argv) {
     work = maddubs, ops_per_iter = STEP_OPS;
   } else if (strcmp(what, "pairs") == 0) {
     work = pairs, ops_per_iter = PAIRS_OPS;
+  } else if (strcmp(what, "amx") == 0) {
+    /* ITERS / 8 trips of four tile products: a quarter of the trips below. */
+    work = amx, ops_per_iter = 4 * 32768.0 / 4;
+    /* The tile data state, which Linux grants a process only when asked
+       (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA). */
+    if (syscall(SYS_arch_prctl, 0x1023, 18) != 0) {
+      fprintf(stderr, "error: the kernel did not grant the AMX tile state\n");
+      return 2;
+    }
   } else {
-    fprintf(stderr, "error: unknown peak %s (vnni, avxvnni, avx2, maddubs, exact, avxvnni_tile or pairs)\n", what);
+    fprintf(stderr, "error: unknown peak %s (vnni, avxvnni, avx2, maddubs, exact, avxvnni_tile, pairs or amx)\n", what);
     return 2;
   }
   if (threads < 1 || threads > 256) {

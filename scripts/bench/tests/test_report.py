@@ -72,14 +72,14 @@ def test_a_record_holds_the_cpu_the_commit_the_peers_and_ratios_both_ways(tmp_pa
 
 
 def test_cpus_are_ordered_by_their_newest_record_and_records_newest_first(tmp_path):
-    def rec(name: str, date: str, title: str, avx512: bool) -> dict:
+    def rec(name: str, date: str, title: str, avx512: bool, rows: int = 1) -> dict:
         flags = {f: False for f in record.FLAGS}
         flags.update(avx2=True, avx512f=avx512)
         return {"schema": 1, "script": "vs-x", "args": [], "title": title, "date": date, "commit": "abcdef123456",
                 "dirty": False, "cpu": {"name": name, "family": 25, "model": 17, "cpus": 2, "flags": flags},
                 "threads": 2, "peaks": {}, "other_load": None, "load_average": 0.1, "peers": {"torch": "2.15.0"},
                 "unit": "ms", "better": "lower", "notes": None,
-                "rows": [record.row("w", 1.0, "torch", 2.0)]}
+                "rows": [record.row(f"w{i}", 1.0, "torch", 2.0) for i in range(rows)]}
 
     results = tmp_path / "results"
     results.mkdir()
@@ -96,6 +96,18 @@ def test_cpus_are_ordered_by_their_newest_record_and_records_newest_first(tmp_pa
     headline = (tmp_path / "docs" / "img" / "speed-headline.svg").read_text()
     assert "New CPU" in headline and "Old CPU" not in headline
     assert "AVX2 only" in (tmp_path / "docs" / "img" / "speed-old-cpu-f25m17-avx2.svg").read_text()
+
+    # A CPU measured since on fewer workloads gets its own chart and the page's
+    # first section, not the headline; one measured on as many or more does.
+    (results / "3.json").write_text(json.dumps(rec("Newest CPU", "2026-11-27T10:00:00Z", "once", True)))
+    report.render(results, tmp_path / "docs")
+    page = (tmp_path / "docs" / "speed.md").read_text()
+    assert page.index("## Newest CPU") < page.index("## New CPU")
+    headline = (tmp_path / "docs" / "img" / "speed-headline.svg").read_text()
+    assert "New CPU" in headline and "Newest CPU" not in headline
+    (results / "3.json").write_text(json.dumps(rec("Newest CPU", "2026-11-27T10:00:00Z", "once", True, rows=2)))
+    report.render(results, tmp_path / "docs")
+    assert "Newest CPU" in (tmp_path / "docs" / "img" / "speed-headline.svg").read_text()
 
 
 def chromium() -> str | None:
@@ -116,8 +128,8 @@ def test_charts_open_in_chromium_and_name_the_cpu_the_peers_and_the_axis(tmp_pat
     slug = chart.removeprefix("speed-").removesuffix(".svg")
     records = report.load(RESULTS)
     if slug == "headline":
-        newest = max(records, key=lambda r: r["date"])
-        mine = [r for r in records if report.cpu_key(r) == report.cpu_key(newest)]
+        by_cpu, order = report.by_cpu_newest_first(records)
+        mine = by_cpu[report.headline_cpu(by_cpu, order)]
     else:
         mine = [r for r in records if report.cpu_slug(r) == slug]
     assert mine, f"{chart}: no record of its CPU"
