@@ -109,7 +109,9 @@ pub enum Isa {
     /// [`Isa::Avx512Bf16`] with AMX tiles (AMX-TILE and AMX-INT8: Intel Sapphire
     /// Rapids on), where the OS grants them: the int8 dense products by
     /// `tdpbusd`, 16 rows × 16 outputs × 64 bytes an instruction ([`amx`]).
-    /// Everything else runs as on [`Isa::Avx512Bf16`], with the same vectors.
+    /// Everything else runs on [`Isa::Avx512Bf16`]'s vectors, but bf16 work is
+    /// widened to f32 as where there are no bf16 products
+    /// ([`Isa::has_bf16_products`]).
     Amx,
 }
 
@@ -165,13 +167,15 @@ impl Isa {
     }
 
     /// Whether `self` multiplies bf16 numbers faster than f32 ones ([`Simd::dot2`]
-    /// in one `vdpbf16ps`, at twice the f32 rate): [`Isa::Avx512Bf16`] and
-    /// [`Isa::Amx`].
+    /// in one `vdpbf16ps`, at twice the f32 rate): only [`Isa::Avx512Bf16`].
     /// Elsewhere `dot2` is two fused multiply-adds behind the shifts that widen
     /// its pairs, slower than the f32 kernels on the same numbers widened once, so
-    /// bf16 work runs those there (docs/design.md, "Precision").
+    /// bf16 work runs those there (docs/design.md, "Precision"). So does
+    /// [`Isa::Amx`]: Intel's CPUs run `vdpbf16ps` at half the rate of their
+    /// fused multiply-adds, the f32 rate in all, and the pairs' conversions made
+    /// it slower than f32 there (`ATTEND_MAX_ISA=avx512bf16` runs it).
     pub fn has_bf16_products(self) -> bool {
-        self >= Isa::Avx512Bf16
+        self == Isa::Avx512Bf16
     }
 
     /// Whether this CPU can run kernels built for `self`.

@@ -92,7 +92,7 @@ impl PrecisionArg {
         let isa = attend::kernels::Isa::detect();
         if self == PrecisionArg::Bf16 && !isa.has_bf16_products() {
             errln!(
-                "note: --precision bf16 on {isa}, which has no bf16 products (AVX512-BF16): the weights stay in bf16 (half the memory) and are widened to f32 for the f32 kernels: the speed of f32, not faster"
+                "note: --precision bf16 on {isa}, which has no bf16 products faster than f32 ones: the weights stay in bf16 (half the memory) and are widened to f32 for the f32 kernels: the speed of f32, not faster"
             );
         }
     }

@@ -6,7 +6,7 @@
 //! pair); with `--backward`, the bf16 forward and then the library's bf16 backward
 //! (the f32 backward of the bf16 numbers, widened as it reads them, its gradients
 //! rounded to bf16). The output names the instruction set that ran: only
-//! `avx512bf16` and `amx` multiply bf16 pairs with `vdpbf16ps`; elsewhere the inputs are
+//! `avx512bf16` multiplies bf16 pairs with `vdpbf16ps`; elsewhere the inputs are
 //! widened to f32 and the f32 kernel runs.
 
 use attend::attention::{attention_backward_with, BackwardConfig, BackwardKernel, Exec, Saved};
