@@ -59,7 +59,10 @@ use std::mem::MaybeUninit;
 use ndarray::{Array2, ArrayView2};
 use rayon::prelude::*;
 
-use super::{bias_only, Block, Depth, Epilogue, Init, Operands, Problem, TileAt, NR, PARALLEL_MIN};
+use super::{
+    bias_only, panel_bias, Block, Depth, Epilogue, Init, Operands, Problem, TileAt, NR,
+    PARALLEL_MIN,
+};
 use crate::isa::{dispatch, Amx, IsaToken, Simd, SimdJob, LANES, NARROW_LEVEL};
 use crate::kernels::tile::{self, MR};
 use crate::memory::LargePageArray;

@@ -214,6 +214,16 @@ fn plan(m: usize, panels: usize, parallel: bool, whole_rows: bool) -> Vec<Block>
         .collect()
 }
 
+/// Panel `p`'s 16 entries of `bias [n]`, zero past `n` (and all zero without one).
+fn panel_bias(bias: Option<&[f32]>, n: usize, p: usize) -> [f32; NR] {
+    let mut panel = [0.0f32; NR];
+    if let Some(bias) = bias {
+        let (lo, hi) = (p * NR, ((p + 1) * NR).min(n));
+        panel[..hi - lo].copy_from_slice(&bias[lo..hi]);
+    }
+    panel
+}
+
 /// Runs `run` on every block, on the current rayon pool if `parallel`.
 fn run_blocks(blocks: &[Block], parallel: bool, run: impl Fn(&Block) + Sync + Send) {
     if parallel && blocks.len() > 1 {
@@ -726,13 +736,7 @@ impl<O: Operands> Problem<'_, O> {
             let n = self.n;
             let j0 = p * NR;
             let cols = (P * NR).min(n - j0);
-            let mut bias = [[0.0f32; NR]; P];
-            if let Some(bs) = self.bias {
-                for (q, bq) in bias.iter_mut().enumerate() {
-                    let (lo, hi) = (j0 + q * NR, (j0 + (q + 1) * NR).min(n));
-                    bq[..hi - lo].copy_from_slice(&bs[lo..hi]);
-                }
-            }
+            let bias: [_; P] = std::array::from_fn(|q| panel_bias(self.bias, n, p + q));
             let first = s0 == 0;
             let mut init = [Init::Add; P];
             if first {

@@ -12,7 +12,7 @@
 
 use std::ops::Range;
 
-use super::{Dequantize, QuadOperands, NR};
+use super::{panel_bias, Dequantize, QuadOperands, NR};
 use crate::isa::amx::{BytePanels, TILE_BYTES, TILE_ROWS};
 use crate::isa::{Amx, Simd};
 
@@ -50,17 +50,10 @@ impl QuadOperands<'_> {
         debug_assert!(fits(lda) && self.x.quads.len() >= (rows.end + PAD_ROWS) * lda);
         let steps = lda / STEP_QUADS;
         let stride = lda * std::mem::size_of::<u32>();
+        // Configured until the end of the block, released when dropped.
         let tiles = amx.tiles();
         let mut sums = [[0i32; 2 * NR]; 2 * TILE_ROWS];
         let panel = |p: usize| w.data[p * lda * NR..].as_ptr();
-        let bias_of = |p: usize| {
-            let mut b = [0.0f32; NR];
-            if let Some(bias) = bias {
-                let (lo, hi) = (p * NR, ((p + 1) * NR).min(n));
-                b[..hi - lo].copy_from_slice(&bias[lo..hi]);
-            }
-            b
-        };
         // Each pair of panels against every row of the block in turn: the pair
         // (`k / 2` bytes) stays in L1 while the rows stream from L2, which halves
         // what a step reads from L2 against taking every pair for each row tile.
@@ -69,7 +62,7 @@ impl QuadOperands<'_> {
             let b = [panel(p).cast::<u8>(), panel(p + pair - 1).cast::<u8>()];
             let dequantize: [_; 2] = std::array::from_fn(|q| {
                 let p = (p + q).min(p + pair - 1);
-                Dequantize::new(isa, w, p * NR, panel(p), &bias_of(p))
+                Dequantize::new(isa, w, p * NR, panel(p), &panel_bias(bias, n, p))
             });
             for r in rows.clone().step_by(2 * TILE_ROWS) {
                 let count = (rows.end - r).min(2 * TILE_ROWS);
@@ -110,7 +103,6 @@ impl QuadOperands<'_> {
                 }
             }
         }
-        drop(tiles);
     }
 }
 
