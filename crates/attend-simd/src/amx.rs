@@ -130,28 +130,10 @@ pub struct BytePanels<const R: usize, const C: usize> {
 }
 
 impl Tiles {
-    /// `sums[i][j] = Σ rows[i][b] · panel(j)[b]` over `steps · 64` bytes `b`,
-    /// unsigned by signed bytes summed exactly in i32 (`tdpbusd`), for the
-    /// `16·R` rows and `16·C` outputs of `block` (`R`, `C` ∈ {1, 2});
-    /// `sums` has rows of 32 (columns past `16·C` untouched).
-    ///
-    /// # Safety
-    /// The rows must be readable for `16·R` rows of `64 · steps` bytes `stride`
-    /// apart, and each panel for `steps` KiB.
-    #[inline]
-    pub unsafe fn dot4<const R: usize, const C: usize>(
-        &self,
-        block: &BytePanels<R, C>,
-        sums: &mut [[i32; 32]; 32],
-    ) {
-        const { assert!((R == 1 || R == 2) && (C == 1 || C == 2)) };
-        let (stride, panel_stride) = (block.stride, TILE_BYTES);
-        let second_rows = block.rows.wrapping_add(TILE_ROWS * stride);
-        let b0 = block.panels[0];
-        let b1 = block.panels[C - 1];
-        // SAFETY: the tiles are configured (`self`); the
-        // caller guarantees the reads; the stores are inside `sums` (rows of 128
-        // bytes, `16·R` rows, `16·C` columns).
+    /// Sets the four tiles of sums to zero, to start a block.
+    #[inline(always)]
+    pub fn zero(&self) {
+        // SAFETY: the tiles are configured (`self`).
         unsafe {
             asm!(
                 "tilezero tmm0",
@@ -159,57 +141,86 @@ impl Tiles {
                 "tilezero tmm2",
                 "tilezero tmm3",
                 options(nostack, nomem)
-            );
-            for s in 0..block.steps {
-                let a0 = block.rows.add(s * TILE_BYTES);
-                let a1 = second_rows.wrapping_add(s * TILE_BYTES);
-                let (p0, p1) = (b0.add(s * 1024), b1.add(s * 1024));
-                match (R, C) {
-                    (2, 2) => asm!(
-                        "tileloadd tmm4, [{a0} + {sa}*1]",
-                        "tileloadd tmm6, [{p0} + {sb}*1]",
-                        "tdpbusd tmm0, tmm4, tmm6",
-                        "tileloadd tmm7, [{p1} + {sb}*1]",
-                        "tdpbusd tmm1, tmm4, tmm7",
-                        "tileloadd tmm5, [{a1} + {sa}*1]",
-                        "tdpbusd tmm2, tmm5, tmm6",
-                        "tdpbusd tmm3, tmm5, tmm7",
-                        a0 = in(reg) a0, a1 = in(reg) a1, p0 = in(reg) p0, p1 = in(reg) p1,
-                        sa = in(reg) stride, sb = in(reg) panel_stride,
-                        options(nostack, readonly)
-                    ),
-                    (2, 1) => asm!(
-                        "tileloadd tmm4, [{a0} + {sa}*1]",
-                        "tileloadd tmm6, [{p0} + {sb}*1]",
-                        "tdpbusd tmm0, tmm4, tmm6",
-                        "tileloadd tmm5, [{a1} + {sa}*1]",
-                        "tdpbusd tmm2, tmm5, tmm6",
-                        a0 = in(reg) a0, a1 = in(reg) a1, p0 = in(reg) p0,
-                        sa = in(reg) stride, sb = in(reg) panel_stride,
-                        options(nostack, readonly)
-                    ),
-                    (1, 2) => asm!(
-                        "tileloadd tmm4, [{a0} + {sa}*1]",
-                        "tileloadd tmm6, [{p0} + {sb}*1]",
-                        "tdpbusd tmm0, tmm4, tmm6",
-                        "tileloadd tmm7, [{p1} + {sb}*1]",
-                        "tdpbusd tmm1, tmm4, tmm7",
-                        a0 = in(reg) a0, p0 = in(reg) p0, p1 = in(reg) p1,
-                        sa = in(reg) stride, sb = in(reg) panel_stride,
-                        options(nostack, readonly)
-                    ),
-                    _ => asm!(
-                        "tileloadd tmm4, [{a0} + {sa}*1]",
-                        "tileloadd tmm6, [{p0} + {sb}*1]",
-                        "tdpbusd tmm0, tmm4, tmm6",
-                        a0 = in(reg) a0, p0 = in(reg) p0,
-                        sa = in(reg) stride, sb = in(reg) panel_stride,
-                        options(nostack, readonly)
-                    ),
-                }
+            )
+        };
+    }
+
+    /// Step `s` of `block`'s sums: `sums[i][j] += Σ rows[i][b] · panel(j)[b]`
+    /// over the step's 64 bytes `b`, unsigned by signed bytes summed exactly in
+    /// i32 (`tdpbusd`), for the `16·R` rows and `16·C` outputs of `block` (`R`,
+    /// `C` ∈ {1, 2}). The instructions are only issued: vector work placed
+    /// between steps runs while the tiles sum, where after the block it would
+    /// wait for them (and they for it, since tiles are not renamed).
+    ///
+    /// # Safety
+    /// The rows must be readable for `16·R` rows of `64 · steps` bytes `stride`
+    /// apart, each panel for `steps` KiB, and `s < steps`.
+    #[inline(always)]
+    pub unsafe fn step<const R: usize, const C: usize>(&self, block: &BytePanels<R, C>, s: usize) {
+        const { assert!((R == 1 || R == 2) && (C == 1 || C == 2)) };
+        let (sa, sb) = (block.stride, TILE_BYTES);
+        let a0 = block.rows.wrapping_add(s * TILE_BYTES);
+        let a1 = a0.wrapping_add(TILE_ROWS * sa);
+        let p0 = block.panels[0].wrapping_add(s * 1024);
+        let p1 = block.panels[C - 1].wrapping_add(s * 1024);
+        // SAFETY: the tiles are configured (`self`); the caller guarantees the
+        // reads.
+        unsafe {
+            match (R, C) {
+                (2, 2) => asm!(
+                    "tileloadd tmm4, [{a0} + {sa}*1]",
+                    "tileloadd tmm6, [{p0} + {sb}*1]",
+                    "tdpbusd tmm0, tmm4, tmm6",
+                    "tileloadd tmm7, [{p1} + {sb}*1]",
+                    "tdpbusd tmm1, tmm4, tmm7",
+                    "tileloadd tmm5, [{a1} + {sa}*1]",
+                    "tdpbusd tmm2, tmm5, tmm6",
+                    "tdpbusd tmm3, tmm5, tmm7",
+                    a0 = in(reg) a0, a1 = in(reg) a1, p0 = in(reg) p0, p1 = in(reg) p1,
+                    sa = in(reg) sa, sb = in(reg) sb,
+                    options(nostack, readonly)
+                ),
+                (2, 1) => asm!(
+                    "tileloadd tmm4, [{a0} + {sa}*1]",
+                    "tileloadd tmm6, [{p0} + {sb}*1]",
+                    "tdpbusd tmm0, tmm4, tmm6",
+                    "tileloadd tmm5, [{a1} + {sa}*1]",
+                    "tdpbusd tmm2, tmm5, tmm6",
+                    a0 = in(reg) a0, a1 = in(reg) a1, p0 = in(reg) p0,
+                    sa = in(reg) sa, sb = in(reg) sb,
+                    options(nostack, readonly)
+                ),
+                (1, 2) => asm!(
+                    "tileloadd tmm4, [{a0} + {sa}*1]",
+                    "tileloadd tmm6, [{p0} + {sb}*1]",
+                    "tdpbusd tmm0, tmm4, tmm6",
+                    "tileloadd tmm7, [{p1} + {sb}*1]",
+                    "tdpbusd tmm1, tmm4, tmm7",
+                    a0 = in(reg) a0, p0 = in(reg) p0, p1 = in(reg) p1,
+                    sa = in(reg) sa, sb = in(reg) sb,
+                    options(nostack, readonly)
+                ),
+                _ => asm!(
+                    "tileloadd tmm4, [{a0} + {sa}*1]",
+                    "tileloadd tmm6, [{p0} + {sb}*1]",
+                    "tdpbusd tmm0, tmm4, tmm6",
+                    a0 = in(reg) a0, p0 = in(reg) p0,
+                    sa = in(reg) sa, sb = in(reg) sb,
+                    options(nostack, readonly)
+                ),
             }
-            let out = sums.as_mut_ptr().cast::<i32>();
-            let ldc = 32 * std::mem::size_of::<i32>();
+        }
+    }
+
+    /// Stores the sums of a block of `16·R` rows and `16·C` outputs into `sums`
+    /// (rows of 32; columns past `16·C` untouched).
+    #[inline(always)]
+    pub fn store<const R: usize, const C: usize>(&self, sums: &mut [[i32; 32]; 32]) {
+        let out = sums.as_mut_ptr().cast::<i32>();
+        let ldc = 32 * std::mem::size_of::<i32>();
+        // SAFETY: the tiles are configured (`self`); the stores are inside `sums`
+        // (rows of 128 bytes, `16·R` rows, `16·C` columns).
+        unsafe {
             let (c01, c10, c11) = (out.add(16), out.add(16 * 32), out.add(16 * 32 + 16));
             asm!("tilestored [{c} + {s}*1], tmm0", c = in(reg) out, s = in(reg) ldc, options(nostack));
             if C == 2 {

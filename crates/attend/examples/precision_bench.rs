@@ -4,7 +4,7 @@
 //! prints the ratios.
 //!
 //! ```text
-//! cargo run --release -p attend --example precision_bench -- MODEL_DIR f32|bf16 REPS
+//! cargo run --release -p attend --example precision_bench -- MODEL_DIR f32|bf16|int8 REPS
 //! ```
 //!
 //! Prints one JSON object: the instruction set the kernels ran on, the resident
@@ -61,12 +61,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     attend::memory::keep_freed_memory();
     let args: Vec<String> = std::env::args().collect();
     if args.len() != 4 {
-        return Err("usage: precision_bench MODEL_DIR f32|bf16 REPS".into());
+        return Err("usage: precision_bench MODEL_DIR f32|bf16|int8 REPS".into());
     }
     let precision = match args[2].as_str() {
         "f32" => Precision::F32,
         "bf16" => Precision::Bf16,
-        other => return Err(format!("precision {other:?}: expected f32 or bf16").into()),
+        "int8" => Precision::Int8,
+        other => return Err(format!("precision {other:?}: expected f32, bf16 or int8").into()),
     };
     let reps: usize = args[3].parse()?;
     let before = rss_mib()?;

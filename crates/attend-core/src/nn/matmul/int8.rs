@@ -787,6 +787,14 @@ struct Dequantize<I: Simd> {
     weights: *const u32,
 }
 
+/// What [`QuadOperands::dequantize`] needs of row `r`: its scale and zero
+/// point, splatted.
+struct Row<I: Simd> {
+    r: usize,
+    scale: I::V,
+    zero: I::P,
+}
+
 impl<I: Simd> Dequantize<I> {
     /// Panel `j0 / 16` of `w` (packed at `weights`), its outputs' `bias`.
     #[inline(always)]
@@ -986,19 +994,32 @@ impl QuadOperands<'_> {
                     }
                 }
             }
+            let row: [Row<I>; R] = std::array::from_fn(|i| self.row(isa, r + i));
             #[allow(clippy::needless_range_loop)]
             for q in 0..P {
                 let j0 = (p + q) * NR;
                 let panel = Dequantize::new(isa, w, j0, b[q], bias[q]);
                 for i in 0..R {
-                    let y = self.dequantize::<I, NARROW>(isa, &panel, acc[q][i], r + i);
+                    let y = self.dequantize::<I, NARROW>(isa, &panel, &row[i], acc[q][i]);
                     isa.store(c.add(i * ldc + q * NR), y);
                 }
             }
         }
     }
 
-    /// Row `r`'s 16 outputs of `panel` from their byte products' sum `acc`
+    /// Row `r`'s quantization, splatted for [`dequantize`](Self::dequantize):
+    /// once a row, not once a panel.
+    #[inline(always)]
+    fn row<I: Simd>(&self, isa: I, r: usize) -> Row<I> {
+        let RowScale { scale, zero } = self.x.scales[r];
+        Row {
+            r,
+            scale: isa.splat(scale),
+            zero: isa.splat_pair(zero as u32),
+        }
+    }
+
+    /// `row`'s 16 outputs of `panel` from their byte products' sum `acc`
     /// (`Σ x̂ ŵ`, exact): the zero point off in i32, then scales, outliers and
     /// bias in f32, as the module docs say.
     ///
@@ -1009,30 +1030,25 @@ impl QuadOperands<'_> {
         &self,
         isa: I,
         panel: &Dequantize<I>,
+        row: &Row<I>,
         acc: I::P,
-        r: usize,
     ) -> I::V {
-        let (x, w, j0) = (self.x, self.w, panel.j0);
-        let RowScale { scale, zero } = x.scales[r];
+        let (x, w, j0, r) = (self.x, self.w, panel.j0, row.r);
         let exact = if w.corrected > 0 {
             // `Σ x̂ ŵ + Σ residual · x̂[column] − z · Σ ŵ`, the last two in scalar
             // code, lane by lane.
-            let offsets = self.corrected_offsets(isa, r, j0, zero);
+            let offsets = self.corrected_offsets(isa, r, j0, x.scales[r].zero);
             isa.mul_sub_i32(acc, isa.splat_pair(1), offsets)
         } else {
-            isa.mul_sub_i32(acc, isa.splat_pair(zero as u32), panel.sums)
+            isa.mul_sub_i32(acc, row.zero, panel.sums)
         };
         let exact = isa.i32_to_f32(exact);
         if x.per_row == 0 {
-            isa.fma(exact, isa.mul(isa.splat(scale), panel.scales), panel.bias)
+            isa.fma(exact, isa.mul(row.scale, panel.scales), panel.bias)
         } else {
             // SAFETY: the caller's guarantee.
             let share = unsafe { self.outliers_share::<I, NARROW>(isa, r, j0, panel.weights) };
-            isa.fma(
-                isa.fma(exact, isa.splat(scale), share),
-                panel.scales,
-                panel.bias,
-            )
+            isa.fma(isa.fma(exact, row.scale, share), panel.scales, panel.bias)
         }
     }
 
@@ -1235,7 +1251,8 @@ mod tests {
         // to 12 rows and of the 3-row one of 16-register instruction sets; partial
         // panels; depths not a multiple of 4; depths of the encoders. AMX's tiles
         // (depths of whole 64-byte steps): 16 and 32 rows, one or two panels,
-        // partial ones.
+        // partial ones, and blocks of rows that each dequantize the one before
+        // while they sum, across panel pairs and row blocks.
         for &(m, k, n) in &[
             (1, 1, 1),
             (1, 4, 16),
@@ -1252,6 +1269,7 @@ mod tests {
             (17, 64, 33),
             (40, 320, 70),
             (33, 256, 16),
+            (250, 128, 50),
         ] {
             let (x, w, bias) = operands(m, k, n);
             for (limit, corrected) in PACKINGS {
