@@ -30,7 +30,7 @@ import sys
 
 import pytest
 
-ISAS = ("avx512bf16", "avx512", "avx2vnni", "avx2", "portable")
+ISAS = ("amx", "avx512bf16", "avx512", "avx2vnni", "avx2", "portable")
 DTYPES = ("float64", "float32", "bfloat16", "float16")
 FUDGE = 5.0
 FLOOR_ULPS = 4.0
