@@ -68,8 +68,7 @@ impl<I: Simd> Summed<'_, I> {
 
     /// Asks for the output lines of the block's rows `rows`, to be written: the
     /// output is megabytes that no cache holds, and a store that waits for its
-    /// line holds up the tiles behind it (a third of the time of a 1024 × 768 ×
-    /// 3072 product on one thread, against a buffer that stays in L1).
+    /// line holds up the tiles behind it.
     fn claim(&self, rows: Range<usize>, n: usize, out: *mut f32) {
         for i in rows {
             for panel in &self.panels[..self.pair] {
@@ -124,9 +123,9 @@ impl QuadOperands<'_> {
         // Two buffers: the tiles sum a block into one while the vector units
         // dequantize the block before from the other, a few rows after each
         // step, so that neither waits for the other.
-        let mut sums: [Sums; 2] = [[[0; 2 * NR]; 2 * TILE_ROWS]; 2];
+        let mut buffers: [Sums; 2] = [[[0; 2 * NR]; 2 * TILE_ROWS]; 2];
+        let [mut into, mut done] = buffers.each_mut();
         let mut waiting: Option<Summed<'_, I>> = None;
-        let mut buffer = 0;
         // Each pair of panels against every row of the block in turn: the pair
         // (`k / 2` bytes) stays in L1 while the rows stream from L2, which halves
         // what a step reads from L2 against taking every pair for each row tile.
@@ -136,12 +135,6 @@ impl QuadOperands<'_> {
             for r in rows.clone().step_by(2 * TILE_ROWS) {
                 let count = (rows.end - r).min(2 * TILE_ROWS);
                 let a = self.x.quads[r * lda..].as_ptr().cast::<u8>();
-                let [even, odd] = &mut sums;
-                let (into, done) = if buffer == 0 {
-                    (even, &*odd)
-                } else {
-                    (odd, &*even)
-                };
                 let this = Summed {
                     r,
                     count,
@@ -151,7 +144,7 @@ impl QuadOperands<'_> {
                 let sum = Sum {
                     tiles: &tiles,
                     this: &this,
-                    before: waiting.as_ref().map(|block| (block, done)),
+                    before: waiting.as_ref().map(|block| (block, &*done)),
                     n,
                     out,
                 };
@@ -174,13 +167,12 @@ impl QuadOperands<'_> {
                     }
                 }
                 waiting = Some(this);
-                buffer = 1 - buffer;
+                std::mem::swap(&mut into, &mut done);
             }
         }
         if let Some(last) = &waiting {
-            // SAFETY: as this function's; the last block's sums are in the buffer
-            // the next would have used last.
-            unsafe { self.dequantize_rows(isa, last, &sums[1 - buffer], 0..last.count, n, out) };
+            // SAFETY: as this function's, for the last block.
+            unsafe { self.dequantize_rows(isa, last, done, 0..last.count, n, out) };
         }
     }
 
