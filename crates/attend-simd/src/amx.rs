@@ -1,6 +1,7 @@
-//! Intel AMX: eight tile registers of up to 16 rows × 64 bytes, and a tile
-//! multiply (`tdpbusd`) that sums 16 × 16 × 64 byte products into i32 in one
-//! instruction, eight times what `vpdpbusd` does on a 512-bit register.
+//! Intel AMX: eight tile registers of up to 16 rows × 64 bytes, and tile
+//! multiplies that sum 16 × 16 × 64 byte products into i32 (`tdpbusd`), eight
+//! times what `vpdpbusd` does on a 512-bit register, or 16 × 16 × 32 bf16
+//! products into f32 (`tdpbf16ps`), eight times `vdpbf16ps`.
 //!
 //! Linux hands a process the tiles' 8 KiB of state only when it asks for them
 //! (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`): [`Amx::new`] asks once
@@ -12,8 +13,8 @@ use std::marker::PhantomData;
 
 use super::Avx512Bf16;
 
-/// Proof that the CPU has AMX-TILE and AMX-INT8 besides [`Avx512Bf16`]'s
-/// features, and that the operating system let this process use the tiles: only
+/// Proof that the CPU has AMX-TILE, AMX-INT8 and AMX-BF16 besides
+/// [`Avx512Bf16`]'s features (every AMX CPU has all three), and that the operating system let this process use the tiles: only
 /// [`Amx::new`] makes one.
 #[derive(Clone, Copy, Debug)]
 pub struct Amx(Avx512Bf16);
@@ -24,7 +25,7 @@ impl Amx {
         static GRANTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let vectors = Avx512Bf16::new()?;
         GRANTED
-            .get_or_init(|| has_amx_int8() && request_tiles())
+            .get_or_init(|| has_amx() && request_tiles())
             .then_some(Amx(vectors))
     }
 
@@ -45,10 +46,12 @@ impl Amx {
     }
 }
 
-/// Whether CPUID reports AMX-TILE and AMX-INT8 (leaf 7, EDX bits 24 and 25).
-fn has_amx_int8() -> bool {
+/// Whether CPUID reports AMX-BF16, AMX-TILE and AMX-INT8 (leaf 7, EDX bits
+/// 22, 24 and 25).
+fn has_amx() -> bool {
     let leaf = std::arch::x86_64::__cpuid_count(7, 0);
-    leaf.edx & (1 << 24) != 0 && leaf.edx & (1 << 25) != 0
+    let bits = (1 << 22) | (1 << 24) | (1 << 25);
+    leaf.edx & bits == bits
 }
 
 /// Asks Linux for the tile data state; whether it was granted.
@@ -115,18 +118,78 @@ impl Drop for Tiles {
     }
 }
 
-/// One block of a byte product in tiles: up to 2 × 2 tiles of 16 × 16 sums.
-pub struct BytePanels<const R: usize, const C: usize> {
-    /// Row `i` of the first tile of rows: `R · 16` rows of unsigned bytes,
+/// What a tile multiply takes from each 4-byte word of its operands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Product {
+    /// Four bytes, unsigned in the rows and signed in the panels, summed exactly
+    /// in i32 (`tdpbusd`).
+    Bytes,
+    /// Two bf16 numbers, their products summed in f32 (`tdpbf16ps`; subnormal
+    /// inputs and outputs are taken as zero, and the 32 products of a step are
+    /// added in an order of the hardware's own, not one at a time).
+    Pairs,
+}
+
+/// One block of a product in tiles: up to 2 × 2 tiles of 16 × 16 sums.
+pub struct TileBlock<const R: usize, const C: usize> {
+    /// Row `i` of the first tile of rows: `R · 16` rows of 4-byte words,
     /// `stride` bytes apart, 64 bytes a step.
     pub rows: *const u8,
     /// Bytes between rows.
     pub stride: usize,
-    /// The `C` panels of signed bytes as quads: at each step 16 rows of 16
-    /// outputs' four bytes, 1 KiB.
+    /// The `C` panels: at each step 16 rows of 16 outputs' words, 1 KiB.
     pub panels: [*const u8; C],
     /// Steps of 64 bytes.
     pub steps: usize,
+}
+
+/// The four arms of [`Tiles::step`] for one multiply instruction.
+macro_rules! step_arms {
+    ($op:literal, $r:expr, $c:expr, $a0:expr, $a1:expr, $p0:expr, $p1:expr, $sa:expr, $sb:expr) => {
+        match ($r, $c) {
+            (2, 2) => asm!(
+                "tileloadd tmm4, [{a0} + {sa}*1]",
+                "tileloadd tmm6, [{p0} + {sb}*1]",
+                concat!($op, " tmm0, tmm4, tmm6"),
+                "tileloadd tmm7, [{p1} + {sb}*1]",
+                concat!($op, " tmm1, tmm4, tmm7"),
+                "tileloadd tmm5, [{a1} + {sa}*1]",
+                concat!($op, " tmm2, tmm5, tmm6"),
+                concat!($op, " tmm3, tmm5, tmm7"),
+                a0 = in(reg) $a0, a1 = in(reg) $a1, p0 = in(reg) $p0, p1 = in(reg) $p1,
+                sa = in(reg) $sa, sb = in(reg) $sb,
+                options(nostack, readonly)
+            ),
+            (2, 1) => asm!(
+                "tileloadd tmm4, [{a0} + {sa}*1]",
+                "tileloadd tmm6, [{p0} + {sb}*1]",
+                concat!($op, " tmm0, tmm4, tmm6"),
+                "tileloadd tmm5, [{a1} + {sa}*1]",
+                concat!($op, " tmm2, tmm5, tmm6"),
+                a0 = in(reg) $a0, a1 = in(reg) $a1, p0 = in(reg) $p0,
+                sa = in(reg) $sa, sb = in(reg) $sb,
+                options(nostack, readonly)
+            ),
+            (1, 2) => asm!(
+                "tileloadd tmm4, [{a0} + {sa}*1]",
+                "tileloadd tmm6, [{p0} + {sb}*1]",
+                concat!($op, " tmm0, tmm4, tmm6"),
+                "tileloadd tmm7, [{p1} + {sb}*1]",
+                concat!($op, " tmm1, tmm4, tmm7"),
+                a0 = in(reg) $a0, p0 = in(reg) $p0, p1 = in(reg) $p1,
+                sa = in(reg) $sa, sb = in(reg) $sb,
+                options(nostack, readonly)
+            ),
+            _ => asm!(
+                "tileloadd tmm4, [{a0} + {sa}*1]",
+                "tileloadd tmm6, [{p0} + {sb}*1]",
+                concat!($op, " tmm0, tmm4, tmm6"),
+                a0 = in(reg) $a0, p0 = in(reg) $p0,
+                sa = in(reg) $sa, sb = in(reg) $sb,
+                options(nostack, readonly)
+            ),
+        }
+    };
 }
 
 impl Tiles {
@@ -146,17 +209,22 @@ impl Tiles {
     }
 
     /// Step `s` of `block`'s sums: `sums[i][j] += Σ rows[i][b] · panel(j)[b]`
-    /// over the step's 64 bytes `b`, unsigned by signed bytes summed exactly in
-    /// i32 (`tdpbusd`), for the `16·R` rows and `16·C` outputs of `block` (`R`,
-    /// `C` ∈ {1, 2}). The instructions are only issued: vector work placed
-    /// between steps runs while the tiles sum, where after the block it would
-    /// wait for them (and they for it, since tiles are not renamed).
+    /// over the step's 64 bytes `b`, as `product` reads them, for the `16·R`
+    /// rows and `16·C` outputs of `block` (`R`, `C` ∈ {1, 2}). The instructions
+    /// are only issued: vector work placed between steps runs while the tiles
+    /// sum, where after the block it would wait for them (and they for it, since
+    /// tiles are not renamed).
     ///
     /// # Safety
     /// The rows must be readable for `16·R` rows of `64 · steps` bytes `stride`
     /// apart, each panel for `steps` KiB, and `s < steps`.
     #[inline(always)]
-    pub unsafe fn step<const R: usize, const C: usize>(&self, block: &BytePanels<R, C>, s: usize) {
+    pub unsafe fn step<const R: usize, const C: usize>(
+        &self,
+        product: Product,
+        block: &TileBlock<R, C>,
+        s: usize,
+    ) {
         const { assert!((R == 1 || R == 2) && (C == 1 || C == 2)) };
         let (sa, sb) = (block.stride, TILE_BYTES);
         let a0 = block.rows.wrapping_add(s * TILE_BYTES);
@@ -166,58 +234,21 @@ impl Tiles {
         // SAFETY: the tiles are configured (`self`); the caller guarantees the
         // reads.
         unsafe {
-            match (R, C) {
-                (2, 2) => asm!(
-                    "tileloadd tmm4, [{a0} + {sa}*1]",
-                    "tileloadd tmm6, [{p0} + {sb}*1]",
-                    "tdpbusd tmm0, tmm4, tmm6",
-                    "tileloadd tmm7, [{p1} + {sb}*1]",
-                    "tdpbusd tmm1, tmm4, tmm7",
-                    "tileloadd tmm5, [{a1} + {sa}*1]",
-                    "tdpbusd tmm2, tmm5, tmm6",
-                    "tdpbusd tmm3, tmm5, tmm7",
-                    a0 = in(reg) a0, a1 = in(reg) a1, p0 = in(reg) p0, p1 = in(reg) p1,
-                    sa = in(reg) sa, sb = in(reg) sb,
-                    options(nostack, readonly)
-                ),
-                (2, 1) => asm!(
-                    "tileloadd tmm4, [{a0} + {sa}*1]",
-                    "tileloadd tmm6, [{p0} + {sb}*1]",
-                    "tdpbusd tmm0, tmm4, tmm6",
-                    "tileloadd tmm5, [{a1} + {sa}*1]",
-                    "tdpbusd tmm2, tmm5, tmm6",
-                    a0 = in(reg) a0, a1 = in(reg) a1, p0 = in(reg) p0,
-                    sa = in(reg) sa, sb = in(reg) sb,
-                    options(nostack, readonly)
-                ),
-                (1, 2) => asm!(
-                    "tileloadd tmm4, [{a0} + {sa}*1]",
-                    "tileloadd tmm6, [{p0} + {sb}*1]",
-                    "tdpbusd tmm0, tmm4, tmm6",
-                    "tileloadd tmm7, [{p1} + {sb}*1]",
-                    "tdpbusd tmm1, tmm4, tmm7",
-                    a0 = in(reg) a0, p0 = in(reg) p0, p1 = in(reg) p1,
-                    sa = in(reg) sa, sb = in(reg) sb,
-                    options(nostack, readonly)
-                ),
-                _ => asm!(
-                    "tileloadd tmm4, [{a0} + {sa}*1]",
-                    "tileloadd tmm6, [{p0} + {sb}*1]",
-                    "tdpbusd tmm0, tmm4, tmm6",
-                    a0 = in(reg) a0, p0 = in(reg) p0,
-                    sa = in(reg) sa, sb = in(reg) sb,
-                    options(nostack, readonly)
-                ),
+            match product {
+                Product::Bytes => step_arms!("tdpbusd", R, C, a0, a1, p0, p1, sa, sb),
+                Product::Pairs => step_arms!("tdpbf16ps", R, C, a0, a1, p0, p1, sa, sb),
             }
         }
     }
 
     /// Stores the sums of a block of `16·R` rows and `16·C` outputs into `sums`
-    /// (rows of 32; columns past `16·C` untouched).
+    /// (rows of 32; columns past `16·C` untouched): `i32` after
+    /// [`Product::Bytes`], `f32` after [`Product::Pairs`].
     #[inline(always)]
-    pub fn store<const R: usize, const C: usize>(&self, sums: &mut [[i32; 32]; 32]) {
-        let out = sums.as_mut_ptr().cast::<i32>();
-        let ldc = 32 * std::mem::size_of::<i32>();
+    pub fn store<const R: usize, const C: usize, T: Copy>(&self, sums: &mut [[T; 32]; 32]) {
+        const { assert!(std::mem::size_of::<T>() == 4) };
+        let out = sums.as_mut_ptr().cast::<T>();
+        let ldc = 32 * std::mem::size_of::<T>();
         // SAFETY: the tiles are configured (`self`); the stores are inside `sums`
         // (rows of 128 bytes, `16·R` rows, `16·C` columns).
         unsafe {

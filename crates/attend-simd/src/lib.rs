@@ -106,12 +106,12 @@ pub enum Isa {
     /// Sapphire Rapids on, AMD Zen 4 on): bf16 dot products (`vdpbf16ps`) at twice
     /// the f32 rate, int8 ones (`vpdpbusd`) at four times.
     Avx512Bf16,
-    /// [`Isa::Avx512Bf16`] with AMX tiles (AMX-TILE and AMX-INT8: Intel Sapphire
-    /// Rapids on), where the OS grants them: the int8 dense products by
-    /// `tdpbusd`, 16 rows × 16 outputs × 64 bytes an instruction ([`amx`]).
-    /// Everything else runs on [`Isa::Avx512Bf16`]'s vectors, but bf16 work is
-    /// widened to f32 as where there are no bf16 products
-    /// ([`Isa::has_bf16_products`]).
+    /// [`Isa::Avx512Bf16`] with AMX tiles (AMX-TILE, AMX-INT8 and AMX-BF16:
+    /// Intel Sapphire Rapids on), where the OS grants them: the int8 and bf16
+    /// dense products by `tdpbusd` and `tdpbf16ps`, 16 rows × 16 outputs × 64
+    /// bytes an instruction ([`amx`]). Everything else runs on
+    /// [`Isa::Avx512Bf16`]'s vectors, but other bf16 work (attention) is widened
+    /// to f32 as where there are no bf16 products ([`Isa::has_bf16_products`]).
     Amx,
 }
 

@@ -37,8 +37,10 @@ use std::mem::MaybeUninit;
 use ndarray::{Array2, ArrayView2};
 use rayon::prelude::*;
 
-use super::{bias_only, Depth, Epilogue, Problem, Streams, FEW_ROWS, KC, NR, PARALLEL_MIN};
-use crate::isa::{bf16_bits, bf16_to_f32, dispatch, IsaToken, Simd, SimdJob};
+use super::amx::{self as tiles, OnTiles};
+use super::{bias_only, Block, Depth, Epilogue, Problem, Streams, FEW_ROWS, KC, NR, PARALLEL_MIN};
+use crate::isa::amx::Product;
+use crate::isa::{bf16_bits, bf16_to_f32, dispatch, Amx, IsaToken, Simd, SimdJob};
 use crate::kernels::tile::{self, Ahead};
 use crate::memory::LargePageArray;
 
@@ -67,21 +69,48 @@ fn linear_bf16_on(
     bias: Option<&[f32]>,
     epilogue: Epilogue<'_>,
 ) -> Array2<f32> {
-    // A few rows read each weight once, from memory: there the pairs' half of the
-    // f32 bytes outweighs their shifts.
-    let widen = !isa.isa().has_bf16_products() && x.nrows() > FEW_ROWS;
-    product(isa, x, w, bias, epilogue, widen)
+    let route = Route::of(isa, x.nrows(), w.k);
+    product(isa, x, w, bias, epilogue, route)
 }
 
-/// [`linear_bf16_on`] on pairs, or with `widen` on the pairs widened to f32
-/// ([`linear_widened`]): the same bits either way.
+/// How a bf16 product runs.
+#[derive(Clone, Copy, Debug)]
+enum Route {
+    /// The pairs' register tile ([`Simd::dot2`](crate::isa::Simd::dot2)).
+    Pairs,
+    /// The pairs widened to f32 and the f32 register tile ([`linear_widened`]):
+    /// the pairs' bits.
+    Widened,
+    /// The AMX tiles ([`tiles`]): `tdpbf16ps` adds the 32 products of a step
+    /// in an order of its own, so these are not the pairs' bits, but they are
+    /// the same whatever the batch and the thread count.
+    Tiles(Amx),
+}
+
+impl Route {
+    /// The fastest route on `isa` for `m` rows of depth `k`.
+    fn of(isa: IsaToken, m: usize, k: usize) -> Route {
+        if let Some(amx) = isa.amx().filter(|_| tiles::fits(pairs(k))) {
+            return Route::Tiles(amx);
+        }
+        // A few rows read each weight once, from memory: there the pairs' half of
+        // the f32 bytes outweighs their shifts.
+        if !isa.isa().has_bf16_products() && m > FEW_ROWS {
+            Route::Widened
+        } else {
+            Route::Pairs
+        }
+    }
+}
+
+/// [`linear_bf16_on`] by `route`.
 fn product(
     isa: IsaToken,
     x: ArrayView2<'_, f32>,
     w: &PackedBf16,
     bias: Option<&[f32]>,
     epilogue: Epilogue<'_>,
-    widen: bool,
+    route: Route,
 ) -> Array2<f32> {
     let (m, k) = x.dim();
     let n = w.n;
@@ -91,13 +120,16 @@ fn product(
         return bias_only(m, n, bias, epilogue);
     }
     let parallel = m * n * k >= PARALLEL_MIN && rayon::current_num_threads() > 1;
-    if widen {
-        return linear_widened(isa, x, w, bias, epilogue, parallel);
-    }
+    let (amx, pad) = match route {
+        Route::Widened => return linear_widened(isa, x, w, bias, epilogue, parallel),
+        Route::Pairs => (None, 0),
+        Route::Tiles(amx) => (Some(amx), tiles::PAD_ROWS),
+    };
     let operands = PairOperands {
-        x: &pack_rows(isa, x, pairs(k), parallel, pack_row),
+        x: &pack_rows(isa, x, pairs(k), pad, parallel, pack_row),
         lda: pairs(k),
         w,
+        amx,
     };
     let problem = Problem {
         n,
@@ -121,7 +153,7 @@ fn linear_widened(
     parallel: bool,
 ) -> Array2<f32> {
     let operands = WidenedOperands {
-        x: &pack_rows(isa, x, 2 * pairs(w.k), parallel, widen_row),
+        x: &pack_rows(isa, x, 2 * pairs(w.k), 0, parallel, widen_row),
         lda: 2 * pairs(w.k),
         w,
     };
@@ -135,18 +167,20 @@ fn linear_widened(
 }
 
 /// The rows of `x [m, k]` (`k > 0`) packed by `write` (a row of `x`, all `width`
-/// entries of its packed row): `[m][width]`. Packing is `O(m·k)` against the product's
-/// `O(m·n·k)`, so it is scalar code, vectorised by the compiler.
-fn pack_rows<T: Send>(
+/// entries of its packed row), then `pad` rows of zeros: `[m + pad][width]`.
+/// Packing is `O(m·k)` against the product's `O(m·n·k)`, so it is scalar code,
+/// vectorised by the compiler.
+fn pack_rows<T: Send + Default + Clone>(
     isa: IsaToken,
     x: ArrayView2<'_, f32>,
     width: usize,
+    pad: usize,
     parallel: bool,
     write: impl Fn(&[f32], &mut [MaybeUninit<T>]) + Copy + Sync,
 ) -> Vec<T> {
     let m = x.nrows();
     // Written once, not zeroed first: every entry of every row is set below.
-    let mut out = Vec::with_capacity(m * width);
+    let mut out = Vec::with_capacity((m + pad) * width);
     let pack = |(i, dst): (usize, &mut [MaybeUninit<T>])| {
         let row = x.row(i);
         match row.as_slice() {
@@ -162,6 +196,7 @@ fn pack_rows<T: Send>(
     }
     // SAFETY: `write` wrote all `width` entries of each of the `m` rows.
     unsafe { out.set_len(m * width) };
+    out.resize((m + pad) * width, T::default());
     out
 }
 
@@ -338,12 +373,14 @@ impl PackedBf16 {
     }
 }
 
-/// The bf16 product's operands: the rows of `x` as pairs and the packed weight.
+/// The bf16 product's operands: the rows of `x` as pairs and the packed weight,
+/// and the AMX tiles where they multiply them ([`Route::Tiles`]).
 struct PairOperands<'a> {
     x: &'a [u32],
     /// Pairs per row of `x`.
     lda: usize,
     w: &'a PackedBf16,
+    amx: Option<Amx>,
 }
 
 impl Depth for PairOperands<'_> {
@@ -378,6 +415,57 @@ impl Streams for PairOperands<'_> {
     #[inline(always)]
     fn ahead(&self, p: usize, s: usize) -> Ahead {
         self.w.ahead(p, s, NR)
+    }
+
+    #[inline(always)]
+    unsafe fn tiles_block<I: Simd>(
+        &self,
+        isa: I,
+        block: &Block,
+        n: usize,
+        bias: Option<&[f32]>,
+        out: *mut f32,
+    ) -> bool {
+        let Some(amx) = self.amx else {
+            return false;
+        };
+        let at = (block.rows.clone(), block.panels.clone());
+        // SAFETY: the caller's guarantees; `product` packed the rows with
+        // `PAD_ROWS` more wherever it set `amx`, and only for a depth that fits.
+        unsafe { tiles::block(self, isa, amx, at, n, bias, out) };
+        true
+    }
+}
+
+impl OnTiles for PairOperands<'_> {
+    const PRODUCT: Product = Product::Pairs;
+    type Sum = f32;
+    const ZERO: f32 = 0.0;
+    type Row<I: Simd> = ();
+    type Panel<I: Simd> = I::V;
+
+    fn rows(&self) -> (&[u32], usize) {
+        (self.x, self.lda)
+    }
+
+    fn panel(&self, p: usize) -> *const u32 {
+        self.w.pair_row(p, 0)
+    }
+
+    /// The outputs' bias.
+    #[inline(always)]
+    fn finish_panel<I: Simd>(&self, isa: I, _p: usize, bias: &[f32; NR]) -> I::V {
+        // SAFETY: `bias` is 16 floats.
+        unsafe { isa.load(bias.as_ptr()) }
+    }
+
+    #[inline(always)]
+    fn finish_row<I: Simd>(&self, _isa: I, _r: usize) {}
+
+    #[inline(always)]
+    unsafe fn finish<I: Simd>(&self, isa: I, _row: &(), bias: &I::V, sums: *const f32) -> I::V {
+        // SAFETY: the caller's guarantee: 16 sums.
+        isa.add(unsafe { isa.load(sums) }, *bias)
     }
 }
 
@@ -523,8 +611,15 @@ mod tests {
     #[test]
     fn within_twice_the_naive_error_on_every_edge_and_instruction_set() {
         // Row counts on both sides of the tile, partial panels, odd depths, and
-        // depths across a block of pairs (384 pairs = 768 numbers).
+        // depths across a block of pairs (384 pairs = 768 numbers); on AMX, depths
+        // of whole steps of 32 (the tiles') with one and two tiles of rows and of
+        // panels, partial ones, and several blocks of each.
         for &(m, k, n) in &[
+            (1, 32, 1),
+            (17, 64, 17),
+            (33, 96, 50),
+            (250, 128, 50),
+            (40, 3072, 33),
             (1, 1, 1),
             (1, 2, 16),
             (5, 7, 17),
@@ -558,8 +653,11 @@ mod tests {
     #[test]
     fn every_instruction_set_gives_the_same_bits() {
         // `dot2` is two fused multiply-adds in a fixed order everywhere (one
-        // `vdpbf16ps` on AVX512-BF16, which differs only on subnormals).
+        // `vdpbf16ps` on AVX512-BF16, which differs only on subnormals). The AMX
+        // tiles, which add in their own order, take only depths of whole steps
+        // of 32 pairs: this one is not.
         let (x, w, bias) = operands(29, 515, 50);
+        assert!(!tiles::fits(pairs(515)));
         let packed = PackedBf16::new(w.view(), false);
         let run = |isa: Isa| {
             let token = isa.token().unwrap();
@@ -588,22 +686,24 @@ mod tests {
             let packed = PackedBf16::new(w.view(), false);
             for isa in Isa::available() {
                 let token = isa.token().unwrap();
-                let run = |widen| {
+                let run = |route| {
                     let gelu = Epilogue::Act(Activation::Gelu);
-                    product(token, x.view(), &packed, Some(&bias), gelu, widen)
+                    product(token, x.view(), &packed, Some(&bias), gelu, route)
                 };
-                assert_eq!(run(true), run(false), "{isa} {m}x{k}x{n}");
+                assert_eq!(run(Route::Widened), run(Route::Pairs), "{isa} {m}x{k}x{n}");
             }
         }
     }
 
     #[test]
     fn a_row_gives_the_same_bits_alone_in_a_batch_and_strided() {
+        // On AMX the second shape runs on the tiles, whose blocks are 16 or 32
+        // rows: a row's bits must not depend on where it falls in them.
         for &(k, n) in &[(400, 40), (1536, 48)] {
-            let (x, w, bias) = operands(30, k, n);
+            let (x, w, bias) = operands(40, k, n);
             let packed = PackedBf16::new(w.view(), false);
             let all = linear_bf16(x.view(), &packed, Some(&bias), Epilogue::None);
-            for m in [1, 5, 6, 7, 12, 13, 30] {
+            for m in [1, 5, 6, 7, 12, 13, 16, 17, 30, 33, 40] {
                 let y = linear_bf16(x.slice(s![..m, ..]), &packed, Some(&bias), Epilogue::None);
                 assert_eq!(y, all.slice(s![..m, ..]), "{m} rows of {k}x{n}");
             }
@@ -651,6 +751,19 @@ mod tests {
                     assert_eq!(run(2), one, "{isa} {m} rows, whole rows {whole_rows}");
                     assert_eq!(run(3), one, "{isa} {m} rows, whole rows {whole_rows}");
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn amx_takes_the_tiles_for_every_depth_of_whole_steps_and_nothing_else_does() {
+        for isa in Isa::available() {
+            let token = isa.token().unwrap();
+            for (m, k) in [(1, 32), (7, 384), (300, 1536), (300, 30), (300, 500)] {
+                let route = Route::of(token, m, k);
+                let tiled = matches!(route, Route::Tiles(_));
+                let want = isa == Isa::Amx && k % 32 == 0;
+                assert_eq!(tiled, want, "{isa} {m}x{k}: {route:?}");
             }
         }
     }

@@ -59,10 +59,8 @@ use std::mem::MaybeUninit;
 use ndarray::{Array2, ArrayView2};
 use rayon::prelude::*;
 
-use super::{
-    bias_only, panel_bias, Block, Depth, Epilogue, Init, Operands, Problem, TileAt, NR,
-    PARALLEL_MIN,
-};
+use super::amx as tiles;
+use super::{bias_only, Block, Depth, Epilogue, Init, Operands, Problem, TileAt, NR, PARALLEL_MIN};
 use crate::isa::{dispatch, Amx, IsaToken, Simd, SimdJob, LANES, NARROW_LEVEL};
 use crate::kernels::tile::{self, MR};
 use crate::memory::LargePageArray;
@@ -132,8 +130,8 @@ fn linear_int8_on(
         return bias_only(m, n, bias, epilogue);
     }
     let parallel = m * n * k >= PARALLEL_MIN && rayon::current_num_threads() > 1;
-    let amx = isa.amx().filter(|_| amx::fits(quads(k)));
-    let pad = if amx.is_some() { amx::PAD_ROWS } else { 0 };
+    let amx = isa.amx().filter(|_| tiles::fits(quads(k)));
+    let pad = if amx.is_some() { tiles::PAD_ROWS } else { 0 };
     let rows = QuantizedRows::new(isa, x, outliers, pad, parallel);
     let operands = QuadOperands { x: &rows, w, amx };
     let problem = Problem {
@@ -770,7 +768,7 @@ impl PackedInt8 {
 }
 
 /// The int8 product's operands: the quantized rows of `x` and the packed weight,
-/// and the AMX tiles where they multiply them ([`amx`]).
+/// and the AMX tiles where they multiply them ([`amx`], [`tiles`]).
 struct QuadOperands<'a> {
     x: &'a QuantizedRows,
     w: &'a PackedInt8,
@@ -779,7 +777,7 @@ struct QuadOperands<'a> {
 
 /// What [`QuadOperands::dequantize`] needs of one panel of 16 outputs from `j0`:
 /// the sums of their levels, their scales and bias, and the packed panel.
-struct Dequantize<I: Simd> {
+pub(super) struct Dequantize<I: Simd> {
     j0: usize,
     sums: I::P,
     scales: I::V,
@@ -789,7 +787,7 @@ struct Dequantize<I: Simd> {
 
 /// What [`QuadOperands::dequantize`] needs of row `r`: its scale and zero
 /// point, splatted.
-struct Row<I: Simd> {
+pub(super) struct Row<I: Simd> {
     r: usize,
     scale: I::V,
     zero: I::P,
@@ -871,7 +869,7 @@ impl Operands for QuadOperands<'_> {
         let at = (block.rows.clone(), block.panels.clone());
         // SAFETY: the caller's guarantees; `linear_int8_on` made the rows with
         // `PAD_ROWS` more wherever it set `amx`, and only for a depth that fits.
-        unsafe { self.amx_block(isa, amx, at, n, bias, out) };
+        unsafe { tiles::block(self, isa, amx, at, n, bias, out) };
         true
     }
 }

@@ -37,6 +37,7 @@ use rayon::prelude::*;
 use crate::isa::{dispatch, Isa, IsaToken, Simd, SimdJob};
 use crate::memory::LargePageArray;
 
+mod amx;
 mod bf16;
 mod epilogue;
 mod int8;
@@ -508,7 +509,7 @@ trait Operands: Depth {
     );
 
     /// Computes a whole block of the output, bias included, where the operands
-    /// have a faster way than register tiles (int8 on AMX); false, having
+    /// have a faster way than register tiles (AMX, [`amx`]); false, having
     /// written nothing, where they have not.
     ///
     /// # Safety
@@ -549,6 +550,21 @@ trait Streams: Depth {
     ) -> (*const Self::Step, usize, usize);
     /// The lines to fetch ahead from panel `p` at step `s` on.
     fn ahead(&self, p: usize, s: usize) -> Ahead;
+
+    /// [`Operands::whole_block`] for these operands (bf16 pairs on AMX).
+    ///
+    /// # Safety
+    /// As [`Operands::whole_block`]'s.
+    unsafe fn tiles_block<I: Simd>(
+        &self,
+        _isa: I,
+        _block: &Block,
+        _n: usize,
+        _bias: Option<&[f32]>,
+        _out: *mut f32,
+    ) -> bool {
+        false
+    }
 }
 
 impl<S: Streams> Operands for S {
@@ -578,6 +594,19 @@ impl<S: Streams> Operands for S {
         // SAFETY: the caller's guarantees (rows of `x`, panels of `w`, steps within
         // the depth, `c`) are the tile's.
         unsafe { tile.run::<I, P>(isa, at.rows, c, ldc, init) }
+    }
+
+    #[inline(always)]
+    unsafe fn whole_block<I: Simd>(
+        &self,
+        isa: I,
+        block: &Block,
+        n: usize,
+        bias: Option<&[f32]>,
+        out: *mut f32,
+    ) -> bool {
+        // SAFETY: the caller's guarantees.
+        unsafe { self.tiles_block(isa, block, n, bias, out) }
     }
 }
 
