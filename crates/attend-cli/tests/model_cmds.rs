@@ -459,6 +459,39 @@ fn embed_precision_bf16_is_within_cosine_0_999_of_f32_in_both_modes() {
     }
 }
 
+/// `--precision bf16` says that it runs at f32's speed exactly where the
+/// instruction set multiplies bf16 neither with its own products nor on AMX
+/// tiles: AVX2 always, and this CPU's best level if it is such a one.
+#[test]
+fn the_bf16_note_appears_only_where_bf16_is_widened() {
+    let dir = model_dir();
+    let note = "note: --precision bf16 on";
+    let run = |max_isa: Option<&str>| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_attend"));
+        command.args([
+            "embed",
+            "--model",
+            dir.to_str().unwrap(),
+            "--precision",
+            "bf16",
+            "a cat",
+        ]);
+        if let Some(isa) = max_isa {
+            command.env("ATTEND_MAX_ISA", isa);
+        }
+        let out = command.output().unwrap();
+        assert!(out.status.success());
+        String::from_utf8(out.stderr).unwrap()
+    };
+    let best = attend::kernels::Isa::detect();
+    let widened = !best.has_bf16_products() && !best.has_bf16_tiles();
+    assert_eq!(run(None).contains(note), widened, "{best}");
+    if best != attend::kernels::Isa::Portable {
+        let err = run(Some("avx2"));
+        assert!(err.contains(&format!("{note} avx2")), "{err}");
+    }
+}
+
 #[test]
 fn a_bad_precision_is_refused_naming_the_flag() {
     let (code, out, err) = attend(&["embed", "--precision", "fp8", "x"]);

@@ -178,6 +178,13 @@ impl Isa {
         self == Isa::Avx512Bf16
     }
 
+    /// Whether the bf16 dense layers multiply on AMX's tiles here (`tdpbf16ps`,
+    /// [`Isa::Amx`]), at several times the f32 rate, though attention's bf16
+    /// work is widened to f32 ([`Isa::has_bf16_products`]).
+    pub fn has_bf16_tiles(self) -> bool {
+        self == Isa::Amx
+    }
+
     /// Whether this CPU can run kernels built for `self`.
     pub fn is_available(self) -> bool {
         self.token().is_ok()

@@ -41,7 +41,9 @@ Share of the peak: an encoder forward's FLOPs (2 per multiply-add of the dense l
 2 * (4 d^2 + 2 d ff) per token and layer, plus 4 L^2 d per sequence and layer for
 attention's two products), over real tokens for attend (it skips padding) and padded
 ones for the peers, divided by the time and by the f32 FMA peak (--peak), or in bf16
-by twice it on a CPU with AVX512-BF16 (scripts/peak/bf16-peak measures the ratio).
+by twice it on a CPU with AVX512-BF16 (scripts/peak/bf16-peak measures the ratio), or
+by --bf16-peak where given (the AMX tiles' tdpbf16ps rate, on which attend's bf16 dense
+layers run there; OpenVINO's run on the same tiles).
 
     bench_openvino.py MODEL_DIR... --attend BIN --corpus FILE --peak GFLOPS
                       [--rounds N] [--quick] [--threads N] [--f32-only]
@@ -391,6 +393,8 @@ def main():
     ap.add_argument("--attend", required=True, help="the attend binary (target/release/attend)")
     ap.add_argument("--corpus", required=True, help="one text per line (scripts/bench/corpus N)")
     ap.add_argument("--peak", type=float, required=True, help="the f32 FMA peak, GFLOP/s, at --threads")
+    ap.add_argument("--bf16-peak", type=float, help="the bf16 peak, GFLOP/s, at --threads, where it is not "
+                    "twice --peak's (AMX tiles: scripts/peak/dpbf16_peak.c amx)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="fewer calls per round")
     ap.add_argument("--threads", type=int, default=2)
@@ -406,9 +410,11 @@ def main():
     attend.set_num_threads(args.threads)
     with open("/proc/cpuinfo") as f:
         bf16_pairs = "avx512_bf16" in f.read()
-    peaks = {"f32": args.peak, "bf16": args.peak * (2 if bf16_pairs else 1)}
+    peaks = {"f32": args.peak, "bf16": args.bf16_peak or args.peak * (2 if bf16_pairs else 1)}
+    bf16_source = ("AMX tdpbf16ps" if args.bf16_peak
+                   else "AVX512-BF16: twice" if bf16_pairs else "no AVX512-BF16: the same")
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; CPU: {cpu_name()}; f32 FMA peak {peaks['f32']:.0f} GFLOP/s on {args.threads} threads, bf16 "
-          f"{peaks['bf16']:.0f} ({'AVX512-BF16: twice' if bf16_pairs else 'no AVX512-BF16: the same'})")
+          f"{peaks['bf16']:.0f} ({bf16_source})")
     print(f"openvino {ov.__version__}, onnxruntime {ort.__version__}, torch {torch.__version__}, "
           f"transformers {transformers.__version__}, sentence-transformers {sentence_transformers.__version__}, "
           f"attend {attend.__version__} ({attend.isa()})")

@@ -85,12 +85,13 @@ impl From<PrecisionArg> for attend::attention::Precision {
 
 impl PrecisionArg {
     /// Says once, on stderr, what `--precision bf16` does where the instruction
-    /// set the kernels run on has no bf16 products (AVX512-BF16): there the bf16
-    /// numbers are widened to f32 for the f32 kernels, so bf16 saves memory, not
-    /// time (docs/design.md, "Precision").
+    /// set the kernels run on has no bf16 products (AVX512-BF16) and no AMX
+    /// tiles for them: there the bf16 numbers are widened to f32 for the f32
+    /// kernels, so bf16 saves memory, not time (docs/design.md, "Precision").
     pub fn announce(self) {
         let isa = attend::kernels::Isa::detect();
-        if self == PrecisionArg::Bf16 && !isa.has_bf16_products() {
+        let faster = isa.has_bf16_products() || isa.has_bf16_tiles();
+        if self == PrecisionArg::Bf16 && !faster {
             errln!(
                 "note: --precision bf16 on {isa}, which has no bf16 products faster than f32 ones: the weights stay in bf16 (half the memory) and are widened to f32 for the f32 kernels: the speed of f32, not faster"
             );
