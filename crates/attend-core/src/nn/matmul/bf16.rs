@@ -31,6 +31,13 @@
 //! read it, so the weight is read at half the f32 product's bytes. (Widening the
 //! whole weight per call instead wrote it in f32 and read it back: three times the
 //! f32 product's weight traffic, which kept the bf16 encoder at 0.87–0.91× f32.)
+//!
+//! On AMX ([`Route::Tiles`]) the same pairs go to the tiles, whose `tdpbf16ps`
+//! multiplies 16 rows × 16 outputs × 32 numbers an instruction, eight times
+//! `vdpbf16ps`: the rows' pairs and the panels are already in the tiles' layout
+//! ([`tiles`]), and each output is its tile sum plus its bias. The tiles add in
+//! their own order, so their bits are not the other instruction sets', but a
+//! row's bits still depend neither on the batch nor on the thread count.
 
 use std::mem::MaybeUninit;
 
