@@ -22,7 +22,7 @@
 
 use std::ops::Range;
 
-use super::{panel_bias, NR};
+use super::{panel_bias, Block, NR};
 use crate::isa::amx::{Product, TileBlock, Tiles, TILE_BYTES, TILE_ROWS};
 use crate::isa::{Amx, Simd};
 
@@ -42,6 +42,9 @@ pub(super) fn fits(words: usize) -> bool {
 /// the input's, zero), panels of 16 outputs in the register tiles' packing, and
 /// how an output is finished from its tile sum.
 pub(super) trait OnTiles {
+    /// The tiles, where the rows were packed for them ([`PAD_ROWS`] more, a
+    /// depth that [`fits`]); `None` where the register tiles run instead.
+    fn amx(&self) -> Option<Amx>;
     /// The tile multiply.
     const PRODUCT: Product;
     /// A tile sum: `i32` for [`Product::Bytes`], `f32` for [`Product::Pairs`].
@@ -123,23 +126,48 @@ struct Sum<'t, 'b, P, S> {
     out: *mut f32,
 }
 
-/// Rows `rows` × panels `panels` of the `[m, n]` output at `out`, bias
-/// included, on the tiles of `amx`.
+/// [`Operands::whole_block`](super::Operands::whole_block) for operands that
+/// may take the tiles: the block of the `[m, n]` output at `out`, bias
+/// included, on the tiles where the operands have them; false, having written
+/// nothing, where they have not.
 ///
 /// # Safety
 /// `out` must point to the `[m, n]` output and no other thread may write the
-/// block's part of it; the rows and panels must be the operands'; the rows must
-/// be packed with [`PAD_ROWS`] more and [`fits`] their depth.
+/// block's part of it; the block's rows and panels must be the operands'.
 #[inline(always)]
-pub(super) unsafe fn block<I: Simd, T: OnTiles>(
+pub(super) unsafe fn whole_block<I: Simd, T: OnTiles>(
+    operands: &T,
+    isa: I,
+    block: &Block,
+    n: usize,
+    bias: Option<&[f32]>,
+    out: *mut f32,
+) -> bool {
+    let Some(amx) = operands.amx() else {
+        return false;
+    };
+    // SAFETY: the caller's guarantees; operands that have the tiles packed their
+    // rows for them (`OnTiles::amx`).
+    unsafe { sum_blocks(operands, isa, amx, block, n, bias, out) };
+    true
+}
+
+/// [`whole_block`] on the tiles of `amx`.
+///
+/// # Safety
+/// As [`whole_block`]'s; the rows must be packed with [`PAD_ROWS`] more and
+/// [`fits`] their depth.
+#[inline(always)]
+unsafe fn sum_blocks<I: Simd, T: OnTiles>(
     operands: &T,
     isa: I,
     amx: Amx,
-    (rows, panels): (Range<usize>, Range<usize>),
+    Block { rows, panels }: &Block,
     n: usize,
     bias: Option<&[f32]>,
     out: *mut f32,
 ) {
+    let (rows, panels) = (rows.clone(), panels.clone());
     let (x, lda) = operands.rows();
     debug_assert!(fits(lda) && x.len() >= (rows.end + PAD_ROWS) * lda);
     let steps = lda / STEP_WORDS;
@@ -237,7 +265,7 @@ pub(super) unsafe fn block<I: Simd, T: OnTiles>(
 /// lines claimed and as many rows of the block before finished.
 ///
 /// # Safety
-/// As [`block`]'s, for both blocks.
+/// As [`sum_blocks`]'s, for both blocks.
 #[inline(always)]
 unsafe fn sum_block<I: Simd, T: OnTiles, const R: usize, const C: usize>(
     operands: &T,
@@ -265,7 +293,7 @@ unsafe fn sum_block<I: Simd, T: OnTiles, const R: usize, const C: usize>(
 /// into the `[m, n]` output at `out`.
 ///
 /// # Safety
-/// As [`block`]'s, for the block's rows and panels.
+/// As [`sum_blocks`]'s, for the block's rows and panels.
 #[inline(always)]
 unsafe fn finish_rows<I: Simd, T: OnTiles>(
     operands: &T,

@@ -433,18 +433,17 @@ impl Streams for PairOperands<'_> {
         bias: Option<&[f32]>,
         out: *mut f32,
     ) -> bool {
-        let Some(amx) = self.amx else {
-            return false;
-        };
-        let at = (block.rows.clone(), block.panels.clone());
-        // SAFETY: the caller's guarantees; `product` packed the rows with
-        // `PAD_ROWS` more wherever it set `amx`, and only for a depth that fits.
-        unsafe { tiles::block(self, isa, amx, at, n, bias, out) };
-        true
+        // SAFETY: the caller's guarantees.
+        unsafe { tiles::whole_block(self, isa, block, n, bias, out) }
     }
 }
 
 impl OnTiles for PairOperands<'_> {
+    /// `product` packs the rows for the tiles exactly where it sets `amx`.
+    fn amx(&self) -> Option<Amx> {
+        self.amx
+    }
+
     const PRODUCT: Product = Product::Pairs;
     type Sum = f32;
     const ZERO: f32 = 0.0;

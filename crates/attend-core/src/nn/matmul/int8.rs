@@ -863,14 +863,8 @@ impl Operands for QuadOperands<'_> {
         bias: Option<&[f32]>,
         out: *mut f32,
     ) -> bool {
-        let Some(amx) = self.amx else {
-            return false;
-        };
-        let at = (block.rows.clone(), block.panels.clone());
-        // SAFETY: the caller's guarantees; `linear_int8_on` made the rows with
-        // `PAD_ROWS` more wherever it set `amx`, and only for a depth that fits.
-        unsafe { tiles::block(self, isa, amx, at, n, bias, out) };
-        true
+        // SAFETY: the caller's guarantees.
+        unsafe { tiles::whole_block(self, isa, block, n, bias, out) }
     }
 }
 

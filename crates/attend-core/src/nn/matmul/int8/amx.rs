@@ -8,10 +8,16 @@
 
 use super::{Dequantize, QuadOperands, Row, NR};
 use crate::isa::amx::Product;
-use crate::isa::Simd;
+use crate::isa::{Amx, Simd};
 use crate::nn::matmul::amx::OnTiles;
 
 impl OnTiles for QuadOperands<'_> {
+    /// `linear_int8_on` quantizes the rows for the tiles exactly where it sets
+    /// `amx`.
+    fn amx(&self) -> Option<Amx> {
+        self.amx
+    }
+
     const PRODUCT: Product = Product::Bytes;
     type Sum = i32;
     const ZERO: i32 = 0;
