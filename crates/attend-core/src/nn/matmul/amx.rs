@@ -126,7 +126,7 @@ struct Sum<'t, 'b, P, S> {
     out: *mut f32,
 }
 
-/// [`Operands::whole_block`](super::Operands::whole_block) for operands that
+/// [`Depth::whole_block`](super::Depth::whole_block) for operands that
 /// may take the tiles: the block of the `[m, n]` output at `out`, bias
 /// included, on the tiles where the operands have them; false, having written
 /// nothing, where they have not.

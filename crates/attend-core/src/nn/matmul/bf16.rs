@@ -397,6 +397,19 @@ impl Depth for PairOperands<'_> {
     fn depth(&self) -> usize {
         self.lda
     }
+
+    #[inline(always)]
+    unsafe fn whole_block<I: Simd>(
+        &self,
+        isa: I,
+        block: &Block,
+        n: usize,
+        bias: Option<&[f32]>,
+        out: *mut f32,
+    ) -> bool {
+        // SAFETY: the caller's guarantees.
+        unsafe { tiles::whole_block(self, isa, block, n, bias, out) }
+    }
 }
 
 impl Streams for PairOperands<'_> {
@@ -422,19 +435,6 @@ impl Streams for PairOperands<'_> {
     #[inline(always)]
     fn ahead(&self, p: usize, s: usize) -> Ahead {
         self.w.ahead(p, s, NR)
-    }
-
-    #[inline(always)]
-    unsafe fn tiles_block<I: Simd>(
-        &self,
-        isa: I,
-        block: &Block,
-        n: usize,
-        bias: Option<&[f32]>,
-        out: *mut f32,
-    ) -> bool {
-        // SAFETY: the caller's guarantees.
-        unsafe { tiles::whole_block(self, isa, block, n, bias, out) }
     }
 }
 

@@ -820,6 +820,19 @@ impl Depth for QuadOperands<'_> {
     fn depth(&self) -> usize {
         self.x.lda
     }
+
+    #[inline(always)]
+    unsafe fn whole_block<I: Simd>(
+        &self,
+        isa: I,
+        block: &Block,
+        n: usize,
+        bias: Option<&[f32]>,
+        out: *mut f32,
+    ) -> bool {
+        // SAFETY: the caller's guarantees.
+        unsafe { tiles::whole_block(self, isa, block, n, bias, out) }
+    }
 }
 
 impl Operands for QuadOperands<'_> {
@@ -852,19 +865,6 @@ impl Operands for QuadOperands<'_> {
                 self.tile_with::<I, P, false>(isa, at, c, ldc, bias)
             }
         }
-    }
-
-    #[inline(always)]
-    unsafe fn whole_block<I: Simd>(
-        &self,
-        isa: I,
-        block: &Block,
-        n: usize,
-        bias: Option<&[f32]>,
-        out: *mut f32,
-    ) -> bool {
-        // SAFETY: the caller's guarantees.
-        unsafe { tiles::whole_block(self, isa, block, n, bias, out) }
     }
 }
 

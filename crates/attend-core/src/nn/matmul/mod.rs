@@ -452,7 +452,8 @@ struct TileAt {
 }
 
 /// The depth of a product's sum and how its blocks are laid out: what the blocking
-/// and the staging of panels need to know of any [`Operands`].
+/// and the staging of panels need to know of any [`Operands`], and whether a
+/// block runs elsewhere than on the register tiles.
 trait Depth: Sync {
     /// Steps of the sum per block, so that a block's panel stays in L1; a
     /// multiple of every tile's partial-sum length, so that the order of
@@ -477,6 +478,23 @@ trait Depth: Sync {
         _steps: (usize, usize),
         _staged: &mut [f32],
     ) {
+    }
+    /// Computes a whole block of the output, bias included, where the operands
+    /// have a faster way than register tiles (AMX, [`amx`]); false, having
+    /// written nothing, where they have not.
+    ///
+    /// # Safety
+    /// `out` must point to the `[m, n]` output and no other thread may write the
+    /// block's part of it; the block's rows and panels must be the operands'.
+    unsafe fn whole_block<I: Simd>(
+        &self,
+        _isa: I,
+        _block: &Block,
+        _n: usize,
+        _bias: Option<&[f32]>,
+        _out: *mut f32,
+    ) -> bool {
+        false
     }
 }
 
@@ -507,24 +525,6 @@ trait Operands: Depth {
         ldc: usize,
         init: [Init<'_>; P],
     );
-
-    /// Computes a whole block of the output, bias included, where the operands
-    /// have a faster way than register tiles (AMX, [`amx`]); false, having
-    /// written nothing, where they have not.
-    ///
-    /// # Safety
-    /// `out` must point to the `[m, n]` output and no other thread may write the
-    /// block's part of it; the block's rows and panels must be the operands'.
-    unsafe fn whole_block<I: Simd>(
-        &self,
-        _isa: I,
-        _block: &Block,
-        _n: usize,
-        _bias: Option<&[f32]>,
-        _out: *mut f32,
-    ) -> bool {
-        false
-    }
 }
 
 /// The operands of the products whose register tile is [`Tile`] (f32 numbers or
@@ -550,21 +550,6 @@ trait Streams: Depth {
     ) -> (*const Self::Step, usize, usize);
     /// The lines to fetch ahead from panel `p` at step `s` on.
     fn ahead(&self, p: usize, s: usize) -> Ahead;
-
-    /// [`Operands::whole_block`] for these operands (bf16 pairs on AMX).
-    ///
-    /// # Safety
-    /// As [`Operands::whole_block`]'s.
-    unsafe fn tiles_block<I: Simd>(
-        &self,
-        _isa: I,
-        _block: &Block,
-        _n: usize,
-        _bias: Option<&[f32]>,
-        _out: *mut f32,
-    ) -> bool {
-        false
-    }
 }
 
 impl<S: Streams> Operands for S {
@@ -594,19 +579,6 @@ impl<S: Streams> Operands for S {
         // SAFETY: the caller's guarantees (rows of `x`, panels of `w`, steps within
         // the depth, `c`) are the tile's.
         unsafe { tile.run::<I, P>(isa, at.rows, c, ldc, init) }
-    }
-
-    #[inline(always)]
-    unsafe fn whole_block<I: Simd>(
-        &self,
-        isa: I,
-        block: &Block,
-        n: usize,
-        bias: Option<&[f32]>,
-        out: *mut f32,
-    ) -> bool {
-        // SAFETY: the caller's guarantees.
-        unsafe { self.tiles_block(isa, block, n, bias, out) }
     }
 }
 
