@@ -60,7 +60,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             // projection are: the same layer where the CPU has VNNI, weights of
             // ±63 and `vpmaddubsw` where it has not (docs/int8.md).
             let layer = match precision {
-                Precision::Int8 => layer.for_inference_int8_narrowed(),
+                Precision::Int8 => layer.for_inference_int8_narrowed(0),
                 other => layer.for_inference_with(other),
             };
             for &m in &ROWS {

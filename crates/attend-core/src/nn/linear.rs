@@ -146,19 +146,14 @@ impl Linear {
     /// the product can multiply bytes with `vpmaddubsw` (whose 16-bit pair sums
     /// cannot then saturate): twice the rate of the exact widening on AVX2, for
     /// twice the weights' rounding error (docs/int8.md). With VNNI it is the same
-    /// layer. For layers measured to keep their accuracy so.
-    pub fn for_inference_int8_narrowed(self) -> Self {
-        self.reduce(Precision::Int8, Some(0))
-    }
-
-    /// [`for_inference_int8_narrowed`](Self::for_inference_int8_narrowed) with
-    /// each output's `corrected` largest weights kept at their full levels: its
+    /// ±127 layer. For layers measured to keep their accuracy so.
+    ///
+    /// Each output's `corrected` largest weights keep their full levels: its
     /// scale is set by its (`corrected` + 1)-th largest magnitude, and the
     /// weights beyond ±63 are packed clamped with the rest added back, exactly,
     /// to the product's i32 sums (`residual · x̂` for each row). Most of the ±63
-    /// loss sits in each output's largest weights (docs/int8.md). With VNNI it
-    /// is the same ±127 layer.
-    pub fn for_inference_int8_narrowed_corrected(self, corrected: usize) -> Self {
+    /// loss sits in each output's largest weights (docs/int8.md); 0 corrects none.
+    pub fn for_inference_int8_narrowed(self, corrected: usize) -> Self {
         self.reduce(Precision::Int8, Some(corrected))
     }
 

@@ -163,7 +163,7 @@ impl BertModel {
          -> Result<Linear> {
             let layer = w.linear(name, out, inp)?;
             Ok(match precision {
-                Precision::Int8 => layer.for_inference_int8_narrowed_corrected(corrected),
+                Precision::Int8 => layer.for_inference_int8_narrowed(corrected),
                 other => layer.for_inference_with(other),
             })
         };
