@@ -12,9 +12,9 @@ Runtime f32 beside them for scale.
 
 Speed, the same run, alternating rounds, 2 threads each: the corpus (scripts/bench/corpus
 lines; for mpnet the first 384) through attend's `SentenceEncoder` in f32, int8 and
-bf16 (on CPUs whose bf16 products run on AMX's tiles as fast as int8's may, the
-precision to compare int8 with), ONNX Runtime int8 and f32 and OpenVINO int8, all in this process with their models
-loaded beforehand (attend's `encode` and the peers' sentence-transformers tokenising,
+bf16 (on AMX bf16 runs on the same tiles as int8, so it is the precision int8 has
+to beat there), ONNX Runtime int8 and f32 and OpenVINO int8, all in this process
+with their models loaded beforehand (attend's `encode` and the peers' sentence-transformers tokenising,
 sorted batches of 32, mean pooling): the ratios the issue asks for. Beside them, the
 corpus through `attend embed --input` in f32 and int8, the command's whole run
 (process start and the model's loading and quantizing included, which the in-process
