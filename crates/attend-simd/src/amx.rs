@@ -137,8 +137,11 @@ pub struct TileBlock<const R: usize, const C: usize> {
     pub rows: *const u8,
     /// Bytes between rows.
     pub stride: usize,
-    /// The `C` panels: at each step 16 rows of 16 outputs' words, 1 KiB.
+    /// The `C` panels: at each step 16 rows of 16 outputs' words (64 bytes),
+    /// `panel_stride` bytes apart.
     pub panels: [*const u8; C],
+    /// Bytes between a panel's rows: 64 where its steps are packed 1 KiB each.
+    pub panel_stride: usize,
     /// Steps of 64 bytes.
     pub steps: usize,
 }
@@ -217,7 +220,8 @@ impl Tiles {
     ///
     /// # Safety
     /// The rows must be readable for `16·R` rows of `64 · steps` bytes `stride`
-    /// apart, each panel for `steps` KiB, and `s < steps`.
+    /// apart, each panel for `16 · steps` rows of 64 bytes `panel_stride` apart,
+    /// and `s < steps`.
     #[inline(always)]
     pub unsafe fn step<const R: usize, const C: usize>(
         &self,
@@ -226,11 +230,11 @@ impl Tiles {
         s: usize,
     ) {
         const { assert!((R == 1 || R == 2) && (C == 1 || C == 2)) };
-        let (sa, sb) = (block.stride, TILE_BYTES);
+        let (sa, sb) = (block.stride, block.panel_stride);
         let a0 = block.rows.wrapping_add(s * TILE_BYTES);
         let a1 = a0.wrapping_add(TILE_ROWS * sa);
-        let p0 = block.panels[0].wrapping_add(s * 1024);
-        let p1 = block.panels[C - 1].wrapping_add(s * 1024);
+        let p0 = block.panels[0].wrapping_add(s * TILE_ROWS * sb);
+        let p1 = block.panels[C - 1].wrapping_add(s * TILE_ROWS * sb);
         // SAFETY: the tiles are configured (`self`); the caller guarantees the
         // reads.
         unsafe {
@@ -247,12 +251,29 @@ impl Tiles {
     #[inline(always)]
     pub fn store<const R: usize, const C: usize, T: Copy>(&self, sums: &mut [[T; 32]; 32]) {
         const { assert!(std::mem::size_of::<T>() == 4) };
-        let out = sums.as_mut_ptr().cast::<T>();
-        let ldc = 32 * std::mem::size_of::<T>();
-        // SAFETY: the tiles are configured (`self`); the stores are inside `sums`
-        // (rows of 128 bytes, `16·R` rows, `16·C` columns).
+        // SAFETY: `sums` holds 32 rows of 128 bytes, `16·R ≤ 32` rows and
+        // `16·C ≤ 32` columns.
+        unsafe { self.store_rows::<R, C, T>(sums.as_mut_ptr().cast::<T>(), 32) };
+    }
+
+    /// Stores the sums of a block of `16·R` rows and `16·C` outputs at `out`, row
+    /// `i` at `out + i·row_len`, as [`Tiles::store`] does.
+    ///
+    /// # Safety
+    /// `out` must be writable for `16·R` rows of `16·C` values `row_len` apart.
+    #[inline(always)]
+    pub unsafe fn store_rows<const R: usize, const C: usize, T: Copy>(
+        &self,
+        out: *mut T,
+        row_len: usize,
+    ) {
+        const { assert!(std::mem::size_of::<T>() == 4) };
+        let ldc = row_len * std::mem::size_of::<T>();
+        // SAFETY: the tiles are configured (`self`); the caller guarantees the
+        // stores.
         unsafe {
-            let (c01, c10, c11) = (out.add(16), out.add(16 * 32), out.add(16 * 32 + 16));
+            let (c01, c10) = (out.add(16), out.add(16 * row_len));
+            let c11 = c10.add(16);
             asm!("tilestored [{c} + {s}*1], tmm0", c = in(reg) out, s = in(reg) ldc, options(nostack));
             if C == 2 {
                 asm!("tilestored [{c} + {s}*1], tmm1", c = in(reg) c01, s = in(reg) ldc, options(nostack));

@@ -70,8 +70,9 @@ fn run_and_check(
 }
 
 /// Says plainly which bf16 product path these tests exercised on this CPU: every
-/// test here runs on each instruction set `Isa::available()` lists, and only
-/// `avx512bf16` multiplies with `vdpbf16ps`.
+/// test here runs on each instruction set `Isa::available()` lists; only
+/// `avx512bf16` multiplies with `vdpbf16ps`, and only `amx` with `tdpbf16ps` (for
+/// head widths of whole 32-element steps).
 #[test]
 fn report_which_bf16_paths_ran() {
     let isas = Isa::available();
@@ -82,6 +83,9 @@ fn report_which_bf16_paths_ran() {
             "vdpbf16ps path NOT exercised: this CPU lacks AVX512-BF16 (bf16 inputs were \
              widened for the f32 kernel instead)"
         );
+    }
+    if !isas.contains(&Isa::Amx) {
+        eprintln!("tdpbf16ps path NOT exercised: this CPU (or its OS) gives no AMX tiles");
     }
     // A CPU that has the instructions must not skip their path.
     #[cfg(target_arch = "x86_64")]
@@ -101,8 +105,9 @@ fn report_which_bf16_paths_ran() {
     }
 }
 
-/// Where the instruction set has no bf16 products, the bf16 forward is the f32
-/// fused kernel on the inputs widened, its output rounded to bf16 once
+/// Where the instruction set has no bf16 products (and on AMX, a head width the
+/// tiles do not take, here 40), the bf16 forward is the f32 fused kernel on the
+/// inputs widened, its output rounded to bf16 once
 /// (docs/design.md, "Precision"): the same bits and log-sum-exp, masks and strided
 /// views included.
 #[test]
@@ -162,8 +167,16 @@ fn shapes_widths_and_grouped_heads() {
 
 #[test]
 fn every_mask_kind() {
+    // A head width of 40 runs on vectors everywhere; 64 on AMX's tiles, where the
+    // CPU has them.
+    for e in [40, 64] {
+        masks_on_width(e);
+    }
+}
+
+fn masks_on_width(e: usize) {
     let [b, h, l, s] = [2, 4, 90, 150];
-    let [q, k, v] = qkv(11, [b, h, 2, l, s, 40, 24]);
+    let [q, k, v] = qkv(11, [b, h, 2, l, s, e, 24]);
     let mut rng = Rng::new(12);
     let mask = ArrayD::from_shape_fn(IxDyn(&[b, 1, l, s]), |_| rng.below(6) != 0);
     let bias = ArrayD::from_shape_fn(IxDyn(&[l, s]), |_| rng.normal() * 2.0);
@@ -225,7 +238,13 @@ fn every_mask_kind() {
         ),
     ];
     for (what, opts) in cases {
-        run_and_check(q.view(), k.view(), v.view(), &opts, what);
+        run_and_check(
+            q.view(),
+            k.view(),
+            v.view(),
+            &opts,
+            &format!("{what}, E {e}"),
+        );
     }
 }
 
@@ -320,16 +339,51 @@ fn strided_views() {
 
 #[test]
 fn huge_scores_keep_their_exponent() {
-    // bf16 has f32's exponent range: scores near 1e4 must not overflow the softmax.
-    let [q, k, v] = qkv(41, [1, 2, 2, 40, 80, 16, 16]);
-    let q = q.mapv(|x| bf16::from_f32(x.to_f32() * 300.0));
-    run_and_check(
-        q.view(),
-        k.view(),
-        v.view(),
-        &Default::default(),
-        "huge scores",
-    );
+    // bf16 has f32's exponent range: scores near 1e4 must not overflow the softmax
+    // (on vectors with E = 16, on AMX's tiles with 32).
+    for e in [16, 32] {
+        let [q, k, v] = qkv(41, [1, 2, 2, 40, 80, e, 16]);
+        let q = q.mapv(|x| bf16::from_f32(x.to_f32() * 300.0));
+        run_and_check(
+            q.view(),
+            k.view(),
+            v.view(),
+            &Default::default(),
+            &format!("huge scores, E {e}"),
+        );
+    }
+}
+
+/// AMX's tiles (where the CPU has them) take head widths of whole 32-element
+/// steps and sum blocks of 32 keys, value columns and queries: keys that end a
+/// block anywhere (1, 31, 33, 129, 300), value widths that end a block of columns
+/// anywhere (1, 17, 33, 64), units of one, two and four vectors of queries, three
+/// steps (E = 96), grouped heads; and a value that is not finite, which the tiles
+/// leave to the vectors (a zero weight past a tile's last key would meet it).
+#[test]
+fn tile_blocks_end_anywhere() {
+    let shapes = [
+        [1, 2, 2, 1, 1, 32, 1],
+        [1, 2, 1, 15, 31, 32, 17],
+        [2, 4, 2, 17, 33, 64, 33],
+        [1, 4, 4, 40, 129, 96, 64],
+        [1, 2, 1, 100, 300, 64, 40],
+    ];
+    for (n, shape) in shapes.into_iter().enumerate() {
+        let [q, k, v] = qkv(n as u64 + 61, shape);
+        let what = format!("{shape:?}");
+        run_and_check(q.view(), k.view(), v.view(), &Default::default(), &what);
+        let mut v = v;
+        let last = shape[4] - 1;
+        v[[0, 0, last, 0]] = bf16::INFINITY;
+        run_and_check(
+            q.view(),
+            k.view(),
+            v.view(),
+            &Default::default(),
+            &format!("{what}, inf"),
+        );
+    }
 }
 
 /// Values are multiplied in pairs of adjacent keys, so a block of queries whose band
@@ -368,8 +422,13 @@ fn a_nan_value_beyond_a_bands_odd_edge_stays_out() {
             0..64,
         ),
     ];
-    for (what, opts, s, nan_key, seeing, beyond) in cases {
-        let [q, k, mut v] = qkv(51, [1, 2, 2, 128, s, 16, 24]);
+    // A head width of 16 runs on vectors; 32 would run on AMX's tiles, which take
+    // no call with a value that is not finite: it must run on vectors too.
+    for (what, opts, s, nan_key, seeing, beyond, e) in cases
+        .into_iter()
+        .flat_map(|c| [16, 32].map(|e| (c.0, c.1.clone(), c.2, c.3, c.4.clone(), c.5.clone(), e)))
+    {
+        let [q, k, mut v] = qkv(51, [1, 2, 2, 128, s, e, 24]);
         v.slice_mut(ndarray::s![.., .., nan_key, ..])
             .fill(bf16::NAN);
         for isa in Isa::available() {
@@ -378,12 +437,15 @@ fn a_nan_value_beyond_a_bands_odd_edge_stays_out() {
             for h in 0..2 {
                 let row = |i: usize| out.slice(ndarray::s![0, h, i, ..]).to_vec();
                 for i in seeing.clone() {
-                    assert!(row(i).iter().all(|x| x.is_nan()), "{what} {isa}: row {i}");
+                    assert!(
+                        row(i).iter().all(|x| x.is_nan()),
+                        "{what} E {e} {isa}: row {i}"
+                    );
                 }
                 for i in beyond.clone() {
                     assert!(
                         row(i).iter().all(|x| x.is_finite()),
-                        "{what} {isa}: row {i}"
+                        "{what} E {e} {isa}: row {i}"
                     );
                 }
             }

@@ -22,7 +22,8 @@ use crate::element::sealed::{Computed, FusedBackward, Sealed};
 use crate::element::{bf16, round_to_bf16, to_f32_on};
 use crate::isa::{dispatch, IsaToken, Simd, SimdJob};
 use crate::kernels::backward::fused as backward_kernel;
-use crate::kernels::fused::{self, bf16 as fused_bf16};
+use crate::kernels::fused::{self, amx as fused_amx, bf16 as fused_bf16};
+use crate::kernels::lse::LogSumExp;
 use crate::kernels::round::round_into;
 use crate::kernels::{decode, reference};
 use crate::problem::{Dropout, Precision, Problem};
@@ -34,30 +35,12 @@ impl Sealed for bf16 {
         let which = choose_kernel(problem, config.kernel)?;
         // The fused kernel writes bf16 itself; the others' f32 output is rounded.
         let run = || match which {
-            // The f32 kernel, reading the bf16 numbers in place and widening them as
-            // it loads them, where 32 registers let each widened broadcast of `k` or
-            // `v` feed four panels' products (narrower units widen each tile of
-            // them first). On 16 registers a broadcast feeds one panel (two 8-lane
-            // products), and its shift made the forward 3–9 % slower than widening
-            // `k` and `v` once per call (docs/bf16.md), and widening each tile
-            // 3–14 % slower; its units still pack `q` and write the output in bf16.
-            Kernel::Fused if !isa.isa().has_bf16_products() && isa.registers() >= 32 => {
-                fused::run(problem, isa, None)
-            }
-            Kernel::Fused if !isa.isa().has_bf16_products() => {
-                let [k, v] = [&problem.k, &problem.v].map(|a| to_f32_on(isa, a.view()));
-                fused::run(
-                    &problem.with_tensors(problem.q.view(), k.view(), v.view()),
-                    isa,
-                    None,
-                )
-            }
-            Kernel::Fused if fused_bf16::reads_in_place(problem) => fused_bf16::run(problem, isa),
-            Kernel::Fused => {
-                let [k, v] = [&problem.k, &problem.v].map(|a| a.as_standard_layout());
-                let p = problem.with_tensors(problem.q.view(), k.view(), v.view());
-                fused_bf16::run(&p, isa)
-            }
+            // The tiles, where they take the problem and its values are finite.
+            Kernel::Fused => match fused_amx::takes(problem, isa) {
+                Some(amx) => fused_amx::run(problem, amx, isa)
+                    .unwrap_or_else(|| fused_on_vectors(problem, isa)),
+                None => fused_on_vectors(problem, isa),
+            },
             // Reads the bf16 rows of k and v in place, widening them as it loads.
             Kernel::Decode => {
                 let (out, lse) =
@@ -84,6 +67,39 @@ impl Sealed for bf16 {
         isa: IsaToken,
     ) -> FusedBackward<Self> {
         backward_kernel::run(p, out, lse, dout, dropout, want_ds, isa)
+    }
+}
+
+/// The fused forward on the vector registers: the bf16 kernel where the
+/// instruction set has bf16 products, else the f32 kernel on the widened numbers.
+fn fused_on_vectors(problem: &Problem<'_, bf16>, isa: IsaToken) -> (Array4<bf16>, LogSumExp) {
+    if isa.isa().has_bf16_products() {
+        return if fused_bf16::reads_in_place(problem) {
+            fused_bf16::run(problem, isa)
+        } else {
+            let [k, v] = [&problem.k, &problem.v].map(|a| a.as_standard_layout());
+            fused_bf16::run(
+                &problem.with_tensors(problem.q.view(), k.view(), v.view()),
+                isa,
+            )
+        };
+    }
+    // The f32 kernel, reading the bf16 numbers in place and widening them as it
+    // loads them, where 32 registers let each widened broadcast of `k` or `v` feed
+    // four panels' products (narrower units widen each tile of them first). On 16
+    // registers a broadcast feeds one panel (two 8-lane products), and its shift
+    // made the forward 3–9 % slower than widening `k` and `v` once per call
+    // (docs/bf16.md), and widening each tile 3–14 % slower; its units still pack
+    // `q` and write the output in bf16.
+    if isa.registers() >= 32 {
+        fused::run(problem, isa, None)
+    } else {
+        let [k, v] = [&problem.k, &problem.v].map(|a| to_f32_on(isa, a.view()));
+        fused::run(
+            &problem.with_tensors(problem.q.view(), k.view(), v.view()),
+            isa,
+            None,
+        )
     }
 }
 
@@ -129,7 +145,10 @@ impl SimdJob for RoundChunk<'_> {
 /// widens the result.
 pub(super) fn compute_rounded(problem: &Problem<'_>, config: &Config) -> Result<Computed<f32>> {
     debug_assert_eq!(problem.precision, Precision::Bf16);
-    if !config.exec.token()?.isa().has_bf16_products() {
+    let isa = config.exec.token()?;
+    let tiles = choose_kernel(problem, config.kernel)? == Kernel::Fused
+        && fused_amx::takes(problem, isa).is_some();
+    if !isa.isa().has_bf16_products() && !tiles {
         // The f32 kernels on the rounded numbers, as bf16 tensors take them here,
         // without the trip through bf16 storage and back.
         let [q, k, v] = [&problem.q, &problem.k, &problem.v].map(|a| round_to_bf16(a.view()));

@@ -24,9 +24,9 @@ use rayon::prelude::*;
 
 use super::{
     drive, exp_shifted, head_ptr, join_sums, masked_score, panel_maxima, query_vectors,
-    register_block, running_max, seen_products,
+    register_block, running_max, score_blocks, seen_products, value_blocks,
 };
-use super::{MaskRows, Operands, Stats, UnitAt, BK, EARLY_SLACK};
+use super::{MaskRows, Operands, RegisterBlocks, Stats, UnitAt, BK, EARLY_SLACK};
 use crate::element::bf16;
 use crate::isa::transpose::transpose;
 use crate::isa::{bf16_to_f32, dispatch, IsaToken, Simd, SimdJob, LANES};
@@ -52,7 +52,7 @@ pub fn reads_in_place(p: &Problem<'_, bf16>) -> bool {
 }
 
 /// Pairs in a row of `n` elements.
-fn pairs(n: usize) -> usize {
+pub(super) fn pairs(n: usize) -> usize {
     n.div_ceil(2)
 }
 
@@ -179,20 +179,6 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
         }
     }
 
-    /// All `NQ` panels in registers on every instruction set: the pair products'
-    /// own register blocks (`qk_rows`, the tile of value pairs) take the unit's
-    /// panels together. On 32 registers, 16 accumulators (four keys of four panels,
-    /// eight of two) rather than 24: the score products then leave registers for
-    /// the early weights made between their steps (docs/bf16.md; with 24, causal
-    /// problems with units of two panels ran 16–19 % slower).
-    fn register_block<I: Simd, const NQ: usize>(&self) -> usize {
-        if I::REGISTERS >= 32 && NQ > 1 {
-            16 / NQ
-        } else {
-            register_block(I::REGISTERS, NQ)
-        }
-    }
-
     fn scratch_len(d: &Dims, w: usize) -> usize {
         (2 * pairs(d.head_dim) + pairs(BK) + 3) * w
             + pairs(BK) * d.value_dim.next_multiple_of(LANES)
@@ -214,37 +200,7 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
         let pp = as_words(carve(rest, pairs(BK) * w)).as_mut_ptr();
         let early_stats = carve(rest, 3 * w).as_mut_ptr();
         let vp = as_words(carve(rest, pairs(BK) * d.value_dim.next_multiple_of(LANES)));
-        // Qᵀ as pairs of adjacent columns: each query row's pairs, `[rows][E/2]`,
-        // transposed as 32-bit words (moved, never computed on, so their bits are
-        // kept) into `[E/2][W]`; lanes past the last query are zero. Written pair by
-        // pair into the transposed layout, this took 8 % of a causal N512's time.
-        // Pointers rather than ndarray slices: the slicing took 5 % of a unit's
-        // time where a unit has one short tile (B1 H8 N2048 against 64 keys).
-        let (q0, qrs, qcs) = head_ptr(&self.p.q, at.b, at.h);
-        let rows = as_words(&mut rows[..at.rows * np]);
-        for (r, dst) in rows.chunks_exact_mut(np).enumerate() {
-            // SAFETY: query `i0 + r` is inside the head (`r < rows`), and its `e`
-            // elements are `qcs` apart inside the view.
-            unsafe {
-                let row = q0.offset((at.i0 + r) as isize * qrs);
-                if qcs != 1 {
-                    for (c, word) in dst.iter_mut().enumerate() {
-                        let bits = |c: usize| (*row.offset(c as isize * qcs)).to_bits();
-                        *word = pair(bits(2 * c), if 2 * c + 1 < e { bits(2 * c + 1) } else { 0 });
-                    }
-                    continue;
-                }
-                let two = std::slice::from_raw_parts(row, e).chunks_exact(2);
-                if let [last] = two.remainder() {
-                    dst[np - 1] = pair(last.to_bits(), 0);
-                }
-                for (word, two) in dst.iter_mut().zip(two) {
-                    *word = pair(two[0].to_bits(), two[1].to_bits());
-                }
-            }
-        }
-        let rows = ArrayView2::from_shape((at.rows, np), as_floats(rows)).expect("rows·np words");
-        transpose_into_lanes(isa, rows, qp, w);
+        pack_query_pairs(isa, self.p, at, (qp, rows), w);
         let qp = as_words(qp);
         let head = |a: &ArrayView4<'_, bf16>| {
             let (base, rs, _) = head_ptr(a, at.b, at.kvh);
@@ -292,31 +248,6 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
                 isa.store(at(EarlyStats::Top), isa.splat(f32::NEG_INFINITY));
                 isa.store(at(EarlyStats::Against), isa.max(isa.splat(f32::MIN), m));
             }
-        }
-    }
-
-    #[inline(always)]
-    unsafe fn score_rows<I: Simd, const NQ: usize, const MR: usize>(
-        &self,
-        isa: I,
-        u: &Bf16Unit<'_>,
-        j: usize,
-        s: *mut f32,
-        mask: MaskRows,
-    ) {
-        let (kp, krs) = u.k;
-        // SAFETY: keys `j..j + MR` are inside the head (the caller's contract), rows
-        // of `e` contiguous bf16 (`reads_in_place`) `krs` apart.
-        unsafe {
-            let k = (kp.offset(j as isize * krs), krs);
-            let early = u.early.map(|e| EarlyRows {
-                stats: u.early_stats,
-                pp: u.pp.add((j - e.keys.0) / 2 * NQ * LANES),
-                first: j == e.keys.0,
-                last: j + MR == e.keys.1,
-                block: self.register_block::<I, NQ>(),
-            });
-            qk_rows::<I, NQ, MR>(isa, (u.qp.as_ptr(), u.e), k, self.scale, s, mask, early)
         }
     }
 
@@ -402,6 +333,72 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
     }
 
     #[inline(always)]
+    unsafe fn score_tile<I: Simd, const NQ: usize>(
+        &self,
+        isa: I,
+        u: &Self::Unit<'_>,
+        keys: (usize, usize),
+        s: *mut f32,
+        mask: MaskRows,
+    ) {
+        // SAFETY: the caller upholds `Operands::score_tile`'s contract.
+        unsafe { score_blocks::<I, NQ, Self>(self, isa, u, keys, s, mask) }
+    }
+
+    #[inline(always)]
+    unsafe fn value_tile<I: Simd, const NQ: usize>(
+        &self,
+        isa: I,
+        u: &Self::Unit<'_>,
+        keys: (usize, usize),
+        s: *const f32,
+        ot: *mut f32,
+        rescale: Rescale<'_>,
+    ) {
+        // SAFETY: the caller upholds `Operands::value_tile`'s contract.
+        unsafe { value_blocks::<I, NQ, Self>(self, isa, u, keys, s, ot, rescale) }
+    }
+}
+
+impl<'p> RegisterBlocks<'p> for Bf16Operands<'_, 'p> {
+    /// All `NQ` panels in registers on every instruction set: the pair products'
+    /// own register blocks (`qk_rows`, the tile of value pairs) take the unit's
+    /// panels together. On 32 registers, 16 accumulators (four keys of four panels,
+    /// eight of two) rather than 24: the score products then leave registers for
+    /// the early weights made between their steps (docs/bf16.md; with 24, causal
+    /// problems with units of two panels ran 16–19 % slower).
+    fn register_block<I: Simd, const NQ: usize>(&self) -> usize {
+        if I::REGISTERS >= 32 && NQ > 1 {
+            16 / NQ
+        } else {
+            register_block(I::REGISTERS, NQ)
+        }
+    }
+    #[inline(always)]
+    unsafe fn score_rows<I: Simd, const NQ: usize, const MR: usize>(
+        &self,
+        isa: I,
+        u: &Bf16Unit<'_>,
+        j: usize,
+        s: *mut f32,
+        mask: MaskRows,
+    ) {
+        let (kp, krs) = u.k;
+        // SAFETY: keys `j..j + MR` are inside the head (the caller's contract), rows
+        // of `e` contiguous bf16 (`reads_in_place`) `krs` apart.
+        unsafe {
+            let k = (kp.offset(j as isize * krs), krs);
+            let early = u.early.map(|e| EarlyRows {
+                stats: u.early_stats,
+                pp: u.pp.add((j - e.keys.0) / 2 * NQ * LANES),
+                first: j == e.keys.0,
+                last: j + MR == e.keys.1,
+                block: self.register_block::<I, NQ>(),
+            });
+            qk_rows::<I, NQ, MR>(isa, (u.qp.as_ptr(), u.e), k, self.scale, s, mask, early)
+        }
+    }
+    #[inline(always)]
     unsafe fn value_cols<I: Simd, const NQ: usize, const MC: usize>(
         &self,
         isa: I,
@@ -438,6 +435,51 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
             tile.rows::<I, MC, NQ, _, false>(isa, ot, w, rescale);
         }
     }
+}
+
+/// Packs unit `at`'s queries as `Qᵀ` in pairs of adjacent columns, `[⌈E/2⌉][W]`
+/// words in `qp` (lanes past the unit's last query zero), through `rows` (as
+/// long as `qp`).
+pub(super) fn pack_query_pairs<I: Simd>(
+    isa: I,
+    p: &Problem<'_, bf16>,
+    at: &UnitAt,
+    (qp, rows): (&mut [f32], &mut [f32]),
+    w: usize,
+) {
+    let e = p.dims().head_dim;
+    let np = pairs(e);
+    // Qᵀ as pairs of adjacent columns: each query row's pairs, `[rows][E/2]`,
+    // transposed as 32-bit words (moved, never computed on, so their bits are
+    // kept) into `[E/2][W]`; lanes past the last query are zero. Written pair by
+    // pair into the transposed layout, this took 8 % of a causal N512's time.
+    // Pointers rather than ndarray slices: the slicing took 5 % of a unit's
+    // time where a unit has one short tile (B1 H8 N2048 against 64 keys).
+    let (q0, qrs, qcs) = head_ptr(&p.q, at.b, at.h);
+    let rows = as_words(&mut rows[..at.rows * np]);
+    for (r, dst) in rows.chunks_exact_mut(np).enumerate() {
+        // SAFETY: query `i0 + r` is inside the head (`r < rows`), and its `e`
+        // elements are `qcs` apart inside the view.
+        unsafe {
+            let row = q0.offset((at.i0 + r) as isize * qrs);
+            if qcs != 1 {
+                for (c, word) in dst.iter_mut().enumerate() {
+                    let bits = |c: usize| (*row.offset(c as isize * qcs)).to_bits();
+                    *word = pair(bits(2 * c), if 2 * c + 1 < e { bits(2 * c + 1) } else { 0 });
+                }
+                continue;
+            }
+            let two = std::slice::from_raw_parts(row, e).chunks_exact(2);
+            if let [last] = two.remainder() {
+                dst[np - 1] = pair(last.to_bits(), 0);
+            }
+            for (word, two) in dst.iter_mut().zip(two) {
+                *word = pair(two[0].to_bits(), two[1].to_bits());
+            }
+        }
+    }
+    let rows = ArrayView2::from_shape((at.rows, np), as_floats(rows)).expect("rows·np words");
+    transpose_into_lanes(isa, rows, qp, w);
 }
 
 /// Every head's values as bf16 pairs of adjacent rows (keys `2t` and `2t + 1`),
@@ -549,7 +591,7 @@ fn transpose_into_lanes<I: Simd>(isa: I, src: ArrayView2<'_, f32>, dst: &mut [f3
 }
 
 /// A scratch slice of floats reused as 32-bit words.
-fn as_words(f: &mut [f32]) -> &mut [u32] {
+pub(super) fn as_words(f: &mut [f32]) -> &mut [u32] {
     // SAFETY: f32 and u32 have the same size and alignment, and every bit pattern is
     // valid for both; the slice is borrowed mutably for the result's lifetime.
     unsafe { std::slice::from_raw_parts_mut(f.as_mut_ptr() as *mut u32, f.len()) }
@@ -564,7 +606,7 @@ fn as_floats(w: &[u32]) -> &[f32] {
 
 /// The bits of a bf16 pair `(lo, hi)`, from the numbers' bits.
 #[inline(always)]
-fn pair(lo: u16, hi: u16) -> u32 {
+pub(super) fn pair(lo: u16, hi: u16) -> u32 {
     lo as u32 | (hi as u32) << 16
 }
 
@@ -578,7 +620,7 @@ fn pair(lo: u16, hi: u16) -> u32 {
 /// `s` valid for `nk` rows of `16·NQ` floats, `pp` for `⌈nk/2⌉` rows of `16·NQ`
 /// pairs; `m`, `l`, `alpha` for `16·NQ` floats.
 #[inline(always)]
-unsafe fn softmax_pairs<I: Simd, const NQ: usize>(
+pub(super) unsafe fn softmax_pairs<I: Simd, const NQ: usize>(
     isa: I,
     s: *const f32,
     nk: usize,
@@ -783,7 +825,7 @@ fn exponent_carry(bits: u16) -> u16 {
 /// # Safety
 /// `v.0` must be valid for `rows` rows of `ev` contiguous bf16, `v.1` elements apart.
 #[inline(always)]
-unsafe fn rows_finite(v: (*const u16, isize), (rows, ev): (usize, usize)) -> bool {
+pub(super) unsafe fn rows_finite(v: (*const u16, isize), (rows, ev): (usize, usize)) -> bool {
     let mut carries = 0;
     for j in 0..rows {
         // SAFETY: row `j < rows` holds `ev` contiguous bf16 (the caller's contract).

@@ -15,9 +15,9 @@ use ndarray::{Array4, ArrayView2, ArrayViewMut2};
 use super::output::Output;
 use super::{
     drive, exp_shifted, head_ptr, join_sums, masked_score, query_vectors, register_block,
-    running_max, seen_products,
+    running_max, score_blocks, seen_products, value_blocks,
 };
-use super::{MaskRows, Operands, Stats, UnitAt, BK};
+use super::{MaskRows, Operands, RegisterBlocks, Stats, UnitAt, BK};
 use crate::element::bf16;
 use crate::isa::transpose::transpose;
 use crate::isa::{bf16_to_f32, IsaToken, Simd, LANES};
@@ -281,10 +281,6 @@ impl<'p, T: Widened, KV: Widened> Operands<'p> for F32Operands<'_, 'p, T, KV> {
         }
     }
 
-    fn register_block<I: Simd, const NQ: usize>(&self) -> usize {
-        register_block(I::REGISTERS, panels_in_registers::<I>(NQ))
-    }
-
     fn scratch_len(d: &Dims, w: usize) -> usize {
         let tiles = if KV::WIDENS {
             BK * (d.head_dim + d.value_dim)
@@ -364,56 +360,6 @@ impl<'p, T: Widened, KV: Widened> Operands<'p> for F32Operands<'_, 'p, T, KV> {
                 let (krow, vrow) = (kp.offset(j as isize * krs), vp.offset(j as isize * vrs));
                 widen_row(isa, (krow, kcs), u.e, u.kw.as_mut_ptr().add(r * u.e));
                 widen_row(isa, (vrow, vcs), ev, u.vw.as_mut_ptr().add(r * ev));
-            }
-        }
-    }
-
-    #[inline(always)]
-    unsafe fn score_rows<I: Simd, const NQ: usize, const MR: usize>(
-        &self,
-        isa: I,
-        u: &F32Unit<'_, KV>,
-        j: usize,
-        s: *mut f32,
-        mask: MaskRows,
-    ) {
-        let (kp, krs, kcs) = u.k;
-        let w = NQ * LANES;
-        // Sᵀ = K·Qᵀ: key rows against the query panels, the sum along the keys'
-        // columns. SAFETY: keys `j..j + MR` are inside the head (the caller's
-        // contract), read through the view's own strides; `qt` holds `e` rows of
-        // `16·NQ` floats, `s` (and the mask terms, when there are any) `MR`.
-        unsafe {
-            if widens_tiles::<I, KV>(NQ) {
-                // The tile's keys as `begin_tile` widened them, rows of `e`.
-                let tile = Tile {
-                    a: u.kw.as_ptr().add((j - u.j0) * u.e),
-                    lda: u.e as isize,
-                    sa: 1,
-                    b: u.qt.as_ptr(),
-                    ldb: w,
-                    next: LANES,
-                    kc: u.e,
-                    partial: DOT_CHUNK,
-                    ahead: Ahead::NONE,
-                };
-                over_panels::<I, MR, NQ, f32>(isa, tile, s, Rescale::None);
-            } else {
-                let tile = Tile {
-                    a: kp.offset(j as isize * krs),
-                    lda: krs,
-                    sa: kcs,
-                    b: u.qt.as_ptr(),
-                    ldb: w,
-                    next: LANES,
-                    kc: u.e,
-                    partial: DOT_CHUNK,
-                    ahead: Ahead::NONE,
-                };
-                over_panels::<I, MR, NQ, KV>(isa, tile, s, Rescale::None);
-            }
-            if !mask.is_none() {
-                add_mask_terms::<I, NQ, MR>(isa, s, mask);
             }
         }
     }
@@ -511,6 +457,87 @@ impl<'p, T: Widened, KV: Widened> Operands<'p> for F32Operands<'_, 'p, T, KV> {
         }
     }
 
+    #[inline(always)]
+    unsafe fn score_tile<I: Simd, const NQ: usize>(
+        &self,
+        isa: I,
+        u: &Self::Unit<'_>,
+        keys: (usize, usize),
+        s: *mut f32,
+        mask: MaskRows,
+    ) {
+        // SAFETY: the caller upholds `Operands::score_tile`'s contract.
+        unsafe { score_blocks::<I, NQ, Self>(self, isa, u, keys, s, mask) }
+    }
+
+    #[inline(always)]
+    unsafe fn value_tile<I: Simd, const NQ: usize>(
+        &self,
+        isa: I,
+        u: &Self::Unit<'_>,
+        keys: (usize, usize),
+        s: *const f32,
+        ot: *mut f32,
+        rescale: Rescale<'_>,
+    ) {
+        // SAFETY: the caller upholds `Operands::value_tile`'s contract.
+        unsafe { value_blocks::<I, NQ, Self>(self, isa, u, keys, s, ot, rescale) }
+    }
+}
+
+impl<'p, T: Widened, KV: Widened> RegisterBlocks<'p> for F32Operands<'_, 'p, T, KV> {
+    fn register_block<I: Simd, const NQ: usize>(&self) -> usize {
+        register_block(I::REGISTERS, panels_in_registers::<I>(NQ))
+    }
+    #[inline(always)]
+    unsafe fn score_rows<I: Simd, const NQ: usize, const MR: usize>(
+        &self,
+        isa: I,
+        u: &F32Unit<'_, KV>,
+        j: usize,
+        s: *mut f32,
+        mask: MaskRows,
+    ) {
+        let (kp, krs, kcs) = u.k;
+        let w = NQ * LANES;
+        // Sᵀ = K·Qᵀ: key rows against the query panels, the sum along the keys'
+        // columns. SAFETY: keys `j..j + MR` are inside the head (the caller's
+        // contract), read through the view's own strides; `qt` holds `e` rows of
+        // `16·NQ` floats, `s` (and the mask terms, when there are any) `MR`.
+        unsafe {
+            if widens_tiles::<I, KV>(NQ) {
+                // The tile's keys as `begin_tile` widened them, rows of `e`.
+                let tile = Tile {
+                    a: u.kw.as_ptr().add((j - u.j0) * u.e),
+                    lda: u.e as isize,
+                    sa: 1,
+                    b: u.qt.as_ptr(),
+                    ldb: w,
+                    next: LANES,
+                    kc: u.e,
+                    partial: DOT_CHUNK,
+                    ahead: Ahead::NONE,
+                };
+                over_panels::<I, MR, NQ, f32>(isa, tile, s, Rescale::None);
+            } else {
+                let tile = Tile {
+                    a: kp.offset(j as isize * krs),
+                    lda: krs,
+                    sa: kcs,
+                    b: u.qt.as_ptr(),
+                    ldb: w,
+                    next: LANES,
+                    kc: u.e,
+                    partial: DOT_CHUNK,
+                    ahead: Ahead::NONE,
+                };
+                over_panels::<I, MR, NQ, KV>(isa, tile, s, Rescale::None);
+            }
+            if !mask.is_none() {
+                add_mask_terms::<I, NQ, MR>(isa, s, mask);
+            }
+        }
+    }
     #[inline(always)]
     unsafe fn value_cols<I: Simd, const NQ: usize, const MC: usize>(
         &self,

@@ -60,6 +60,7 @@ use crate::kernels::tile::Rescale;
 use crate::problem::{band_row, Dims, MaskTiles, Problem, SoftmaxAxis};
 use output::{write_normalised, Output};
 
+pub(crate) mod amx;
 pub(crate) mod bf16;
 mod float;
 mod output;
@@ -156,6 +157,27 @@ fn tile_keys<I: Simd>() -> usize {
     }
 }
 
+/// Calls `$ops.$f::<$I, $NQ, n>(args)` for a runtime `n` in `1..=12`.
+macro_rules! with_block {
+    ($n:expr, $ops:ident.$f:ident::<$I:ty, $NQ:ident>($($arg:expr),* $(,)?)) => {
+        match $n {
+            1 => $ops.$f::<$I, $NQ, 1>($($arg),*),
+            2 => $ops.$f::<$I, $NQ, 2>($($arg),*),
+            3 => $ops.$f::<$I, $NQ, 3>($($arg),*),
+            4 => $ops.$f::<$I, $NQ, 4>($($arg),*),
+            5 => $ops.$f::<$I, $NQ, 5>($($arg),*),
+            6 => $ops.$f::<$I, $NQ, 6>($($arg),*),
+            7 => $ops.$f::<$I, $NQ, 7>($($arg),*),
+            8 => $ops.$f::<$I, $NQ, 8>($($arg),*),
+            9 => $ops.$f::<$I, $NQ, 9>($($arg),*),
+            10 => $ops.$f::<$I, $NQ, 10>($($arg),*),
+            11 => $ops.$f::<$I, $NQ, 11>($($arg),*),
+            12 => $ops.$f::<$I, $NQ, 12>($($arg),*),
+            _ => unreachable!("register block out of range"),
+        }
+    };
+}
+
 /// What an element type does its own way in the fused forward (docs/design.md,
 /// "Element types"): how a unit holds its queries, the two products, and the form
 /// in which a tile's weights and values meet. Everything else (the units, the tile
@@ -182,10 +204,6 @@ trait Operands<'p>: Sync {
     /// vector registers.
     fn query_vectors(&self, registers: usize) -> usize;
 
-    /// Keys (score products) or value columns (value products) in one register
-    /// block of a unit of `NQ` vectors of queries on `I`'s registers.
-    fn register_block<I: Simd, const NQ: usize>(&self) -> usize;
-
     /// Floats of scratch [`Operands::start`] carves for a unit of `w` queries.
     fn scratch_len(d: &Dims, w: usize) -> usize;
 
@@ -199,7 +217,7 @@ trait Operands<'p>: Sync {
     ) -> Self::Unit<'s>;
 
     /// Starts the tile of keys `keys.0..keys.1`. The operands may make the tile's
-    /// weights while [`Operands::score_rows`] makes its scores, against
+    /// weights while [`Operands::score_tile`] makes its scores, against
     /// the running maxima of `stats` as they stand (or a larger maximum the tile's
     /// first scores give) rather than the tile's own, and [`Operands::weights`]
     /// keep them where no score passed that maximum by more than [`EARLY_SLACK`].
@@ -216,24 +234,25 @@ trait Operands<'p>: Sync {
     ) {
     }
 
-    /// `s[r][·]`, the scaled scores of keys `j + r` for `r < MR`, with the mask
-    /// term `mask.row(r)` added when there are terms.
+    /// `s[r][·]`, the scaled scores of the tile's keys `keys.0 + r` (`r <
+    /// keys.1 − keys.0`), with the mask term `mask.row(r)` added when there are
+    /// terms ([`score_blocks`] for the register tiles).
     ///
     /// # Safety
-    /// Keys `j..j + MR` must be inside the unit's head; `s` valid for `MR` rows of
-    /// `16·NQ` floats and `mask` (unless none) for `MR` rows.
-    unsafe fn score_rows<I: Simd, const NQ: usize, const MR: usize>(
+    /// The keys must be inside the unit's head; `s` valid for `BK` rows of
+    /// `16·NQ` floats and `mask` (unless none) for `keys.1 − keys.0` rows.
+    unsafe fn score_tile<I: Simd, const NQ: usize>(
         &self,
         isa: I,
         u: &Self::Unit<'_>,
-        j: usize,
+        keys: (usize, usize),
         s: *mut f32,
         mask: MaskRows,
     );
 
     /// Turns the scores `s` of keys `keys.0..keys.1` into the tile's weights with
     /// the online-softmax update of `stats` (see [`running_max`]), and makes ready
-    /// whatever [`Operands::value_cols`] reads.
+    /// whatever [`Operands::value_tile`] reads.
     ///
     /// # Safety
     /// `s` valid for `keys.1 − keys.0 ≤ BK` rows of `16·NQ` floats, `stats` for
@@ -253,14 +272,14 @@ trait Operands<'p>: Sync {
     /// see (docs/design.md, "NaN").
     fn values_finite<I: Simd>(&self, isa: I, u: &Self::Unit<'_>, keys: (usize, usize)) -> bool;
 
-    /// [`Operands::value_cols`] over every value column, one product at a time,
+    /// [`Operands::value_tile`], one product at a time,
     /// skipping the keys the mask hides from each query (mask term −∞ in
     /// `mask.row(r)`), so that a NaN or infinite value never reaches a
     /// query that does not see its key: the exact path for masked tiles whose values
     /// are not all finite.
     ///
     /// # Safety
-    /// As [`Operands::value_cols`]'s for every column; `mask` valid for
+    /// As [`Operands::value_tile`]'s; `mask` valid for
     /// `keys.1 − keys.0` rows.
     #[allow(clippy::too_many_arguments)]
     unsafe fn value_cols_seen<I: Simd, const NQ: usize>(
@@ -271,6 +290,48 @@ trait Operands<'p>: Sync {
         s: *const f32,
         ot: *mut f32,
         alpha: *const f32,
+        mask: MaskRows,
+    );
+
+    /// `ot[c][·] = α · ot[c][·] + Σ_j v[j, c] · p[j][·]` for every value column
+    /// `c` over the keys `keys.0..keys.1` of the last [`Operands::weights`] call,
+    /// `rescale` saying how the sums meet `ot`: `By(α)`, or `None` where `ot` holds
+    /// nothing yet (the unit's first products write it); [`value_blocks`] for the
+    /// register tiles.
+    ///
+    /// # Safety
+    /// `s` as for `weights`; `ot` valid for `Ev` rows of `16·NQ` floats.
+    unsafe fn value_tile<I: Simd, const NQ: usize>(
+        &self,
+        isa: I,
+        u: &Self::Unit<'_>,
+        keys: (usize, usize),
+        s: *const f32,
+        ot: *mut f32,
+        rescale: Rescale<'_>,
+    );
+}
+
+/// Operands whose products run on the register tile (`kernels::tile`) a register
+/// block at a time: [`score_blocks`] and [`value_blocks`] make their tiles' products
+/// from these.
+trait RegisterBlocks<'p>: Operands<'p> {
+    /// Keys (score products) or value columns (value products) in one register
+    /// block of a unit of `NQ` vectors of queries on `I`'s registers.
+    fn register_block<I: Simd, const NQ: usize>(&self) -> usize;
+
+    /// `s[r][·]`, the scaled scores of keys `j + r` for `r < MR`, with the mask
+    /// term `mask.row(r)` added when there are terms.
+    ///
+    /// # Safety
+    /// Keys `j..j + MR` must be inside the unit's head; `s` valid for `MR` rows of
+    /// `16·NQ` floats and `mask` (unless none) for `MR` rows.
+    unsafe fn score_rows<I: Simd, const NQ: usize, const MR: usize>(
+        &self,
+        isa: I,
+        u: &Self::Unit<'_>,
+        j: usize,
+        s: *mut f32,
         mask: MaskRows,
     );
 
@@ -293,6 +354,60 @@ trait Operands<'p>: Sync {
         ot: *mut f32,
         rescale: Rescale<'_>,
     );
+}
+
+/// [`Operands::score_tile`] one register block after another.
+///
+/// # Safety
+/// As [`Operands::score_tile`]'s.
+#[inline(always)]
+unsafe fn score_blocks<'p, I: Simd, const NQ: usize, O: RegisterBlocks<'p>>(
+    ops: &O,
+    isa: I,
+    u: &O::Unit<'_>,
+    (j0, j1): (usize, usize),
+    s: *mut f32,
+    mask: MaskRows,
+) {
+    let (mr, w) = (ops.register_block::<I, NQ>(), NQ * LANES);
+    let mut r0 = 0;
+    while r0 < j1 - j0 {
+        let n = mr.min(j1 - j0 - r0);
+        // SAFETY: the caller's contract, for keys `j0 + r0 .. j0 + r0 + n`.
+        unsafe {
+            let (sp, mask) = (s.add(r0 * w), mask.from(r0));
+            with_block!(n, ops.score_rows::<I, NQ>(isa, u, j0 + r0, sp, mask));
+        }
+        r0 += n;
+    }
+}
+
+/// [`Operands::value_tile`] one register block after another.
+///
+/// # Safety
+/// As [`Operands::value_tile`]'s.
+#[inline(always)]
+unsafe fn value_blocks<'p, I: Simd, const NQ: usize, O: RegisterBlocks<'p>>(
+    ops: &O,
+    isa: I,
+    u: &O::Unit<'_>,
+    keys: (usize, usize),
+    s: *const f32,
+    ot: *mut f32,
+    rescale: Rescale<'_>,
+) {
+    let (mr, w) = (ops.register_block::<I, NQ>(), NQ * LANES);
+    let ev = ops.problem().dims().value_dim;
+    let mut c0 = 0;
+    while c0 < ev {
+        let n = mr.min(ev - c0);
+        // SAFETY: the caller's contract, for columns `c0..c0 + n`.
+        unsafe {
+            let op = ot.add(c0 * w);
+            with_block!(n, ops.value_cols::<I, NQ>(isa, u, keys, c0, s, op, rescale));
+        }
+        c0 += n;
+    }
 }
 
 /// Where a unit's queries are: batch `b`, query head `h` (reading key/value head
@@ -549,27 +664,6 @@ fn head_ptr<T>(a: &ArrayView4<'_, T>, b: usize, h: usize) -> (*const T, isize, i
     (base, st[2], st[3])
 }
 
-/// Calls `$ops.$f::<$I, $NQ, n>(args)` for a runtime `n` in `1..=12`.
-macro_rules! with_block {
-    ($n:expr, $ops:ident.$f:ident::<$I:ty, $NQ:ident>($($arg:expr),* $(,)?)) => {
-        match $n {
-            1 => $ops.$f::<$I, $NQ, 1>($($arg),*),
-            2 => $ops.$f::<$I, $NQ, 2>($($arg),*),
-            3 => $ops.$f::<$I, $NQ, 3>($($arg),*),
-            4 => $ops.$f::<$I, $NQ, 4>($($arg),*),
-            5 => $ops.$f::<$I, $NQ, 5>($($arg),*),
-            6 => $ops.$f::<$I, $NQ, 6>($($arg),*),
-            7 => $ops.$f::<$I, $NQ, 7>($($arg),*),
-            8 => $ops.$f::<$I, $NQ, 8>($($arg),*),
-            9 => $ops.$f::<$I, $NQ, 9>($($arg),*),
-            10 => $ops.$f::<$I, $NQ, 10>($($arg),*),
-            11 => $ops.$f::<$I, $NQ, 11>($($arg),*),
-            12 => $ops.$f::<$I, $NQ, 12>($($arg),*),
-            _ => unreachable!("register block out of range"),
-        }
-    };
-}
-
 /// One unit: pack the queries, sweep the key tiles, normalise and write out.
 #[inline(always)]
 fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
@@ -604,7 +698,6 @@ fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
     };
 
     let (jlo, jhi) = p.block_key_range(i0, i0 + rows);
-    let mr = ops.register_block::<I, NQ>();
     let bk = tile_keys::<I>();
     let mut t = jlo / bk;
     while t * bk < jhi {
@@ -654,20 +747,10 @@ fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
         // SAFETY: the statistics hold `w` floats each.
         unsafe { ops.begin_tile::<I, NQ>(isa, &mut own, (j0, j1), stats) };
 
-        // Sᵀ = K Qᵀ (+ mask), MR keys at a time.
-        let mut r0 = 0;
-        while r0 < nk {
-            let n = mr.min(nk - r0);
-            // SAFETY: keys `j0 + r0 .. j0 + r0 + n` are inside the head (`j1 ≤ S`);
-            // `s` holds `BK ≥ nk` rows and the mask (a tile copy, a band row or
-            // `MaskTiles` rows) `nk` rows of `w` floats.
-            unsafe {
-                let sp = scr.s.as_mut_ptr().add(r0 * w);
-                let mask = mask.from(r0);
-                with_block!(n, ops.score_rows::<I, NQ>(isa, &own, j0 + r0, sp, mask));
-            }
-            r0 += n;
-        }
+        // Sᵀ = K Qᵀ (+ mask). SAFETY: the tile's keys are inside the head (`j1 ≤
+        // S`); `s` holds `BK ≥ nk` rows and the mask (a tile copy, a band row or
+        // `MaskTiles` rows) `nk` rows of `w` floats.
+        unsafe { ops.score_tile::<I, NQ>(isa, &own, (j0, j1), scr.s.as_mut_ptr(), mask) };
 
         // SAFETY: `s` holds `nk ≤ BK` rows of `w` floats, the statistics `w` each.
         unsafe { ops.weights::<I, NQ>(isa, &mut own, &at, (j0, j1), scr.s.as_mut_ptr(), stats) };
@@ -687,7 +770,7 @@ fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
             continue;
         }
 
-        // Oᵀ = α Oᵀ + Vᵀ Pᵀ, MR value columns at a time.
+        // Oᵀ = α Oᵀ + Vᵀ Pᵀ.
         let rescale = if ot_written {
             // SAFETY: `alpha` holds `NQ` vectors of 16 floats.
             Rescale::By(unsafe { std::slice::from_raw_parts(scr.alpha.as_ptr().cast(), NQ) })
@@ -695,19 +778,10 @@ fn unit<'p, I: Simd, const NQ: usize, O: Operands<'p>>(
             Rescale::None
         };
         ot_written = true;
-        let mut c0 = 0;
-        while c0 < ev {
-            let n = mr.min(ev - c0);
-            // SAFETY: columns `c0..c0 + n` are inside the values; `ot` holds `ev`
-            // rows of `w` floats, `s` `nk` rows.
-            unsafe {
-                let op = scr.ot.as_mut_ptr().add(c0 * w);
-                with_block!(
-                    n,
-                    ops.value_cols::<I, NQ>(isa, &own, (j0, j1), c0, scr.s.as_ptr(), op, rescale)
-                );
-            }
-            c0 += n;
+        // SAFETY: `ot` holds `ev` rows of `w` floats, `s` `nk` rows.
+        unsafe {
+            let (sp, op) = (scr.s.as_ptr(), scr.ot.as_mut_ptr());
+            ops.value_tile::<I, NQ>(isa, &own, (j0, j1), sp, op, rescale);
         }
     }
 

@@ -338,6 +338,7 @@ fn tiled<const R: usize, const C: usize>(
         rows,
         stride,
         panels,
+        panel_stride: TILE_BYTES,
         steps,
     }
 }
