@@ -64,7 +64,10 @@ pub(crate) fn run(
     amx: Amx,
     isa: IsaToken,
 ) -> Option<(Array4<bf16>, LogSumExp)> {
-    assert!(p.dims().head_dim.is_multiple_of(STEP), "tiles need whole steps");
+    assert!(
+        p.dims().head_dim.is_multiple_of(STEP),
+        "tiles need whole steps"
+    );
     let values = ValueColumns::new(p)?;
     let ops = AmxOperands {
         p,
@@ -131,16 +134,22 @@ impl ValueColumns {
             let v = p.v.slice(s![bh / d.kv_heads, bh % d.kv_heads, .., ..]);
             let (rs, cs) = (v.strides()[0], v.strides()[1]);
             let base = v.as_ptr() as *const u16;
+            let at = dst.as_mut_ptr();
             let mut finite = true;
             for j0 in (0..d.kv_len).step_by(TRANSPOSE_BLOCK) {
+                let keys = j0..(j0 + TRANSPOSE_BLOCK).min(d.kv_len);
                 for c0 in (0..d.value_dim).step_by(TRANSPOSE_BLOCK) {
-                    for j in j0..(j0 + TRANSPOSE_BLOCK).min(d.kv_len) {
-                        for c in c0..(c0 + TRANSPOSE_BLOCK).min(d.value_dim) {
-                            // SAFETY: `(j, c)` is inside the head's view.
-                            let x = unsafe { *base.offset(j as isize * rs + c as isize * cs) };
-                            // Every exponent bit set: an infinity or a NaN.
-                            finite &= x & 0x7f80 != 0x7f80;
-                            dst[c * row + j] = x;
+                    let cols = c0..(c0 + TRANSPOSE_BLOCK).min(d.value_dim);
+                    for j in keys.clone() {
+                        for c in cols.clone() {
+                            // SAFETY: `(j, c)` is inside the head's view, and `dst`
+                            // holds `Ev ≤ c` rows of `row > j` elements.
+                            unsafe {
+                                let x = *base.offset(j as isize * rs + c as isize * cs);
+                                // Every exponent bit set: an infinity or a NaN.
+                                finite &= x & 0x7f80 != 0x7f80;
+                                *at.add(c * row + j) = x;
+                            }
                         }
                     }
                 }
@@ -239,6 +248,18 @@ impl<'p> Operands<'p> for AmxOperands<'_, 'p> {
         let w = NQ * LANES;
         let e = self.p.dims().head_dim;
         let nk = j1 - j0;
+        let d = self.p.dims();
+        // The next tile's keys and this tile's value columns, asked for in the L1
+        // cache while the products run: a tile load that misses it waits for
+        // each line in turn.
+        let next = j1..(j1 + BK).min(d.kv_len);
+        prefetch_lines(u.k.wrapping_add(next.start * e), next.len() * e * 2, 1, 0);
+        prefetch_lines(
+            u.vt.wrapping_add(j0),
+            nk * 2,
+            d.value_dim,
+            self.values.row * 2,
+        );
         // SAFETY: the keys' rows hold `S + 32` rows of `e` bf16, so 32 rows from
         // any key of the tile; `qp` holds `e/2` rows of `w` pairs; `s` holds `BK`
         // rows of `w` floats, a multiple of 32 at least `nk`, and `mask` (unless
@@ -382,6 +403,20 @@ impl<'p> Operands<'p> for AmxOperands<'_, 'p> {
                     }
                 }
             }
+        }
+    }
+}
+
+/// Asks for `rows` runs of `bytes` bytes, `stride` bytes apart from `first`, in
+/// the L1 cache.
+#[inline(always)]
+fn prefetch_lines(first: *const u16, bytes: usize, rows: usize, stride: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    let first = first.cast::<u8>();
+    for r in 0..rows {
+        for at in (0..bytes).step_by(64) {
+            // SAFETY: a prefetch never faults.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(first.wrapping_add(r * stride + at).cast()) };
         }
     }
 }

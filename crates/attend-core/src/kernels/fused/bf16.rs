@@ -439,7 +439,9 @@ impl<'p> RegisterBlocks<'p> for Bf16Operands<'_, 'p> {
 
 /// Packs unit `at`'s queries as `Qᵀ` in pairs of adjacent columns, `[⌈E/2⌉][W]`
 /// words in `qp` (lanes past the unit's last query zero), through `rows` (as
-/// long as `qp`).
+/// long as `qp`). Inlined, so that it is compiled with the instruction set's
+/// features (as a function of its own it is not, and its transposes become calls).
+#[inline(always)]
 pub(super) fn pack_query_pairs<I: Simd>(
     isa: I,
     p: &Problem<'_, bf16>,
