@@ -31,14 +31,11 @@ use std::marker::PhantomData;
 use ndarray::{s, Array4};
 use rayon::prelude::*;
 
-use super::bf16::{as_words, pack_query_pairs, pairs, softmax_pairs};
-use super::{
-    drive, head_ptr, masked_score, query_vectors, seen_products, MaskRows, Operands, Stats, UnitAt,
-    BK,
-};
+use super::bf16::{as_words, pack_query_pairs, pairs, seen_pair_products, softmax_pairs};
+use super::{drive, head_ptr, masked_score, query_vectors, MaskRows, Operands, Stats, UnitAt, BK};
 use crate::element::bf16;
 use crate::isa::amx::{Amx, Product, TileBlock, Tiles, TILE_BYTES};
-use crate::isa::{bf16_to_f32, IsaToken, Simd, LANES};
+use crate::isa::{IsaToken, Simd, LANES};
 use crate::kernels::lse::LogSumExp;
 use crate::kernels::scratch::carve;
 use crate::kernels::tile::Rescale;
@@ -322,6 +319,8 @@ impl<'p> Operands<'p> for AmxOperands<'_, 'p> {
         true
     }
 
+    /// The bf16 kernel's exact path; the driver never takes it here, since
+    /// [`Operands::values_finite`] is always true on the tiles.
     #[inline(always)]
     unsafe fn value_cols_seen<I: Simd, const NQ: usize>(
         &self,
@@ -333,22 +332,10 @@ impl<'p> Operands<'p> for AmxOperands<'_, 'p> {
         alpha: *const f32,
         mask: MaskRows,
     ) {
-        let (vp, vrs, vcs) = u.v;
-        let w = NQ * LANES;
-        let pp = u.pp.cast_const();
-        // SAFETY: the caller upholds `Operands::value_cols_seen`'s contract: value
-        // rows `j0..j1` inside the head, `ev` values each `vcs` apart; `pp` holds
-        // the tile's weights as pairs of keys (the last `weights` call).
-        unsafe {
-            seen_products(
-                (self.p.dims().value_dim, w, j1 - j0),
-                ot,
-                alpha,
-                mask,
-                |j, c| bf16_to_f32(*vp.offset((j0 + j) as isize * vrs + c as isize * vcs)),
-                |j, lane| bf16_to_f32((*pp.add(j / 2 * w + lane) >> (16 * (j % 2))) as u16),
-            );
-        }
+        let ev = self.p.dims().value_dim;
+        // SAFETY: the caller upholds `Operands::value_cols_seen`'s contract; `pp`
+        // holds the tile's weights (the last `weights` call).
+        unsafe { seen_pair_products((u.v, ev), u.pp, NQ * LANES, (j0, j1), ot, alpha, mask) }
     }
 
     /// Blocks of 32 value columns against 32 queries (16 for a unit of one

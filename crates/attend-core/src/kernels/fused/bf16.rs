@@ -314,21 +314,19 @@ impl<'p> Operands<'p> for Bf16Operands<'_, 'p> {
         mask: MaskRows,
     ) {
         let (vp, vrs) = u.v;
-        let w = NQ * LANES;
-        let pp = u.pp.cast_const();
-        // SAFETY: the caller upholds `Operands::value_cols_seen`'s contract: value
-        // rows `j0..j1` inside the head, `ev` contiguous bf16 each; `pp` holds the
-        // tile's weights as pairs of keys (the last `weights` call), the mask
-        // `j1 − j0` rows, `ot` `ev` rows and `alpha` one, of `w` floats.
+        // SAFETY: the caller upholds `Operands::value_cols_seen`'s contract; value
+        // rows hold `ev` contiguous bf16 (`reads_in_place`), `pp` the tile's
+        // weights (the last `weights` call).
         unsafe {
-            seen_products(
-                (u.ev, w, j1 - j0),
+            seen_pair_products(
+                ((vp, vrs, 1), u.ev),
+                u.pp,
+                NQ * LANES,
+                (j0, j1),
                 ot,
                 alpha,
                 mask,
-                |j, c| bf16_to_f32(*vp.offset((j0 + j) as isize * vrs).add(c)),
-                |j, lane| bf16_to_f32((*pp.add(j / 2 * w + lane) >> (16 * (j % 2))) as u16),
-            );
+            )
         }
     }
 
@@ -434,6 +432,37 @@ impl<'p> RegisterBlocks<'p> for Bf16Operands<'_, 'p> {
             };
             tile.rows::<I, MC, NQ, _, false>(isa, ot, w, rescale);
         }
+    }
+}
+
+/// [`Operands::value_cols_seen`] with the tile's weights as pairs of keys (`pp`,
+/// rows of `w` pairs) and the head's values read in place (base, row and column
+/// strides, and `Ev`), for the kernels that make their weights so.
+///
+/// # Safety
+/// As [`Operands::value_cols_seen`]'s: value rows `j0..j1` inside the head, `pp`
+/// valid for `⌈(j1 − j0)/2⌉` rows of `w` pairs, the mask for `j1 − j0` rows, `ot`
+/// for `Ev` rows and `alpha` for one, of `w` floats.
+#[inline(always)]
+pub(super) unsafe fn seen_pair_products(
+    ((vp, vrs, vcs), ev): ((*const u16, isize, isize), usize),
+    pp: *const u32,
+    w: usize,
+    (j0, j1): (usize, usize),
+    ot: *mut f32,
+    alpha: *const f32,
+    mask: MaskRows,
+) {
+    // SAFETY: the caller upholds this function's contract (see # Safety).
+    unsafe {
+        seen_products(
+            (ev, w, j1 - j0),
+            ot,
+            alpha,
+            mask,
+            |j, c| bf16_to_f32(*vp.offset((j0 + j) as isize * vrs + c as isize * vcs)),
+            |j, lane| bf16_to_f32((*pp.add(j / 2 * w + lane) >> (16 * (j % 2))) as u16),
+        );
     }
 }
 
