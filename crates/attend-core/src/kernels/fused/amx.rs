@@ -32,7 +32,7 @@ use ndarray::{s, Array4};
 use rayon::prelude::*;
 
 use super::bf16::{as_words, pack_query_pairs, pairs, seen_pair_products, softmax_pairs};
-use super::{drive, head_ptr, masked_score, query_vectors, MaskRows, Operands, Stats, UnitAt, BK};
+use super::{drive, masked_score, query_vectors, MaskRows, Operands, Stats, UnitAt, BK};
 use crate::element::bf16;
 use crate::isa::amx::{Amx, Product, TileBlock, Tiles, TILE_BYTES};
 use crate::isa::{IsaToken, Simd, LANES};
@@ -43,6 +43,9 @@ use crate::problem::{Dims, Problem};
 
 /// Elements of bf16 one tile step sums over: a tile row of 64 bytes.
 const STEP: usize = 32;
+
+/// Floats of one block of tile sums, 32 rows × 32 outputs ([`Block::sum`]).
+const SUMS: usize = 32 * 32;
 
 /// Whether the tiles take this problem: AMX, and a head width of whole steps.
 pub(crate) fn takes<Q, KV>(p: &Problem<'_, Q, KV>, isa: IsaToken) -> Option<Amx> {
@@ -177,9 +180,6 @@ struct AmxUnit<'s> {
     /// The head's key rows ([`KeyRows`]) and value columns ([`ValueColumns`]).
     k: *const u16,
     vt: *const u16,
-    /// The head's values in place (base, row and column strides), for the exact
-    /// path.
-    v: (*const u16, isize, isize),
     tiles: Tiles,
     /// The pointers above into the unit's scratch are borrowed from it.
     scratch: PhantomData<&'s mut [f32]>,
@@ -200,7 +200,7 @@ impl<'p> Operands<'p> for AmxOperands<'_, 'p> {
     }
 
     fn scratch_len(d: &Dims, w: usize) -> usize {
-        2 * pairs(d.head_dim) * w + pairs(BK) * w + 4 * LANES * 2 * LANES
+        2 * pairs(d.head_dim) * w + pairs(BK) * w + SUMS
     }
 
     #[inline(always)]
@@ -215,17 +215,15 @@ impl<'p> Operands<'p> for AmxOperands<'_, 'p> {
         let qp = carve(rest, np * w);
         let rows = carve(rest, np * w);
         let pp = as_words(carve(rest, pairs(BK) * w)).as_mut_ptr();
-        let sums = carve(rest, 4 * LANES * 2 * LANES).as_mut_ptr();
+        let sums = carve(rest, SUMS).as_mut_ptr();
         pack_query_pairs(isa, self.p, at, (&mut *qp, rows), w);
         let bh = at.b * self.p.dims().kv_heads + at.kvh;
-        let (v, vrs, vcs) = head_ptr(&self.p.v, at.b, at.kvh);
         AmxUnit {
             qp: as_words(qp).as_ptr(),
             pp,
             sums,
             k: self.keys.data[bh * self.keys.head..].as_ptr(),
             vt: self.values.data[bh * self.values.head..].as_ptr(),
-            v: (v as *const u16, vrs, vcs),
             tiles: self.amx.tiles(),
             scratch: PhantomData,
         }
@@ -332,10 +330,12 @@ impl<'p> Operands<'p> for AmxOperands<'_, 'p> {
         alpha: *const f32,
         mask: MaskRows,
     ) {
-        let ev = self.p.dims().value_dim;
+        let (ev, row) = (self.p.dims().value_dim, self.values.row);
+        // The values from their transposed copy: value `(j, c)` at `c · row + j`.
+        let values = ((u.vt, 1, row as isize), ev);
         // SAFETY: the caller upholds `Operands::value_cols_seen`'s contract; `pp`
-        // holds the tile's weights (the last `weights` call).
-        unsafe { seen_pair_products((u.v, ev), u.pp, NQ * LANES, (j0, j1), ot, alpha, mask) }
+        // holds the tile's weights (the last `weights` call), `vt` the head's values.
+        unsafe { seen_pair_products(values, u.pp, NQ * LANES, (j0, j1), ot, alpha, mask) }
     }
 
     /// Blocks of 32 value columns against 32 queries (16 for a unit of one
